@@ -1,0 +1,1 @@
+//! Every setting Corral reads, with its default, parsed fail-closed. (Being written.)

@@ -1,0 +1,24 @@
+//! Corral's sans-IO core: every allocation rule and every security decision, defined once.
+//!
+//! This crate owns the rules; it never performs them. It has no I/O, no async, no clock, no ambient
+//! randomness, no threads and no unordered iteration (see `clippy.toml` beside this crate, which CI
+//! enforces with warnings as errors). Time, randomness and observations of the world are inputs;
+//! effects to perform are outputs. The production shells, the simulator and the tests all drive the
+//! same code, so a bug the simulator finds is a bug in what ships.
+//!
+//! Modules:
+//! - [`config`]: every setting, its default, fail-closed parsing.
+//! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
+//! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
+//! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
+//! - [`time`]: the two kinds of time, never mixed.
+//! - [`ids`]: identities shared across modules.
+#![deny(clippy::disallowed_methods, clippy::disallowed_types)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod ids;
+pub mod pool;
+pub mod reset;
+pub mod store;
+pub mod time;

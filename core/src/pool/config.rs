@@ -1,0 +1,143 @@
+//! The pool's limits and timeouts, already validated (see `crate::config` for parsing).
+
+/// How workers are obtained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolMode {
+    /// The controller creates and deletes workers itself (the default).
+    Controller,
+    /// Workers are claimed through a platform (POOL-7); each claim's deadline is fixed when it is
+    /// created, `claim_lifetime_ms` after creation, and a renewal never moves it.
+    PlatformOperator {
+        /// Lifetime of a claim from its creation, in milliseconds.
+        claim_lifetime_ms: u64,
+    },
+}
+
+/// A rule the simulator may break on purpose to prove it notices (compiled only with the
+/// `sim-mutations` feature, never in a shipped build).
+#[cfg(feature = "sim-mutations")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mutation {
+    /// Creation ignores the ceiling.
+    Ceiling,
+    /// A reset report is accepted without a matching operation token.
+    ResetToken,
+    /// An expired lease's worker is handed to the next ticket instead of being deleted.
+    TakeoverReassign,
+    /// An ambiguous create frees its capacity at once.
+    AmbiguousFree,
+    /// Tickets are served newest first.
+    Fifo,
+    /// The per-member limit is not applied.
+    MemberLimit,
+    /// Creation uses whatever image the document holds, published by this controller or not.
+    StaleImage,
+}
+
+/// The pool's limits (POOL-1, POOL-2, POOL-3, POOL-6) and the timeouts that bound unknown outcomes.
+/// Durations are milliseconds of deployment time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// `SANDBOX_WARM_POOL_MIN`: workers kept allocated even when idle.
+    pub warm_min: u32,
+    /// `SANDBOX_POOL_TARGET_IDLE`: idle workers kept beside the leased ones.
+    pub target_idle: u32,
+    /// `SANDBOX_POOL_MAX_ALLOCATED`: the hard ceiling over every state.
+    pub max_allocated: u32,
+    /// `SANDBOX_MAX_CONCURRENT_CREATES`: creations in flight at once.
+    pub max_concurrent_creates: u32,
+    /// `SANDBOX_BURST_IDLE_TTL_SECONDS`: how long idle capacity above target lingers.
+    pub burst_idle_ttl_ms: u64,
+    /// `SANDBOX_ACQUIRE_WAIT_SECONDS`: the longest a ticket waits.
+    pub acquire_wait_ms: u64,
+    /// `SANDBOX_ACQUIRE_QUEUE_MAX`: the most tickets waiting at once.
+    pub acquire_queue_max: u32,
+    /// `SANDBOX_MAX_CONCURRENT_PER_MEMBER`: leases one member holds at once (code and browser).
+    pub max_per_member: u32,
+    /// `SANDBOX_LEASE_HEARTBEAT_SECONDS`: how often a holder renews its lease.
+    pub lease_heartbeat_ms: u64,
+    /// `SANDBOX_LEASE_TTL_SECONDS`: how long a lease lives without renewal.
+    pub lease_ttl_ms: u64,
+    /// `CORRAL_CREATE_TIMEOUT_SECONDS`: a create not reported by then is ambiguous.
+    pub create_timeout_ms: u64,
+    /// `CORRAL_RESET_TIMEOUT_SECONDS`: a reset not reported by then is unproven.
+    pub reset_timeout_ms: u64,
+    /// `CORRAL_DELETE_RETRY_SECONDS`: how often an unconfirmed delete is ordered again.
+    pub delete_retry_ms: u64,
+    /// `CORRAL_INVENTORY_STALE_SECONDS`: admission closes when inventory is older than this.
+    pub inventory_stale_ms: u64,
+    /// Controller or platform operator.
+    pub mode: PoolMode,
+    /// The rule broken on purpose, in the simulator only.
+    #[cfg(feature = "sim-mutations")]
+    pub mutation: Option<Mutation>,
+}
+
+impl Default for PoolConfig {
+    /// The specification's defaults.
+    fn default() -> Self {
+        Self {
+            warm_min: 3,
+            target_idle: 1,
+            max_allocated: 32,
+            max_concurrent_creates: 3,
+            burst_idle_ttl_ms: 300_000,
+            acquire_wait_ms: 30_000,
+            acquire_queue_max: 256,
+            max_per_member: 2,
+            lease_heartbeat_ms: 60_000,
+            lease_ttl_ms: 900_000,
+            create_timeout_ms: 120_000,
+            reset_timeout_ms: 30_000,
+            delete_retry_ms: 10_000,
+            inventory_stale_ms: 30_000,
+            mode: PoolMode::Controller,
+            #[cfg(feature = "sim-mutations")]
+            mutation: None,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// True when the simulator has broken `rule` on purpose.
+    #[must_use]
+    pub fn broken(&self, rule: MutationRule) -> bool {
+        #[cfg(feature = "sim-mutations")]
+        {
+            let wanted = match rule {
+                MutationRule::Ceiling => Mutation::Ceiling,
+                MutationRule::ResetToken => Mutation::ResetToken,
+                MutationRule::TakeoverReassign => Mutation::TakeoverReassign,
+                MutationRule::AmbiguousFree => Mutation::AmbiguousFree,
+                MutationRule::Fifo => Mutation::Fifo,
+                MutationRule::MemberLimit => Mutation::MemberLimit,
+                MutationRule::StaleImage => Mutation::StaleImage,
+            };
+            self.mutation == Some(wanted)
+        }
+        #[cfg(not(feature = "sim-mutations"))]
+        {
+            let _ = rule;
+            false
+        }
+    }
+}
+
+/// The rules a mutation can name; `PoolConfig::broken` is always false in a shipped build.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MutationRule {
+    /// See `Mutation::Ceiling`.
+    Ceiling,
+    /// See `Mutation::ResetToken`.
+    ResetToken,
+    /// See `Mutation::TakeoverReassign`.
+    TakeoverReassign,
+    /// See `Mutation::AmbiguousFree`.
+    AmbiguousFree,
+    /// See `Mutation::Fifo`.
+    Fifo,
+    /// See `Mutation::MemberLimit`.
+    MemberLimit,
+    /// See `Mutation::StaleImage`.
+    StaleImage,
+}

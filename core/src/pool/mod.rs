@@ -1,0 +1,3 @@
+//! The allocation rules. (Being written.)
+mod config;
+pub use config::*;

@@ -1,0 +1,1 @@
+//! The contract of the store that holds the pool document. (Being written.)

@@ -1,0 +1,32 @@
+//! `corral`: one binary, one subcommand per service or operator tool.
+
+use std::process::ExitCode;
+
+mod config_cmd;
+
+const USAGE: &str = "usage: corral <command> [args]
+
+commands:
+  config check     parse every setting from the environment and print the result, or the error
+  help             this text
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(command) = args.first() else {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let rest = &args[1..];
+    match command.as_str() {
+        "config" => config_cmd::run(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            ExitCode::SUCCESS
+        }
+        other => {
+            eprintln!("corral: unknown command {other:?}\n\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
