@@ -13,9 +13,9 @@ pub enum PoolMode {
     },
 }
 
-/// A rule the simulator may break on purpose to prove it notices (compiled only with the
-/// `sim-mutations` feature, never in a shipped build).
-#[cfg(feature = "sim-mutations")]
+/// A rule the simulator may break on purpose to prove that it notices. A shipped build has no way
+/// to select one: the `mutation` field of [`PoolConfig`] exists only with the `sim-mutations`
+/// feature, which only corral-sim enables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Mutation {
     /// Creation ignores the ceiling.
@@ -32,6 +32,33 @@ pub enum Mutation {
     MemberLimit,
     /// Creation uses whatever image the document holds, published by this controller or not.
     StaleImage,
+}
+
+impl Mutation {
+    /// Every mutation, in the order the simulator runs them.
+    pub const ALL: [Mutation; 7] = [
+        Self::Ceiling,
+        Self::ResetToken,
+        Self::TakeoverReassign,
+        Self::AmbiguousFree,
+        Self::Fifo,
+        Self::MemberLimit,
+        Self::StaleImage,
+    ];
+
+    /// The name used on the simulator's command line.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ceiling => "ceiling",
+            Self::ResetToken => "reset-token",
+            Self::TakeoverReassign => "takeover-reassign",
+            Self::AmbiguousFree => "ambiguous-free",
+            Self::Fifo => "fifo",
+            Self::MemberLimit => "member-limit",
+            Self::StaleImage => "stale-image",
+        }
+    }
 }
 
 /// The pool's limits (POOL-1, POOL-2, POOL-3, POOL-6) and the timeouts that bound unknown outcomes.
@@ -99,21 +126,12 @@ impl Default for PoolConfig {
 }
 
 impl PoolConfig {
-    /// True when the simulator has broken `rule` on purpose.
+    /// True when the simulator has broken `rule` on purpose; always false in a shipped build.
     #[must_use]
-    pub fn broken(&self, rule: MutationRule) -> bool {
+    pub fn broken(&self, rule: Mutation) -> bool {
         #[cfg(feature = "sim-mutations")]
         {
-            let wanted = match rule {
-                MutationRule::Ceiling => Mutation::Ceiling,
-                MutationRule::ResetToken => Mutation::ResetToken,
-                MutationRule::TakeoverReassign => Mutation::TakeoverReassign,
-                MutationRule::AmbiguousFree => Mutation::AmbiguousFree,
-                MutationRule::Fifo => Mutation::Fifo,
-                MutationRule::MemberLimit => Mutation::MemberLimit,
-                MutationRule::StaleImage => Mutation::StaleImage,
-            };
-            self.mutation == Some(wanted)
+            self.mutation == Some(rule)
         }
         #[cfg(not(feature = "sim-mutations"))]
         {
@@ -121,23 +139,18 @@ impl PoolConfig {
             false
         }
     }
-}
 
-/// The rules a mutation can name; `PoolConfig::broken` is always false in a shipped build.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MutationRule {
-    /// See `Mutation::Ceiling`.
-    Ceiling,
-    /// See `Mutation::ResetToken`.
-    ResetToken,
-    /// See `Mutation::TakeoverReassign`.
-    TakeoverReassign,
-    /// See `Mutation::AmbiguousFree`.
-    AmbiguousFree,
-    /// See `Mutation::Fifo`.
-    Fifo,
-    /// See `Mutation::MemberLimit`.
-    MemberLimit,
-    /// See `Mutation::StaleImage`.
-    StaleImage,
+    /// True when any rule is broken on purpose (the simulator then judges by ground truth alone,
+    /// and the document's own assertions stand down).
+    #[must_use]
+    pub fn any_broken(&self) -> bool {
+        #[cfg(feature = "sim-mutations")]
+        {
+            self.mutation.is_some()
+        }
+        #[cfg(not(feature = "sim-mutations"))]
+        {
+            false
+        }
+    }
 }
