@@ -2,14 +2,14 @@
 //! registries, plus the few blocks the decision must also refuse, each with its verdict.
 //!
 //! # Snapshot
-//! The tables follow the IANA IPv4 and IPv6 Special-Purpose Address Registries as read on
-//! [`REGISTRY_SNAPSHOT`] (the IPv6 registry's copy read then says "Last Updated 2025-10-09"; the
-//! IPv4 rows include the 6a44 relay anycast address 192.88.99.2/32, RFC 6751). The search tool
-//! gave excerpts rather than whole pages, so the rows were cross-checked against RFC 6890 and the
-//! RFCs that added rows since (7335, 7450, 7534, 7535, 7723, 8155, 8190, 8215, 8880, 9374, 9602,
-//! 9637, 9780). A row added to the registry later is refused anyway when it lies outside IPv4
-//! global space already covered here or outside IPv6 `2000::/3` (see [`classify`]); one inside
-//! `2000::/3` or ordinary IPv4 space needs a new row here.
+//! Assembled on 2026-12-02 ([`REGISTRY_SNAPSHOT`]) from the IANA IPv4 and IPv6 Special-Purpose
+//! Address Registries. The newest copy of the IPv6 registry found says "Last Updated 2025-10-09"
+//! ([`REGISTRY_LAST_UPDATED_IPV6`]); the IPv4 rows include the 6a44 relay anycast address
+//! 192.88.99.2/32 (RFC 6751). The search tool returned excerpts rather than whole registry pages,
+//! so every row was cross-checked against RFC 6890 and the RFCs that added or renamed rows since
+//! (6751, 7335, 7450, 7526, 7534, 7535, 7600, 7723, 8155, 8190, 8215, 8880, 9374, 9602, 9637,
+//! 9665, 9780). A block IANA adds later outside IPv6 `2000::/3` is already refused (see
+//! [`classify`]); one inside `2000::/3` or in ordinary IPv4 space needs a new row here.
 //!
 //! # Verdicts
 //! - [`AddressClass::AlwaysDenied`]: denied in every mode, whatever is configured.
@@ -32,6 +32,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// When the special-purpose tables were last compared with the IANA registries.
 pub const REGISTRY_SNAPSHOT: &str = "2026-12-02";
+/// The "Last Updated" date of the IPv6 registry copy the tables follow.
+pub const REGISTRY_LAST_UPDATED_IPV6: &str = "2025-10-09";
 
 /// What the decision does with an address, before any configuration is consulted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
