@@ -8,6 +8,7 @@
 //!
 //! Modules:
 //! - [`config`]: every setting, its default, fail-closed parsing.
+//! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
@@ -17,6 +18,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod egress;
 pub mod ids;
 pub mod pool;
 pub mod reset;
