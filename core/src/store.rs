@@ -1,1 +1,99 @@
-//! The contract of the store that holds the pool document. (Being written.)
+//! The contract of the store that holds a pool's document (Valkey in production, a faulty model in
+//! the simulator), and the one compare-and-set loop that applies a command through it.
+//!
+//! The store holds no logic of its own: it loads the versioned document and writes a new one only
+//! if the version is unchanged. Every rule runs in [`PoolDoc::apply`](crate::pool::PoolDoc::apply).
+
+use crate::pool::{Applied, Command, PoolConfig, PoolDoc};
+use crate::time::UnixMillis;
+
+/// A document's version in the store; bumped by every successful compare-and-set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u64);
+
+/// The store could not be reached or did not answer in time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unavailable;
+
+/// What a load found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loaded {
+    /// The document and its version.
+    Found {
+        /// Its version.
+        version: Version,
+        /// The document.
+        doc: PoolDoc,
+    },
+    /// No document: a new deployment, or the store lost its data.
+    Absent,
+}
+
+/// The outcome of a compare-and-set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CasOutcome {
+    /// Written; the document now has `version`.
+    Ok {
+        /// The new version.
+        version: Version,
+    },
+    /// Someone else wrote first; nothing was written.
+    Conflict,
+    /// The store was not reached; nothing was written.
+    Unavailable,
+    /// The write may or may not have happened (a lost reply).
+    Unknown,
+}
+
+/// A store of pool documents. `expected: None` means "create only if absent".
+pub trait PoolStore {
+    /// The deployment's clock, read from the store (Valkey's `TIME`).
+    fn now(&mut self) -> Result<UnixMillis, Unavailable>;
+    /// Loads the document.
+    fn load(&mut self) -> Result<Loaded, Unavailable>;
+    /// Writes `doc` if the stored version is still `expected`.
+    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome;
+}
+
+/// How a command fared through the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transacted {
+    /// Written: perform the effects and deliver the events.
+    Committed {
+        /// What the transition produced.
+        applied: Applied,
+        /// The document as written.
+        doc: PoolDoc,
+        /// The deployment time it was applied at.
+        now: UnixMillis,
+    },
+    /// The store is unavailable: admission fails closed (POOL-11). Nothing was written.
+    Unavailable,
+    /// The write's outcome is unknown. Apply the same command again later (every command is
+    /// idempotent); never assume either outcome.
+    Unknown,
+    /// Every attempt met a conflict. Nothing was written.
+    Contended,
+}
+
+/// Applies `command` through `store` with compare-and-set, retrying conflicts up to `attempts`
+/// times. When the store holds no document, a new one with epoch `new_epoch` is created (the
+/// caller draws it at random): after data loss nothing of the old one is trusted.
+pub fn transact<S: PoolStore>(store: &mut S, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
+    for _ in 0..attempts {
+        let Ok(now) = store.now() else { return Transacted::Unavailable };
+        let (expected, mut doc) = match store.load() {
+            Err(Unavailable) => return Transacted::Unavailable,
+            Ok(Loaded::Found { version, doc }) => (Some(version), doc),
+            Ok(Loaded::Absent) => (None, PoolDoc::new(new_epoch, now)),
+        };
+        let applied = doc.apply(command.clone(), now, config);
+        match store.compare_and_set(expected, &doc) {
+            CasOutcome::Ok { .. } => return Transacted::Committed { applied, doc, now },
+            CasOutcome::Conflict => {}
+            CasOutcome::Unavailable => return Transacted::Unavailable,
+            CasOutcome::Unknown => return Transacted::Unknown,
+        }
+    }
+    Transacted::Contended
+}
