@@ -179,11 +179,11 @@ impl PoolDoc {
         out: &mut Applied,
     ) {
         // A repeated acquire (after an unknown write outcome) answers with where the ticket stands.
-        if let Some(existing) = self.tickets.iter().find(|t| t.id == ticket) {
-            if existing.member != member || existing.scope != scope {
-                out.events.push(Event::Refused { ticket, reason: Refusal::TicketConflict });
-                return;
-            }
+        if let Some(existing) = self.tickets.iter().find(|t| t.id == ticket)
+            && (existing.member != member || existing.scope != scope)
+        {
+            out.events.push(Event::Refused { ticket, reason: Refusal::TicketConflict });
+            return;
         }
         match self.ticket_status(ticket) {
             TicketStatus::Queued { position } => {
@@ -418,6 +418,11 @@ impl PoolDoc {
 
     fn inventory_observed(&mut self, as_of: UnixMillis, present: &BTreeSet<WorkerId>, now: UnixMillis, config: &PoolConfig, out: &mut Applied) {
         let as_of = as_of.min(now);
+        // A listing older than one already applied arrived out of order: it proves nothing new,
+        // and it could show workers since confirmed gone.
+        if self.inventory_as_of.is_some_and(|seen| as_of < seen) {
+            return;
+        }
         self.inventory_as_of = Some(self.inventory_as_of.map_or(as_of, |seen| seen.max(as_of)));
         // Unknown workers are never adopted on trust: counted, deleted, confirmed absent, freed.
         for id in present {
@@ -543,7 +548,7 @@ impl PoolDoc {
     /// Serves the oldest ticket whose member is under
     /// its limit, while warm workers last (POOL-3, resolved reading).
     fn dispatch(&mut self, now: UnixMillis, config: &PoolConfig, out: &mut Applied) {
-        if !self.admission_open(now, config) {
+        if !self.admission_open(now, config) || self.orphans_pending() {
             return;
         }
         let mut warm: Vec<(UnixMillis, WorkerId)> = self
@@ -671,6 +676,14 @@ impl PoolDoc {
             );
             out.effects.push(Effect::Create { worker, token, image: image.clone(), claim_deadline });
         }
+    }
+
+    /// True while a worker this document does not know (found in inventory) awaits deletion. Its
+    /// code may still be running for some member whose lease the lost document held, so nothing is
+    /// granted until it is confirmed gone: member limits hold across a loss of coordination data.
+    #[must_use]
+    pub fn orphans_pending(&self) -> bool {
+        self.workers.values().any(|w| w.state.removal().is_some_and(|r| r.reason == RemovalReason::Orphan))
     }
 
     /// Workers this document planned: everything except orphans found in inventory (a lost document
