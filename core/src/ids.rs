@@ -25,12 +25,20 @@ impl WorkerId {
     pub fn parse(text: &str) -> Option<Self> {
         let rest = text.strip_prefix("w-")?;
         let (epoch, seq) = rest.split_once('-')?;
-        let valid_hex = !epoch.is_empty() && epoch.len() <= 16 && epoch.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
-        let valid_dec = !seq.is_empty() && seq.len() <= 20 && seq.bytes().all(|b| b.is_ascii_digit());
+        let valid_hex = !epoch.is_empty()
+            && epoch.len() <= 16
+            && epoch
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase());
+        let valid_dec =
+            !seq.is_empty() && seq.len() <= 20 && seq.bytes().all(|b| b.is_ascii_digit());
         if !valid_hex || !valid_dec {
             return None;
         }
-        Some(Self { epoch: u64::from_str_radix(epoch, 16).ok()?, seq: seq.parse().ok()? })
+        Some(Self {
+            epoch: u64::from_str_radix(epoch, 16).ok()?,
+            seq: seq.parse().ok()?,
+        })
     }
 }
 
@@ -108,10 +116,21 @@ mod tests {
 
     #[test]
     fn worker_id_round_trips_and_rejects_other_spellings() {
-        let id = WorkerId { epoch: 0x1f, seq: 42 };
+        let id = WorkerId {
+            epoch: 0x1f,
+            seq: 42,
+        };
         assert_eq!(id.to_string(), "w-1f-42");
         assert_eq!(WorkerId::parse("w-1f-42"), Some(id));
-        for bad in ["w-1F-42", "w--42", "w-1f-", "x-1f-42", "w-1f-4x2", "w-1f-+42", "w-11111111111111111-1"] {
+        for bad in [
+            "w-1F-42",
+            "w--42",
+            "w-1f-",
+            "x-1f-42",
+            "w-1f-4x2",
+            "w-1f-+42",
+            "w-11111111111111111-1",
+        ] {
             assert_eq!(WorkerId::parse(bad), None, "{bad}");
         }
     }

@@ -107,18 +107,30 @@ mod tests {
     fn pool_04_only_complete_zero_evidence_under_the_right_token_is_clean() {
         let token = OpToken(7);
         assert_eq!(judge(&ResetEvidence::clean(token), token), Verdict::Clean);
-        assert_eq!(judge(&ResetEvidence::clean(OpToken(6)), token), Verdict::Discard(Unproven::TokenMismatch));
+        assert_eq!(
+            judge(&ResetEvidence::clean(OpToken(6)), token),
+            Verdict::Discard(Unproven::TokenMismatch)
+        );
         let mut e = ResetEvidence::clean(token);
         e.processes_remaining = Some(1);
-        assert_eq!(judge(&e, token), Verdict::Discard(Unproven::ProcessesRemaining));
+        assert_eq!(
+            judge(&e, token),
+            Verdict::Discard(Unproven::ProcessesRemaining)
+        );
         let mut e = ResetEvidence::clean(token);
         e.workspace_entries = None;
         assert_eq!(judge(&e, token), Verdict::Discard(Unproven::Unmeasured));
         let mut e = ResetEvidence::clean(token);
         e.scratch_entries = Some(3);
-        assert_eq!(judge(&e, token), Verdict::Discard(Unproven::ScratchNotEmpty));
+        assert_eq!(
+            judge(&e, token),
+            Verdict::Discard(Unproven::ScratchNotEmpty)
+        );
         let mut e = ResetEvidence::clean(token);
         e.mounts_remaining = Some(1);
-        assert_eq!(judge(&e, token), Verdict::Discard(Unproven::MountsRemaining));
+        assert_eq!(
+            judge(&e, token),
+            Verdict::Discard(Unproven::MountsRemaining)
+        );
     }
 }

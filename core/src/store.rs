@@ -79,9 +79,17 @@ pub enum Transacted {
 /// Applies `command` through `store` with compare-and-set, retrying conflicts up to `attempts`
 /// times. When the store holds no document, a new one with epoch `new_epoch` is created (the
 /// caller draws it at random): after data loss nothing of the old one is trusted.
-pub fn transact<S: PoolStore>(store: &mut S, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
+pub fn transact<S: PoolStore>(
+    store: &mut S,
+    command: &Command,
+    config: &PoolConfig,
+    new_epoch: u64,
+    attempts: u32,
+) -> Transacted {
     for _ in 0..attempts {
-        let Ok(now) = store.now() else { return Transacted::Unavailable };
+        let Ok(now) = store.now() else {
+            return Transacted::Unavailable;
+        };
         let (expected, mut doc) = match store.load() {
             Err(Unavailable) => return Transacted::Unavailable,
             Ok(Loaded::Found { version, doc }) => (Some(version), doc),

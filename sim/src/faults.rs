@@ -100,11 +100,22 @@ impl Fault {
     /// The highest rate (per mille of opportunities) a seed may draw for this kind.
     fn max_rate(self) -> u64 {
         match self {
-            Self::StoreOutage | Self::StoreDataLoss | Self::WorkerCrash | Self::ReplicaCrash | Self::ControllerCrash => 40,
+            Self::StoreOutage
+            | Self::StoreDataLoss
+            | Self::WorkerCrash
+            | Self::ReplicaCrash
+            | Self::ControllerCrash => 40,
             Self::NewRelease => 500,
             Self::ClockSkew => 1000,
-            Self::StoreLostReply | Self::StoreUnknownNoCommit | Self::StoreConflict | Self::StoreSlow => 60,
-            Self::CreateFails | Self::CreateLostReply | Self::CreateHangs | Self::DeleteFails | Self::DeleteLostReply => 150,
+            Self::StoreLostReply
+            | Self::StoreUnknownNoCommit
+            | Self::StoreConflict
+            | Self::StoreSlow => 60,
+            Self::CreateFails
+            | Self::CreateLostReply
+            | Self::CreateHangs
+            | Self::DeleteFails
+            | Self::DeleteLostReply => 150,
             Self::InventoryUnavailable | Self::DirtyReset | Self::DuplicateReport => 150,
         }
     }

@@ -28,16 +28,36 @@ struct Args {
 }
 
 fn parse_args(raw: &[String]) -> Result<Args, String> {
-    let mut args = Args { seeds: 100, first_seed: 0, replay: None, mutation: None, budget_seconds: None, stop_on_first: false, quiet: false };
+    let mut args = Args {
+        seeds: 100,
+        first_seed: 0,
+        replay: None,
+        mutation: None,
+        budget_seconds: None,
+        stop_on_first: false,
+        quiet: false,
+    };
     let mut it = raw.iter();
     while let Some(flag) = it.next() {
-        let mut value = |name: &str| it.next().cloned().ok_or_else(|| format!("{name} needs a value"));
-        let number = |text: String, name: &str| text.parse::<u64>().map_err(|_| format!("{name}: not a number: {text:?}"));
+        let mut value = |name: &str| {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        let number = |text: String, name: &str| {
+            text.parse::<u64>()
+                .map_err(|_| format!("{name}: not a number: {text:?}"))
+        };
         match flag.as_str() {
             "--seeds" => args.seeds = number(value("--seeds")?, "--seeds")?,
             "--first-seed" => args.first_seed = number(value("--first-seed")?, "--first-seed")?,
             "--seed" => args.replay = Some(number(value("--seed")?, "--seed")?),
-            "--time-budget-seconds" => args.budget_seconds = Some(number(value("--time-budget-seconds")?, "--time-budget-seconds")?),
+            "--time-budget-seconds" => {
+                args.budget_seconds = Some(number(
+                    value("--time-budget-seconds")?,
+                    "--time-budget-seconds",
+                )?)
+            }
             "--mutation" => {
                 let name = value("--mutation")?;
                 let found = SimMutation::all().into_iter().find(|m| m.name() == name);
@@ -53,7 +73,10 @@ fn parse_args(raw: &[String]) -> Result<Args, String> {
 
 fn replay_command(seed: u64, mutation: Option<SimMutation>) -> String {
     match mutation {
-        Some(m) => format!("cargo run -p corral-sim --release -- --seed {seed} --mutation {}", m.name()),
+        Some(m) => format!(
+            "cargo run -p corral-sim --release -- --seed {seed} --mutation {}",
+            m.name()
+        ),
         None => format!("cargo run -p corral-sim --release -- --seed {seed}"),
     }
 }
@@ -65,7 +88,10 @@ fn regressions_path() -> std::path::PathBuf {
 /// Seeds that once failed; every run without a mutation replays them first.
 fn regression_seeds() -> Vec<u64> {
     let text = std::fs::read_to_string(regressions_path()).unwrap_or_default();
-    text.lines().filter_map(|line| line.split('#').next()).filter_map(|s| s.trim().parse().ok()).collect()
+    text.lines()
+        .filter_map(|line| line.split('#').next())
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
 }
 
 fn remember_failure(seed: u64) {
@@ -76,7 +102,10 @@ fn remember_failure(seed: u64) {
     let mut text = std::fs::read_to_string(&path).unwrap_or_default();
     text.push_str(&format!("{seed}\n"));
     if let Err(error) = std::fs::write(&path, text) {
-        eprintln!("could not record seed {seed} in {}: {error}", path.display());
+        eprintln!(
+            "could not record seed {seed} in {}: {error}",
+            path.display()
+        );
     }
 }
 
@@ -102,11 +131,23 @@ fn replay(seed: u64, mutation: Option<SimMutation>) -> ExitCode {
     }
     let violations = u64::from(report.violation.is_some());
     if let Some(v) = &report.violation {
-        println!("seed {seed} violated {} at {}ms: {}", v.invariant.name(), v.at_ms, v.detail);
+        println!(
+            "seed {seed} violated {} at {}ms: {}",
+            v.invariant.name(),
+            v.at_ms,
+            v.detail
+        );
     }
-    println!("steps: {}, transitions: {}", report.stats.steps, report.stats.transitions);
+    println!(
+        "steps: {}, transitions: {}",
+        report.stats.steps, report.stats.transitions
+    );
     println!("seeds: 1, violations: {violations}");
-    if violations > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+    if violations > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn run_many(args: &Args) -> ExitCode {
@@ -114,7 +155,11 @@ fn run_many(args: &Args) -> ExitCode {
     let mut total = Stats::default();
     let mut seeds_run: u64 = 0;
     let mut violating: u64 = 0;
-    let mut seeds: Vec<u64> = if args.mutation.is_none() { regression_seeds() } else { Vec::new() };
+    let mut seeds: Vec<u64> = if args.mutation.is_none() {
+        regression_seeds()
+    } else {
+        Vec::new()
+    };
     let regressions = seeds.len();
     seeds.extend(args.first_seed..args.first_seed + args.seeds);
     for (index, seed) in seeds.into_iter().enumerate() {
@@ -130,7 +175,12 @@ fn run_many(args: &Args) -> ExitCode {
         total.absorb(&report.stats);
         if let Some(v) = report.violation {
             violating += 1;
-            println!("seed {seed} violated {} at {}ms: {}", v.invariant.name(), v.at_ms, v.detail);
+            println!(
+                "seed {seed} violated {} at {}ms: {}",
+                v.invariant.name(),
+                v.at_ms,
+                v.detail
+            );
             println!("  replay: {}", replay_command(seed, args.mutation));
             if args.mutation.is_none() {
                 remember_failure(seed);
@@ -145,13 +195,21 @@ fn run_many(args: &Args) -> ExitCode {
         print_stats(&total, seeds_run, elapsed, regressions);
     }
     println!("seeds: {seeds_run}, violations: {violating}");
-    if violating > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS }
+    if violating > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 fn print_stats(total: &Stats, seeds_run: u64, elapsed: f64, regressions: usize) {
     println!("faults injected:");
     for fault in Fault::ALL {
-        println!("  {:<26} {}", fault.name(), total.faults.get(&fault).copied().unwrap_or(0));
+        println!(
+            "  {:<26} {}",
+            fault.name(),
+            total.faults.get(&fault).copied().unwrap_or(0)
+        );
     }
     println!("invariants checked (violations):");
     for invariant in Invariant::ALL {

@@ -6,10 +6,18 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
-use corral_core::ids::{ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId, WorkerId};
-use corral_core::pool::{Applied, Command, Disposition, Effect, Event, Mutation, Outcome, PoolConfig, PoolDoc, PoolMode, StateKind, TicketStatus};
+use corral_core::ids::{
+    ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId,
+    WorkerId,
+};
+use corral_core::pool::{
+    Applied, Command, Disposition, Effect, Event, Mutation, Outcome, PoolConfig, PoolDoc, PoolMode,
+    StateKind, TicketStatus,
+};
 use corral_core::reset::ResetEvidence;
-use corral_core::store::{transact, CasOutcome, Loaded, PoolStore, Transacted, Unavailable, Version};
+use corral_core::store::{
+    CasOutcome, Loaded, PoolStore, Transacted, Unavailable, Version, transact,
+};
 use corral_core::time::UnixMillis;
 
 use crate::faults::{Fault, FaultMix, Invariant, Stats};
@@ -61,21 +69,70 @@ enum GrantSource {
 
 #[derive(Clone, Debug)]
 enum Ev {
-    ClientArrive { client: u64 },
-    ClientPoll { client: u64 },
-    RunStart { client: u64, worker: WorkerId, token: OpToken, granted_at: UnixMillis, source: GrantSource },
-    ClientHeartbeat { client: u64 },
-    RunEnd { client: u64, worker: WorkerId },
-    Report { actor: Actor, incarnation: u64, command: Command, attempt: u32 },
-    InvCreate { actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken, image: ImageId, claim: Option<UnixMillis> },
-    CreateReply { actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken, outcome: Outcome },
-    InvDelete { actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken },
-    WorkerReset { actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken },
-    ControllerLoop { incarnation: u64 },
+    ClientArrive {
+        client: u64,
+    },
+    ClientPoll {
+        client: u64,
+    },
+    RunStart {
+        client: u64,
+        worker: WorkerId,
+        token: OpToken,
+        granted_at: UnixMillis,
+        source: GrantSource,
+    },
+    ClientHeartbeat {
+        client: u64,
+    },
+    RunEnd {
+        client: u64,
+        worker: WorkerId,
+    },
+    Report {
+        actor: Actor,
+        incarnation: u64,
+        command: Command,
+        attempt: u32,
+    },
+    InvCreate {
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+        image: ImageId,
+        claim: Option<UnixMillis>,
+    },
+    CreateReply {
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+        outcome: Outcome,
+    },
+    InvDelete {
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+    },
+    WorkerReset {
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+    },
+    ControllerLoop {
+        incarnation: u64,
+    },
     ControllerRestart,
-    ReplicaRestart { replica: usize },
+    ReplicaRestart {
+        replica: usize,
+    },
     Chaos,
-    PlatformExpire { worker: WorkerId },
+    PlatformExpire {
+        worker: WorkerId,
+    },
     Liveness,
     ArrivalsEnd,
 }
@@ -123,7 +180,11 @@ impl SimStore {
 
 impl PoolStore for SimStore {
     fn now(&mut self) -> Result<UnixMillis, Unavailable> {
-        if self.available() { Ok(UnixMillis(self.now_ms)) } else { Err(Unavailable) }
+        if self.available() {
+            Ok(UnixMillis(self.now_ms))
+        } else {
+            Err(Unavailable)
+        }
     }
 
     fn load(&mut self) -> Result<Loaded, Unavailable> {
@@ -131,7 +192,10 @@ impl PoolStore for SimStore {
             return Err(Unavailable);
         }
         Ok(match &self.doc {
-            Some((version, doc)) => Loaded::Found { version: *version, doc: doc.clone() },
+            Some((version, doc)) => Loaded::Found {
+                version: *version,
+                doc: doc.clone(),
+            },
             None => Loaded::Absent,
         })
     }
@@ -261,8 +325,17 @@ impl World {
         };
         let replicas = (0..knobs.range(1, 3))
             .map(|_| {
-                let skew_ms = if knobs.chance(mix.rate(Fault::ClockSkew)) { knobs.range(0, 4_000) as i64 - 2_000 } else { 0 };
-                Replica { alive: true, incarnation: 0, skew_ms, cache: None }
+                let skew_ms = if knobs.chance(mix.rate(Fault::ClockSkew)) {
+                    knobs.range(0, 4_000) as i64 - 2_000
+                } else {
+                    0
+                };
+                Replica {
+                    alive: true,
+                    incarnation: 0,
+                    skew_ms,
+                    cache: None,
+                }
             })
             .collect::<Vec<_>>();
         let mut stats = Stats::default();
@@ -288,7 +361,11 @@ impl World {
             ticket_order: BTreeMap::new(),
             ticket_deadline: BTreeMap::new(),
             replicas,
-            controller: Controller { alive: true, incarnation: 0, release: ImageId("img-0".into()) },
+            controller: Controller {
+                alive: true,
+                incarnation: 0,
+                release: ImageId("img-0".into()),
+            },
             releases: 0,
             clients: BTreeMap::new(),
             next_client: 0,
@@ -340,7 +417,11 @@ impl World {
         if self.violation.is_none() {
             self.check_liveness();
         }
-        SeedReport { stats: self.stats, violation: self.violation, trace: self.trace.unwrap_or_default() }
+        SeedReport {
+            stats: self.stats,
+            violation: self.violation,
+            trace: self.trace.unwrap_or_default(),
+        }
     }
 
     fn note(&mut self, line: impl FnOnce() -> String) {
@@ -351,7 +432,11 @@ impl World {
 
     fn schedule(&mut self, delay_ms: u64, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at: self.now + delay_ms, seq: self.seq, ev }));
+        self.queue.push(Reverse(Scheduled {
+            at: self.now + delay_ms,
+            seq: self.seq,
+            ev,
+        }));
     }
 
     fn latency(&mut self) -> u64 {
@@ -368,7 +453,11 @@ impl World {
         *self.stats.violations.entry(invariant).or_insert(0) += 1;
         if self.violation.is_none() {
             self.note(|| format!("VIOLATION {}: {detail}", invariant.name()));
-            self.violation = Some(Violation { invariant, at_ms: self.now, detail });
+            self.violation = Some(Violation {
+                invariant,
+                at_ms: self.now,
+                detail,
+            });
         }
     }
 
@@ -381,8 +470,12 @@ impl World {
 
     fn actor_live(&self, actor: Actor, incarnation: u64) -> bool {
         match actor {
-            Actor::Replica(r) => self.replicas[r].alive && self.replicas[r].incarnation == incarnation,
-            Actor::Controller => self.controller.alive && self.controller.incarnation == incarnation,
+            Actor::Replica(r) => {
+                self.replicas[r].alive && self.replicas[r].incarnation == incarnation
+            }
+            Actor::Controller => {
+                self.controller.alive && self.controller.incarnation == incarnation
+            }
         }
     }
 
@@ -398,14 +491,19 @@ impl World {
     fn commit(&mut self, actor: Actor, command: &Command) -> Transacted {
         let had_doc = self.store.doc.is_some();
         let new_epoch = self.rng.next_u64() >> 12;
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| transact(&mut self.store, command, &self.config, new_epoch, 3)));
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            transact(&mut self.store, command, &self.config, new_epoch, 3)
+        }));
         // The document asserts its own invariants inside every transition (unless a rule is
         // broken on purpose); a panic there is a violation of this seed, not a crash of the run.
         self.stats.checked(Invariant::DocumentSound);
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(panic) => {
-                let detail = panic.downcast_ref::<String>().cloned().unwrap_or_else(|| String::from("panic"));
+                let detail = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .unwrap_or_else(|| String::from("panic"));
                 self.check(Invariant::DocumentSound, false, || detail);
                 return Transacted::Unavailable;
             }
@@ -420,45 +518,75 @@ impl World {
                 self.replicas[r].cache = Some(doc.clone());
             }
             self.after_commit(actor, command, applied, doc, *now);
-            let trace_line = format!("          {command:?} => {:?} {:?}", applied.events, applied.effects);
+            let trace_line = format!(
+                "          {command:?} => {:?} {:?}",
+                applied.events, applied.effects
+            );
             self.note(|| trace_line);
             self.perform(actor, applied.effects.clone());
         }
         outcome
     }
 
-    fn after_commit(&mut self, actor: Actor, command: &Command, applied: &Applied, doc: &PoolDoc, now: UnixMillis) {
-        if let Command::Acquire { ticket, wait_ms, .. } = command
+    fn after_commit(
+        &mut self,
+        actor: Actor,
+        command: &Command,
+        applied: &Applied,
+        doc: &PoolDoc,
+        now: UnixMillis,
+    ) {
+        if let Command::Acquire {
+            ticket, wait_ms, ..
+        } = command
             && !self.ticket_order.contains_key(ticket)
-            && applied.events.iter().any(|e| matches!(e, Event::Queued { .. } | Event::Granted { .. }))
+            && applied
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::Queued { .. } | Event::Granted { .. }))
         {
             let order = self.ticket_order.len() as u64;
             self.ticket_order.insert(*ticket, order);
-            self.ticket_deadline.insert(*ticket, now.plus_ms((*wait_ms).min(self.config.acquire_wait_ms)));
+            self.ticket_deadline.insert(
+                *ticket,
+                now.plus_ms((*wait_ms).min(self.config.acquire_wait_ms)),
+            );
         }
         for effect in &applied.effects {
             if let Effect::Create { image, worker, .. } = effect {
                 let fresh = actor == Actor::Controller && *image == self.controller.release;
                 let release = self.controller.release.clone();
-                self.check(Invariant::NoStaleImage, fresh, || format!("{worker} created from {image} while the controller runs {release}"));
+                self.check(Invariant::NoStaleImage, fresh, || {
+                    format!("{worker} created from {image} while the controller runs {release}")
+                });
             }
         }
         // FIFO as POOL-3 resolves it: a grant never passes over an older waiting ticket whose
         // member is under the limit (even after every grant of this transition).
         let usage = doc.member_usage();
         for event in &applied.events {
-            let Event::Granted { ticket, worker, .. } = event else { continue };
+            let Event::Granted { ticket, worker, .. } = event else {
+                continue;
+            };
             // A repeated acquire answers with a grant made earlier; only this transition's count.
             if doc.workers().get(worker).is_none_or(|w| w.since != now) {
                 continue;
             }
-            let Some(granted_order) = self.ticket_order.get(ticket).copied() else { continue };
+            let Some(granted_order) = self.ticket_order.get(ticket).copied() else {
+                continue;
+            };
             let passed_over = doc.tickets().find(|waiting| {
-                let older = self.ticket_order.get(&waiting.id).is_some_and(|o| *o < granted_order);
-                older && usage.get(&waiting.member).copied().unwrap_or(0) < self.config.max_per_member
+                let older = self
+                    .ticket_order
+                    .get(&waiting.id)
+                    .is_some_and(|o| *o < granted_order);
+                older
+                    && usage.get(&waiting.member).copied().unwrap_or(0) < self.config.max_per_member
             });
             let passed = passed_over.map(|t| t.id);
-            self.check(Invariant::Fifo, passed.is_none(), || format!("{ticket} granted past older eligible {passed:?}"));
+            self.check(Invariant::Fifo, passed.is_none(), || {
+                format!("{ticket} granted past older eligible {passed:?}")
+            });
         }
     }
 
@@ -467,37 +595,118 @@ impl World {
         for effect in effects {
             let delay = self.latency();
             match effect {
-                Effect::Create { worker, token, image, claim_deadline } => {
+                Effect::Create {
+                    worker,
+                    token,
+                    image,
+                    claim_deadline,
+                } => {
                     self.creates_in_flight.insert(worker, worker.epoch);
-                    self.schedule(delay, Ev::InvCreate { actor, incarnation, worker, token, image, claim: claim_deadline });
+                    self.schedule(
+                        delay,
+                        Ev::InvCreate {
+                            actor,
+                            incarnation,
+                            worker,
+                            token,
+                            image,
+                            claim: claim_deadline,
+                        },
+                    );
                 }
-                Effect::Reset { worker, token } => self.schedule(delay, Ev::WorkerReset { actor, incarnation, worker, token }),
-                Effect::Delete { worker, token } => self.schedule(delay, Ev::InvDelete { actor, incarnation, worker, token }),
+                Effect::Reset { worker, token } => self.schedule(
+                    delay,
+                    Ev::WorkerReset {
+                        actor,
+                        incarnation,
+                        worker,
+                        token,
+                    },
+                ),
+                Effect::Delete { worker, token } => self.schedule(
+                    delay,
+                    Ev::InvDelete {
+                        actor,
+                        incarnation,
+                        worker,
+                        token,
+                    },
+                ),
             }
         }
     }
 
     fn report(&mut self, actor: Actor, delay: u64, command: Command) {
         let incarnation = self.incarnation(actor);
-        self.schedule(delay, Ev::Report { actor, incarnation, command, attempt: 0 });
+        self.schedule(
+            delay,
+            Ev::Report {
+                actor,
+                incarnation,
+                command,
+                attempt: 0,
+            },
+        );
     }
 
     fn handle(&mut self, ev: Ev) {
         match ev {
             Ev::ClientArrive { client } => self.client_arrive(client),
             Ev::ClientPoll { client } => self.client_poll(client),
-            Ev::RunStart { client, worker, token, granted_at, source } => self.run_start(client, worker, token, granted_at, source),
+            Ev::RunStart {
+                client,
+                worker,
+                token,
+                granted_at,
+                source,
+            } => self.run_start(client, worker, token, granted_at, source),
             Ev::ClientHeartbeat { client } => self.client_heartbeat(client),
             Ev::RunEnd { client, worker } => self.run_end(client, worker),
-            Ev::Report { actor, incarnation, command, attempt } => self.deliver_report(actor, incarnation, command, attempt),
-            Ev::InvCreate { actor, incarnation, worker, token, image, claim } => self.inventory_create(actor, incarnation, worker, token, image, claim),
-            Ev::CreateReply { actor, incarnation, worker, token, outcome } => {
+            Ev::Report {
+                actor,
+                incarnation,
+                command,
+                attempt,
+            } => self.deliver_report(actor, incarnation, command, attempt),
+            Ev::InvCreate {
+                actor,
+                incarnation,
+                worker,
+                token,
+                image,
+                claim,
+            } => self.inventory_create(actor, incarnation, worker, token, image, claim),
+            Ev::CreateReply {
+                actor,
+                incarnation,
+                worker,
+                token,
+                outcome,
+            } => {
                 if self.actor_live(actor, incarnation) {
-                    self.report(actor, 0, Command::CreateReported { worker, token, outcome });
+                    self.report(
+                        actor,
+                        0,
+                        Command::CreateReported {
+                            worker,
+                            token,
+                            outcome,
+                        },
+                    );
                 }
             }
-            Ev::InvDelete { actor, incarnation, worker, token } => self.inventory_delete(actor, incarnation, worker, token),
-            Ev::WorkerReset { actor, incarnation, worker, token } => self.worker_reset(actor, incarnation, worker, token),
+            Ev::InvDelete {
+                actor,
+                incarnation,
+                worker,
+                token,
+            } => self.inventory_delete(actor, incarnation, worker, token),
+            Ev::WorkerReset {
+                actor,
+                incarnation,
+                worker,
+                token,
+            } => self.worker_reset(actor, incarnation, worker, token),
             Ev::ControllerLoop { incarnation } => self.controller_loop(incarnation),
             Ev::ControllerRestart => self.controller_restart(),
             Ev::ReplicaRestart { replica } => {
@@ -524,7 +733,13 @@ impl World {
         let replica = self.rng.range(0, self.replicas.len() as u64 - 1) as usize;
         let member = MemberId(format!("m{}", self.rng.range(0, self.members - 1)));
         let browser = self.rng.chance(150);
-        let run_ms = if browser { self.rng.range(2_000, 40_000) } else if self.rng.chance(50) { self.rng.range(5_000, 30_000) } else { self.rng.range(20, 3_000) };
+        let run_ms = if browser {
+            self.rng.range(2_000, 40_000)
+        } else if self.rng.chance(50) {
+            self.rng.range(5_000, 30_000)
+        } else {
+            self.rng.range(20, 3_000)
+        };
         let wait_ms = self.rng.range(500, self.config.acquire_wait_ms + 5_000);
         let ticket = TicketId(self.rng.next_u64());
         self.clients.insert(
@@ -533,7 +748,11 @@ impl World {
                 replica,
                 incarnation: self.replicas[replica].incarnation,
                 member,
-                namespace: if browser { LeaseNamespace::Browser } else { LeaseNamespace::Code },
+                namespace: if browser {
+                    LeaseNamespace::Browser
+                } else {
+                    LeaseNamespace::Code
+                },
                 ticket,
                 wait_ms,
                 run_ms,
@@ -565,7 +784,12 @@ impl World {
     }
 
     fn client_arrive(&mut self, client: u64) {
-        if self.clients.get(&client).is_some_and(|c| c.state == ClientState::Arriving) && self.arrivals_open {
+        if self
+            .clients
+            .get(&client)
+            .is_some_and(|c| c.state == ClientState::Arriving)
+            && self.arrivals_open
+        {
             self.schedule_arrival();
         }
         let Some(replica) = self.client_ok(client) else {
@@ -576,7 +800,11 @@ impl World {
         let command = Command::Acquire {
             ticket: c.ticket,
             member: c.member.clone(),
-            scope: LeaseScope { namespace: c.namespace, actor: ActorId(c.member.0.clone()), conversation: ConversationId(format!("c{client}")) },
+            scope: LeaseScope {
+                namespace: c.namespace,
+                actor: ActorId(c.member.0.clone()),
+                conversation: ConversationId(format!("c{client}")),
+            },
             wait_ms: c.wait_ms,
         };
         let ticket = c.ticket;
@@ -588,9 +816,24 @@ impl World {
                 let delay = self.latency();
                 for event in &applied.events {
                     match event {
-                        Event::Granted { ticket: t, worker, token, .. } if *t == ticket => {
-                            let granted_at = doc.workers().get(worker).map_or(UnixMillis(0), |w| w.since);
-                            self.schedule(delay, Ev::RunStart { client, worker: *worker, token: *token, granted_at, source: GrantSource::Store });
+                        Event::Granted {
+                            ticket: t,
+                            worker,
+                            token,
+                            ..
+                        } if *t == ticket => {
+                            let granted_at =
+                                doc.workers().get(worker).map_or(UnixMillis(0), |w| w.since);
+                            self.schedule(
+                                delay,
+                                Ev::RunStart {
+                                    client,
+                                    worker: *worker,
+                                    token: *token,
+                                    granted_at,
+                                    source: GrantSource::Store,
+                                },
+                            );
                             return;
                         }
                         Event::Queued { ticket: t, .. } if *t == ticket => {
@@ -606,10 +849,14 @@ impl World {
                 }
                 self.finish(client);
             }
-            Transacted::Unavailable if self.config_broken_store_fallback() => self.fallback_grant(client, replica),
+            Transacted::Unavailable if self.config_broken_store_fallback() => {
+                self.fallback_grant(client, replica)
+            }
             // Admission fails closed: the caller is refused (coordination_unavailable).
             Transacted::Unavailable => self.finish(client),
-            Transacted::Unknown | Transacted::Contended => self.schedule(POLL_MS, Ev::ClientArrive { client }),
+            Transacted::Unknown | Transacted::Contended => {
+                self.schedule(POLL_MS, Ev::ClientArrive { client })
+            }
         }
     }
 
@@ -624,11 +871,24 @@ impl World {
             self.finish(client);
             return;
         };
-        let warm = cache.workers().iter().find(|(_, w)| w.state.kind() == StateKind::Warm).map(|(id, w)| (*id, w.token));
+        let warm = cache
+            .workers()
+            .iter()
+            .find(|(_, w)| w.state.kind() == StateKind::Warm)
+            .map(|(id, w)| (*id, w.token));
         match warm {
             Some((worker, token)) => {
                 let delay = self.latency();
-                self.schedule(delay, Ev::RunStart { client, worker, token, granted_at: UnixMillis(self.now), source: GrantSource::Fallback });
+                self.schedule(
+                    delay,
+                    Ev::RunStart {
+                        client,
+                        worker,
+                        token,
+                        granted_at: UnixMillis(self.now),
+                        source: GrantSource::Fallback,
+                    },
+                );
             }
             None => self.finish(client),
         }
@@ -642,7 +902,9 @@ impl World {
     }
 
     fn client_poll(&mut self, client: u64) {
-        let Some(replica) = self.client_ok(client) else { return };
+        let Some(replica) = self.client_ok(client) else {
+            return;
+        };
         let (ticket, deadline_local) = {
             let c = &self.clients[&client];
             (c.ticket, c.arrived_at as i64 + c.wait_ms as i64)
@@ -659,37 +921,86 @@ impl World {
         };
         match doc.ticket_status(ticket) {
             TicketStatus::Granted { worker, token, .. } => {
-                let granted_at = doc.workers().get(&worker).map_or(UnixMillis(0), |w| w.since);
+                let granted_at = doc
+                    .workers()
+                    .get(&worker)
+                    .map_or(UnixMillis(0), |w| w.since);
                 let delay = self.latency();
-                self.schedule(delay, Ev::RunStart { client, worker, token, granted_at, source: GrantSource::Store });
+                self.schedule(
+                    delay,
+                    Ev::RunStart {
+                        client,
+                        worker,
+                        token,
+                        granted_at,
+                        source: GrantSource::Store,
+                    },
+                );
             }
             TicketStatus::Queued { .. } => self.schedule(POLL_MS, Ev::ClientPoll { client }),
             TicketStatus::Gone => self.finish(client),
         }
     }
 
-    fn run_start(&mut self, client: u64, worker: WorkerId, token: OpToken, granted_at: UnixMillis, source: GrantSource) {
-        let Some(c) = self.clients.get(&client) else { return };
+    fn run_start(
+        &mut self,
+        client: u64,
+        worker: WorkerId,
+        token: OpToken,
+        granted_at: UnixMillis,
+        source: GrantSource,
+    ) {
+        let Some(c) = self.clients.get(&client) else {
+            return;
+        };
         let (ticket, member, run_ms) = (c.ticket, c.member.clone(), c.run_ms);
-        self.check(Invariant::NoGrantWithoutStore, source == GrantSource::Store, || format!("{ticket} served on {worker} without the store"));
+        self.check(
+            Invariant::NoGrantWithoutStore,
+            source == GrantSource::Store,
+            || format!("{ticket} served on {worker} without the store"),
+        );
         if let Some(deadline) = self.ticket_deadline.get(&ticket).copied() {
-            self.check(Invariant::NoGrantAfterDeadline, granted_at <= deadline, || format!("{ticket} granted at {granted_at} after its deadline {deadline}"));
+            self.check(
+                Invariant::NoGrantAfterDeadline,
+                granted_at <= deadline,
+                || format!("{ticket} granted at {granted_at} after its deadline {deadline}"),
+            );
         }
         self.resolve(client);
         // Condemned before the grant: the pool handed out a worker it had ordered deleted.
-        let condemned = self.condemned.get(&worker).is_some_and(|at| *at <= granted_at.0);
-        self.check(Invariant::NoReassignOfCondemned, !condemned, || format!("{worker}, ordered deleted, granted to {ticket}"));
+        let condemned = self
+            .condemned
+            .get(&worker)
+            .is_some_and(|at| *at <= granted_at.0);
+        self.check(Invariant::NoReassignOfCondemned, !condemned, || {
+            format!("{worker}, ordered deleted, granted to {ticket}")
+        });
         let Some(truth) = self.truth.get(&worker) else {
             // The worker died meanwhile: the run fails with a clear error; nothing is violated.
             self.finish(client);
             return;
         };
         let (tenant, dirty) = (truth.tenant, truth.dirty);
-        self.check(Invariant::SingleTenant, tenant.is_none(), || format!("{worker} granted to client {client} while client {tenant:?} executes there"));
-        self.check(Invariant::CleanHandoff, !dirty, || format!("{worker} handed to client {client} without a clean reset"));
-        let running = self.truth.values().filter_map(|w| w.tenant).filter(|t| self.clients.get(t).is_some_and(|o| o.member == member)).count() as u32;
+        self.check(Invariant::SingleTenant, tenant.is_none(), || {
+            format!("{worker} granted to client {client} while client {tenant:?} executes there")
+        });
+        self.check(Invariant::CleanHandoff, !dirty, || {
+            format!("{worker} handed to client {client} without a clean reset")
+        });
+        let running = self
+            .truth
+            .values()
+            .filter_map(|w| w.tenant)
+            .filter(|t| self.clients.get(t).is_some_and(|o| o.member == member))
+            .count() as u32;
         let limit = self.config.max_per_member;
-        self.check(Invariant::MemberLimit, running < limit, || format!("member {} would run {} at once, limit {limit}", member.0, running + 1));
+        self.check(Invariant::MemberLimit, running < limit, || {
+            format!(
+                "member {} would run {} at once, limit {limit}",
+                member.0,
+                running + 1
+            )
+        });
         if let Some(truth) = self.truth.get_mut(&worker) {
             truth.tenant = Some(client);
             truth.dirty = true;
@@ -698,19 +1009,44 @@ impl World {
             c.state = ClientState::Running { worker, token };
         }
         self.schedule(run_ms, Ev::RunEnd { client, worker });
-        self.schedule(self.config.lease_heartbeat_ms, Ev::ClientHeartbeat { client });
+        self.schedule(
+            self.config.lease_heartbeat_ms,
+            Ev::ClientHeartbeat { client },
+        );
     }
 
     fn client_heartbeat(&mut self, client: u64) {
-        let Some(replica) = self.client_ok(client) else { return };
-        let (ClientState::Running { worker, token }, ticket) = (self.clients[&client].state.clone(), self.clients[&client].ticket) else { return };
-        match self.commit(Actor::Replica(replica), &Command::Heartbeat { worker, lease: ticket, token }) {
-            Transacted::Committed { applied, .. } if applied.events.iter().any(|e| matches!(e, Event::Refused { .. })) => {
+        let Some(replica) = self.client_ok(client) else {
+            return;
+        };
+        let (ClientState::Running { worker, token }, ticket) = (
+            self.clients[&client].state.clone(),
+            self.clients[&client].ticket,
+        ) else {
+            return;
+        };
+        match self.commit(
+            Actor::Replica(replica),
+            &Command::Heartbeat {
+                worker,
+                lease: ticket,
+                token,
+            },
+        ) {
+            Transacted::Committed { applied, .. }
+                if applied
+                    .events
+                    .iter()
+                    .any(|e| matches!(e, Event::Refused { .. })) =>
+            {
                 // The lease is lost (expired, taken over, or gone with the store's data): the run
                 // fails with a clear error; the code may go on until its worker is deleted.
                 self.finish(client);
             }
-            _ => self.schedule(self.config.lease_heartbeat_ms, Ev::ClientHeartbeat { client }),
+            _ => self.schedule(
+                self.config.lease_heartbeat_ms,
+                Ev::ClientHeartbeat { client },
+            ),
         }
     }
 
@@ -720,13 +1056,25 @@ impl World {
         {
             truth.tenant = None;
         }
-        let Some(replica) = self.client_ok(client) else { return };
-        let (ClientState::Running { worker: on, token }, ticket) = (self.clients[&client].state.clone(), self.clients[&client].ticket) else { return };
+        let Some(replica) = self.client_ok(client) else {
+            return;
+        };
+        let (ClientState::Running { worker: on, token }, ticket) = (
+            self.clients[&client].state.clone(),
+            self.clients[&client].ticket,
+        ) else {
+            return;
+        };
         if on != worker {
             return;
         }
         self.finish(client);
-        let release = Command::Release { worker, lease: ticket, token, disposition: Disposition::Reset };
+        let release = Command::Release {
+            worker,
+            lease: ticket,
+            token,
+            disposition: Disposition::Reset,
+        };
         self.report(Actor::Replica(replica), 0, release);
     }
 
@@ -739,13 +1087,29 @@ impl World {
             Transacted::Unavailable | Transacted::Unknown | Transacted::Contended => {
                 if attempt < 30 {
                     let delay = self.rng.range(100, 1_000);
-                    self.schedule(delay, Ev::Report { actor, incarnation, command, attempt: attempt + 1 });
+                    self.schedule(
+                        delay,
+                        Ev::Report {
+                            actor,
+                            incarnation,
+                            command,
+                            attempt: attempt + 1,
+                        },
+                    );
                 }
             }
         }
     }
 
-    fn inventory_create(&mut self, actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken, image: ImageId, claim: Option<UnixMillis>) {
+    fn inventory_create(
+        &mut self,
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+        image: ImageId,
+        claim: Option<UnixMillis>,
+    ) {
         self.creates_in_flight.remove(&worker);
         let _ = &image;
         let (created, outcome, reply_ms) = if self.rng.chance(self.mix.rate(Fault::CreateFails)) {
@@ -761,16 +1125,38 @@ impl World {
             (true, Outcome::Done, self.rng.range(100, 1_500))
         };
         if created {
-            self.truth.insert(worker, TrueWorker { created_at: self.now, tenant: None, dirty: false });
+            self.truth.insert(
+                worker,
+                TrueWorker {
+                    created_at: self.now,
+                    tenant: None,
+                    dirty: false,
+                },
+            );
             if let Some(deadline) = claim {
                 let at = deadline.0.saturating_sub(self.now);
                 self.schedule(at, Ev::PlatformExpire { worker });
             }
         }
-        self.schedule(reply_ms, Ev::CreateReply { actor, incarnation, worker, token, outcome });
+        self.schedule(
+            reply_ms,
+            Ev::CreateReply {
+                actor,
+                incarnation,
+                worker,
+                token,
+                outcome,
+            },
+        );
     }
 
-    fn inventory_delete(&mut self, actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken) {
+    fn inventory_delete(
+        &mut self,
+        actor: Actor,
+        incarnation: u64,
+        worker: WorkerId,
+        token: OpToken,
+    ) {
         let outcome = if self.rng.chance(self.mix.rate(Fault::DeleteFails)) {
             self.stats.fault(Fault::DeleteFails);
             Outcome::Failed
@@ -784,8 +1170,20 @@ impl World {
             }
         };
         if self.actor_live(actor, incarnation) {
-            let delay = if outcome == Outcome::Unknown { CALL_TIMEOUT_MS } else { self.latency() };
-            self.report(actor, delay, Command::DeleteReported { worker, token, outcome });
+            let delay = if outcome == Outcome::Unknown {
+                CALL_TIMEOUT_MS
+            } else {
+                self.latency()
+            };
+            self.report(
+                actor,
+                delay,
+                Command::DeleteReported {
+                    worker,
+                    token,
+                    outcome,
+                },
+            );
         }
     }
 
@@ -795,7 +1193,9 @@ impl World {
     }
 
     fn worker_reset(&mut self, actor: Actor, incarnation: u64, worker: WorkerId, token: OpToken) {
-        let Some(truth) = self.truth.get_mut(&worker) else { return };
+        let Some(truth) = self.truth.get_mut(&worker) else {
+            return;
+        };
         // The run's processes die with the jail.
         truth.tenant = None;
         let mut evidence = ResetEvidence::clean(token);
@@ -809,7 +1209,11 @@ impl World {
             return;
         }
         let delay = self.latency();
-        let command = Command::ResetReported { worker, token, evidence };
+        let command = Command::ResetReported {
+            worker,
+            token,
+            evidence,
+        };
         if self.rng.chance(self.mix.rate(Fault::DuplicateReport)) {
             self.stats.fault(Fault::DuplicateReport);
             let late = self.rng.range(1_000, 20_000);
@@ -841,13 +1245,19 @@ impl World {
                     let as_of = UnixMillis(self.now);
                     let present: BTreeSet<WorkerId> = self.truth.keys().copied().collect();
                     let delay = self.latency();
-                    self.report(Actor::Controller, delay, Command::InventoryObserved { as_of, present });
+                    self.report(
+                        Actor::Controller,
+                        delay,
+                        Command::InventoryObserved { as_of, present },
+                    );
                 }
                 _ => {
                     // Publish whenever the pool's image is not this controller's release: after a
                     // restart, a new release, or a store that lost its data.
                     let published = match self.store.load() {
-                        Ok(Loaded::Found { doc, .. }) => doc.image() == Some(&self.controller.release),
+                        Ok(Loaded::Found { doc, .. }) => {
+                            doc.image() == Some(&self.controller.release)
+                        }
                         Ok(Loaded::Absent) => false,
                         Err(Unavailable) => continue,
                     };
@@ -943,7 +1353,9 @@ impl World {
 
     /// Checked after every step, against ground truth.
     fn check_world(&mut self) {
-        let Some((_, doc)) = self.store.doc.clone() else { return };
+        let Some((_, doc)) = self.store.doc.clone() else {
+            return;
+        };
         let epoch = doc.epoch();
         // Ticket age and deadline come from the document itself, so a commit whose reply was lost
         // still dates its tickets correctly.
@@ -962,18 +1374,41 @@ impl World {
         let counted: usize = self
             .truth
             .iter()
-            .filter(|(id, w)| id.epoch == epoch || self.lost_epochs.get(&id.epoch).is_some_and(|lost| w.created_at <= *lost) || !self.lost_epochs.contains_key(&id.epoch))
+            .filter(|(id, w)| {
+                id.epoch == epoch
+                    || self
+                        .lost_epochs
+                        .get(&id.epoch)
+                        .is_some_and(|lost| w.created_at <= *lost)
+                    || !self.lost_epochs.contains_key(&id.epoch)
+            })
             .count();
-        let in_flight = self.creates_in_flight.values().filter(|e| **e == epoch).count();
+        let in_flight = self
+            .creates_in_flight
+            .values()
+            .filter(|e| **e == epoch)
+            .count();
         let ceiling = self.config.max_allocated as usize;
-        self.check(Invariant::Ceiling, counted + in_flight <= ceiling, || format!("{counted} workers and {in_flight} creates in flight, ceiling {ceiling}"));
+        self.check(Invariant::Ceiling, counted + in_flight <= ceiling, || {
+            format!("{counted} workers and {in_flight} creates in flight, ceiling {ceiling}")
+        });
         let creates_max = self.config.max_concurrent_creates as usize;
-        self.check(Invariant::CreatesInFlight, in_flight <= creates_max, || format!("{in_flight} creates in flight, bound {creates_max}"));
+        self.check(Invariant::CreatesInFlight, in_flight <= creates_max, || {
+            format!("{in_flight} creates in flight, bound {creates_max}")
+        });
         let queued = doc.tickets().count();
         let queue_max = self.config.acquire_queue_max as usize;
-        self.check(Invariant::QueueBound, queued <= queue_max, || format!("{queued} tickets queued, bound {queue_max}"));
-        let uncounted = self.truth.keys().find(|id| id.epoch == epoch && !doc.workers().contains_key(id)).copied();
-        self.check(Invariant::AmbiguousCounted, uncounted.is_none(), || format!("{uncounted:?} exists but the pool does not count it"));
+        self.check(Invariant::QueueBound, queued <= queue_max, || {
+            format!("{queued} tickets queued, bound {queue_max}")
+        });
+        let uncounted = self
+            .truth
+            .keys()
+            .find(|id| id.epoch == epoch && !doc.workers().contains_key(id))
+            .copied();
+        self.check(Invariant::AmbiguousCounted, uncounted.is_none(), || {
+            format!("{uncounted:?} exists but the pool does not count it")
+        });
         let mut unclean = None;
         for (id, worker) in doc.workers() {
             if worker.state.kind() == StateKind::Warm
@@ -983,7 +1418,9 @@ impl World {
                 unclean = Some(*id);
             }
         }
-        self.check(Invariant::WarmIsClean, unclean.is_none(), || format!("{unclean:?} is warm but dirty or occupied"));
+        self.check(Invariant::WarmIsClean, unclean.is_none(), || {
+            format!("{unclean:?} is warm but dirty or occupied")
+        });
     }
 
     fn check_liveness(&mut self) {
@@ -992,32 +1429,52 @@ impl World {
             .clients
             .iter()
             .filter(|(_, c)| c.in_liveness && c.state != ClientState::Arriving)
-            .filter(|(_, c)| c.resolved_at.is_none_or(|at| at > c.arrived_at + c.wait_ms + slack_ms))
+            .filter(|(_, c)| {
+                c.resolved_at
+                    .is_none_or(|at| at > c.arrived_at + c.wait_ms + slack_ms)
+            })
             .map(|(id, _)| *id)
             .collect();
-        self.check(Invariant::LivenessServed, late.is_empty(), || format!("clients {late:?} neither served nor refused before their deadline"));
+        self.check(Invariant::LivenessServed, late.is_empty(), || {
+            format!("clients {late:?} neither served nor refused before their deadline")
+        });
         let converged = self.converged_at.is_some();
         let last = self.last_unsettled.clone();
-        self.check(Invariant::LivenessConverged, converged, || format!("pool never returned to its target in the final window: {last}"));
+        self.check(Invariant::LivenessConverged, converged, || {
+            format!("pool never returned to its target in the final window: {last}")
+        });
     }
 
     /// In the final window of the liveness phase: is the pool at its target, with every worker it
     /// counts existing and nothing orphaned? (Platform claims expire and are replaced on their own
     /// schedule, so a single moment at the end is not enough; a settled moment in the window is.)
     fn observe_convergence(&mut self) {
-        if !self.liveness || self.converged_at.is_some() || self.now + CONVERGENCE_WINDOW_MS < self.end_ms {
+        if !self.liveness
+            || self.converged_at.is_some()
+            || self.now + CONVERGENCE_WINDOW_MS < self.end_ms
+        {
             return;
         }
-        let Some((_, doc)) = &self.store.doc else { return };
+        let Some((_, doc)) = &self.store.doc else {
+            return;
+        };
         let counts = doc.counts();
-        let target = self.config.warm_min.max(self.config.target_idle).min(self.config.max_allocated);
+        let target = self
+            .config
+            .warm_min
+            .max(self.config.target_idle)
+            .min(self.config.max_allocated);
         let doc_ids: BTreeSet<WorkerId> = doc.workers().keys().copied().collect();
         let true_ids: BTreeSet<WorkerId> = self.truth.keys().copied().collect();
-        let settled = counts.warm == target && counts.allocated() == target && doc.tickets().count() == 0 && doc_ids == true_ids;
+        let settled = counts.warm == target
+            && counts.allocated() == target
+            && doc.tickets().count() == 0
+            && doc_ids == true_ids;
         if settled {
             self.converged_at = Some(self.now);
         } else {
-            self.last_unsettled = format!("target {target}, {counts:?}, pool knows {doc_ids:?}, {true_ids:?} exist");
+            self.last_unsettled =
+                format!("target {target}, {counts:?}, pool knows {doc_ids:?}, {true_ids:?} exist");
         }
     }
 }
@@ -1035,7 +1492,10 @@ pub enum SimMutation {
 impl SimMutation {
     /// Every mutation the simulator can run.
     pub fn all() -> Vec<SimMutation> {
-        let mut all: Vec<SimMutation> = Mutation::ALL.iter().map(|m| SimMutation::Core(*m)).collect();
+        let mut all: Vec<SimMutation> = Mutation::ALL
+            .iter()
+            .map(|m| SimMutation::Core(*m))
+            .collect();
         all.push(SimMutation::StoreFallback);
         all
     }
@@ -1054,7 +1514,13 @@ fn draw_config(rng: &mut Rng, mutation: Option<Mutation>) -> PoolConfig {
     let max_allocated = rng.range(1, 8) as u32;
     let warm_min = rng.range(0, u64::from(max_allocated)) as u32;
     let lease_heartbeat_ms = rng.range(1_000, 3_000);
-    let mode = if rng.chance(200) { PoolMode::PlatformOperator { claim_lifetime_ms: rng.range(20_000, 90_000) } } else { PoolMode::Controller };
+    let mode = if rng.chance(200) {
+        PoolMode::PlatformOperator {
+            claim_lifetime_ms: rng.range(20_000, 90_000),
+        }
+    } else {
+        PoolMode::Controller
+    };
     PoolConfig {
         warm_min,
         target_idle: rng.range(0, u64::from(max_allocated.min(2))) as u32,
@@ -1097,7 +1563,11 @@ mod tests {
     fn seeds_without_mutation_hold_every_invariant() {
         for seed in 0..20 {
             let report = World::new(seed, None, false).run();
-            assert!(report.violation.is_none(), "seed {seed}: {:?}", report.violation);
+            assert!(
+                report.violation.is_none(),
+                "seed {seed}: {:?}",
+                report.violation
+            );
         }
     }
 
@@ -1105,8 +1575,13 @@ mod tests {
     #[test]
     fn every_mutation_is_caught() {
         for mutation in SimMutation::all() {
-            let caught = (0..200).find_map(|seed| World::new(seed, Some(mutation), false).run().violation);
-            assert!(caught.is_some(), "mutation {} survived 200 seeds", mutation.name());
+            let caught =
+                (0..200).find_map(|seed| World::new(seed, Some(mutation), false).run().violation);
+            assert!(
+                caught.is_some(),
+                "mutation {} survived 200 seeds",
+                mutation.name()
+            );
         }
     }
 }

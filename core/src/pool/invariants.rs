@@ -19,17 +19,31 @@ impl PoolDoc {
         let mut problems = Vec::new();
         let counts = self.counts();
         if self.tickets.len() > config.acquire_queue_max as usize {
-            problems.push(format!("queue holds {} tickets, bound {}", self.tickets.len(), config.acquire_queue_max));
+            problems.push(format!(
+                "queue holds {} tickets, bound {}",
+                self.tickets.len(),
+                config.acquire_queue_max
+            ));
         }
         if counts.creating > config.max_concurrent_creates {
-            problems.push(format!("{} creates in flight, bound {}", counts.creating, config.max_concurrent_creates));
+            problems.push(format!(
+                "{} creates in flight, bound {}",
+                counts.creating, config.max_concurrent_creates
+            ));
         }
         if self.allocated_within_ceiling() > config.max_allocated {
-            problems.push(format!("{} workers allocated, ceiling {}", self.allocated_within_ceiling(), config.max_allocated));
+            problems.push(format!(
+                "{} workers allocated, ceiling {}",
+                self.allocated_within_ceiling(),
+                config.max_allocated
+            ));
         }
         for (member, used) in self.member_usage() {
             if used > config.max_per_member {
-                problems.push(format!("member {} holds {used} slots, limit {}", member.0, config.max_per_member));
+                problems.push(format!(
+                    "member {} holds {used} slots, limit {}",
+                    member.0, config.max_per_member
+                ));
             }
         }
         let mut ticket_ids = BTreeSet::new();
@@ -45,7 +59,10 @@ impl PoolDoc {
         let mut leases = BTreeSet::new();
         for (id, worker) in &self.workers {
             if !tokens.insert(worker.token) || worker.token.0 >= self.next_token {
-                problems.push(format!("worker {id} token {} is not unique or not minted", worker.token));
+                problems.push(format!(
+                    "worker {id} token {} is not unique or not minted",
+                    worker.token
+                ));
             }
             if id.epoch == self.epoch && id.seq >= self.next_seq {
                 problems.push(format!("worker {id} was not minted by this document"));
@@ -69,8 +86,15 @@ impl PoolDoc {
                     if worker.confirmed_at.is_none() {
                         problems.push(format!("worker {id} warm without a confirmed create"));
                     }
-                    if self.image.as_ref().is_some_and(|image| *image != worker.image) && worker.state.kind() == StateKind::Warm {
-                        problems.push(format!("worker {id} warm from an image that is not the published one"));
+                    if self
+                        .image
+                        .as_ref()
+                        .is_some_and(|image| *image != worker.image)
+                        && worker.state.kind() == StateKind::Warm
+                    {
+                        problems.push(format!(
+                            "worker {id} warm from an image that is not the published one"
+                        ));
                     }
                 }
                 WorkerState::Creating { deadline } | WorkerState::Resetting { deadline, .. } => {
@@ -79,8 +103,14 @@ impl PoolDoc {
                     }
                 }
                 WorkerState::Retiring(removal) | WorkerState::Quarantined(removal) => {
-                    if removal.reason.is_for_cause() != (worker.state.kind() == StateKind::Quarantined) {
-                        problems.push(format!("worker {id} is {} for reason {}", worker.state.kind().code(), removal.reason.code()));
+                    if removal.reason.is_for_cause()
+                        != (worker.state.kind() == StateKind::Quarantined)
+                    {
+                        problems.push(format!(
+                            "worker {id} is {} for reason {}",
+                            worker.state.kind().code(),
+                            removal.reason.code()
+                        ));
                     }
                 }
             }
