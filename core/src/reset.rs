@@ -8,7 +8,7 @@ use crate::ids::OpToken;
 
 /// What a worker measured after killing a run's processes and wiping its workspace. `None` means the
 /// worker could not measure it, which is never taken as zero.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResetEvidence {
     /// The operation token the reset was ordered under, echoed by the worker.
     pub token: OpToken,
@@ -37,7 +37,7 @@ impl ResetEvidence {
 }
 
 /// Why a reset did not prove the worker clean. The codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Unproven {
     /// The evidence was produced under another operation's token.
     TokenMismatch,
@@ -69,7 +69,7 @@ impl Unproven {
 }
 
 /// The verdict on a reset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Verdict {
     /// Proven clean: the worker may be published warm.
     Clean,

@@ -76,31 +76,57 @@ pub enum Transacted {
     Contended,
 }
 
-/// Applies `command` through `store` with compare-and-set, retrying conflicts up to `attempts`
-/// times. When the store holds no document, a new one with epoch `new_epoch` is created (the
-/// caller draws it at random): after data loss nothing of the old one is trusted.
-pub fn transact<S: PoolStore>(
-    store: &mut S,
-    command: &Command,
-    config: &PoolConfig,
-    new_epoch: u64,
-    attempts: u32,
-) -> Transacted {
-    for _ in 0..attempts {
-        let Ok(now) = store.now() else {
-            return Transacted::Unavailable;
-        };
-        let (expected, mut doc) = match store.load() {
-            Err(Unavailable) => return Transacted::Unavailable,
-            Ok(Loaded::Found { version, doc }) => (Some(version), doc),
-            Ok(Loaded::Absent) => (None, PoolDoc::new(new_epoch, now)),
+/// One attempt of a transaction: the document as it would be written, and what to do next.
+/// Both the synchronous loop below and the async shells drive a transaction with it, so the rule
+/// for each outcome is written once.
+#[derive(Clone, Debug)]
+pub struct Attempt {
+    /// The version the write must find (`None`: the document must still be absent).
+    pub expected: Option<Version>,
+    /// The document to write.
+    pub doc: PoolDoc,
+    /// What the transition produced.
+    pub applied: Applied,
+    /// The deployment time it was applied at.
+    pub now: UnixMillis,
+}
+
+impl Attempt {
+    /// Applies `command` to what a load found, at deployment time `now`. When the store holds no
+    /// document, a new one with epoch `new_epoch` is started (the caller draws it at random):
+    /// after data loss nothing of the old one is trusted.
+    #[must_use]
+    pub fn prepare(loaded: Loaded, now: UnixMillis, command: &Command, config: &PoolConfig, new_epoch: u64) -> Self {
+        let (expected, mut doc) = match loaded {
+            Loaded::Found { version, doc } => (Some(version), doc),
+            Loaded::Absent => (None, PoolDoc::new(new_epoch, now)),
         };
         let applied = doc.apply(command.clone(), now, config);
-        match store.compare_and_set(expected, &doc) {
-            CasOutcome::Ok { .. } => return Transacted::Committed { applied, doc, now },
-            CasOutcome::Conflict => {}
-            CasOutcome::Unavailable => return Transacted::Unavailable,
-            CasOutcome::Unknown => return Transacted::Unknown,
+        Self { expected, doc, applied, now }
+    }
+
+    /// What the compare-and-set's outcome means: done (`Some`) or try again (`None`, a conflict).
+    #[must_use]
+    pub fn settle(self, outcome: CasOutcome) -> Option<Transacted> {
+        match outcome {
+            CasOutcome::Ok { .. } => Some(Transacted::Committed { applied: self.applied, doc: self.doc, now: self.now }),
+            CasOutcome::Conflict => None,
+            CasOutcome::Unavailable => Some(Transacted::Unavailable),
+            CasOutcome::Unknown => Some(Transacted::Unknown),
+        }
+    }
+}
+
+/// Applies `command` through `store` with compare-and-set, retrying conflicts up to `attempts`
+/// times. See [`Attempt::prepare`] for `new_epoch`.
+pub fn transact<S: PoolStore>(store: &mut S, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
+    for _ in 0..attempts {
+        let Ok(now) = store.now() else { return Transacted::Unavailable };
+        let Ok(loaded) = store.load() else { return Transacted::Unavailable };
+        let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
+        let outcome = store.compare_and_set(attempt.expected, &attempt.doc);
+        if let Some(done) = attempt.settle(outcome) {
+            return done;
         }
     }
     Transacted::Contended

@@ -7,7 +7,7 @@ use crate::reset::{ResetEvidence, Unproven};
 use crate::time::UnixMillis;
 
 /// The whole shared state of one pool. Changed only by [`PoolDoc::apply`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolDoc {
     /// This document's lifetime; a document rebuilt after coordination data loss has a new epoch,
     /// so its worker ids never collide with the workers of a lost one.
@@ -24,7 +24,7 @@ pub struct PoolDoc {
 }
 
 /// One worker the pool accounts for. Every worker in the document counts toward the ceiling.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Worker {
     /// The image it was created from.
     pub image: ImageId,
@@ -41,7 +41,7 @@ pub struct Worker {
 }
 
 /// A worker's state. The legal transitions are in [`StateKind::may_become`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WorkerState {
     /// A create was ordered and not yet reported; ambiguous after `deadline`.
     Creating {
@@ -66,7 +66,7 @@ pub enum WorkerState {
 }
 
 /// A lease on one worker.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lease {
     /// The lease's id (its ticket's id).
     pub id: LeaseId,
@@ -79,7 +79,7 @@ pub struct Lease {
 }
 
 /// A worker on its way out: a delete was ordered and its absence is not yet confirmed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Removal {
     /// Why it is leaving.
     pub reason: RemovalReason,
@@ -95,7 +95,7 @@ pub struct Removal {
 }
 
 /// Why a worker leaves the pool. Codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum RemovalReason {
     /// Idle capacity above target outlived the burst TTL.
     BurstShrink,
@@ -154,7 +154,7 @@ impl RemovalReason {
 }
 
 /// A waiting acquire ticket.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Ticket {
     /// The caller's id for it; also the id of the lease it receives.
     pub id: TicketId,
@@ -167,7 +167,7 @@ pub struct Ticket {
 }
 
 /// A state's kind, for the table of legal transitions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum StateKind {
     /// See [`WorkerState::Creating`].
     Creating,
@@ -238,7 +238,7 @@ impl WorkerState {
 }
 
 /// What a replica or the controller asks of the pool.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Command {
     /// Take a FIFO ticket for a lease; granted now or later, or refused.
     Acquire {
@@ -324,7 +324,7 @@ pub enum Command {
 }
 
 /// What a lease holder asks for when it ends a lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Disposition {
     /// Reset and, if proven clean, reuse.
     Reset,
@@ -333,7 +333,7 @@ pub enum Disposition {
 }
 
 /// The outcome of a create or delete effect.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     /// It happened (for a delete: the worker is confirmed absent).
     Done,
@@ -345,7 +345,7 @@ pub enum Outcome {
 
 /// Work the caller must perform after the write commits. Each carries the operation token its
 /// report must carry.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Effect {
     /// Create the worker from `image`; in platform-operator mode, a claim with `claim_deadline`.
     Create {
@@ -375,7 +375,7 @@ pub enum Effect {
 }
 
 /// What callers are told.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     /// The ticket got a lease on `worker`; the holder must carry `token`.
     Granted {
@@ -454,7 +454,7 @@ pub enum Event {
 }
 
 /// Why a request was refused. Codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum Refusal {
     /// `SANDBOX_ACQUIRE_QUEUE_MAX` tickets already wait.
     QueueFull,
@@ -496,7 +496,7 @@ impl Refusal {
 
 /// The result of one transition: effects to perform after the write commits, events to deliver.
 #[must_use = "every effect must be performed and every event delivered"]
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Applied {
     /// Effects, in order.
     pub effects: Vec<Effect>,
@@ -505,7 +505,7 @@ pub struct Applied {
 }
 
 /// Where a ticket stands, as its owner reads it from the document.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TicketStatus {
     /// Waiting at `position`.
     Queued {
@@ -527,7 +527,7 @@ pub enum TicketStatus {
 }
 
 /// Counts of workers by state, for metrics and tests.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StateCounts {
     /// Creating.
     pub creating: u32,

@@ -1094,3 +1094,16 @@ fn random_lives_exercise_grants() {
     }
     assert!(grants > 64 * 2, "only {grants} grants in 64 random lives");
 }
+
+/// The document crosses the coordination store as data: every field survives the round trip.
+#[test]
+fn pool_05_the_document_round_trips_through_its_encoding() {
+    let mut d = Driver::warm(PoolConfig::default());
+    let (ticket, _) = d.acquire("m");
+    let grant = d.granted(ticket).unwrap();
+    let _ = d.release(&grant);
+    let _ = d.acquire("m");
+    let text = serde_json::to_string(&d.doc).expect("encodes");
+    let back: PoolDoc = serde_json::from_str(&text).expect("decodes");
+    assert_eq!(back, d.doc);
+}
