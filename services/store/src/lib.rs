@@ -19,6 +19,7 @@ use corral_core::time::UnixMillis;
 use fred::prelude::*;
 use fred::types::scripts::Script;
 
+pub mod harness;
 pub mod valkey_server;
 
 /// Compare-and-set, and nothing else: write the document if the version is the expected one
@@ -35,6 +36,18 @@ return 0
 
 /// How long one Valkey command may take before the store gives up on it.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A fresh epoch for a pool document this process may have to start (after data loss nothing of
+/// the old one is trusted, so the new one's worker ids must differ): wall-clock nanoseconds mixed
+/// with the process id and a counter.
+pub fn fresh_epoch() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mixed = nanos ^ (u64::from(std::process::id()) << 40) ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(20);
+    // Worker ids print the epoch in hex; keep it short enough to read.
+    mixed & 0x0000_ffff_ffff_ffff
+}
 
 /// A connection to the Valkey that holds one pool's document.
 pub struct ValkeyStore {
@@ -78,25 +91,25 @@ impl ValkeyStore {
     /// The deployment clock: Valkey's `TIME`, in milliseconds.
     pub async fn now(&self) -> Result<UnixMillis, Unavailable> {
         let reply: Vec<String> = self.client.custom(fred::cmd!("TIME"), Vec::<String>::new()).await.map_err(|_| Unavailable)?;
-        let [seconds, micros] = reply.as_slice() else { return Err(Unavailable) };
-        let seconds: u64 = seconds.parse().map_err(|_| Unavailable)?;
-        let micros: u64 = micros.parse().map_err(|_| Unavailable)?;
-        Ok(UnixMillis(seconds * 1_000 + micros / 1_000))
+        parse_time(&reply)
     }
 
     /// Loads the document and its version.
     pub async fn load(&self) -> Result<Loaded, Unavailable> {
-        let (version, doc): (Option<String>, Option<String>) = self.client.hmget(&self.key, vec!["version", "doc"]).await.map_err(|_| Unavailable)?;
-        match (version, doc) {
-            (Some(version), Some(doc)) => {
-                let version = Version(version.parse().map_err(|_| Unavailable)?);
-                // A document this build cannot read is not guessed at: the store is unusable.
-                let doc: PoolDoc = serde_json::from_str(&doc).map_err(|_| Unavailable)?;
-                Ok(Loaded::Found { version, doc })
-            }
-            (None, None) => Ok(Loaded::Absent),
-            _ => Err(Unavailable),
-        }
+        let fields: (Option<String>, Option<String>) = self.client.hmget(&self.key, vec!["version", "doc"]).await.map_err(|_| Unavailable)?;
+        decode(fields)
+    }
+
+    /// Reads the deployment clock and the document in one round trip (a pipeline).
+    pub async fn load_at(&self) -> Result<(UnixMillis, Loaded), Unavailable> {
+        let pipeline = self.client.pipeline();
+        let _: () = pipeline.custom(fred::cmd!("TIME"), Vec::<String>::new()).await.map_err(|_| Unavailable)?;
+        let _: () = pipeline.hmget(&self.key, vec!["version", "doc"]).await.map_err(|_| Unavailable)?;
+        let mut replies = pipeline.try_all::<Value>().await.into_iter();
+        let (Some(Ok(time)), Some(Ok(fields))) = (replies.next(), replies.next()) else { return Err(Unavailable) };
+        let time: Vec<String> = time.convert().map_err(|_| Unavailable)?;
+        let fields: (Option<String>, Option<String>) = fields.convert().map_err(|_| Unavailable)?;
+        Ok((parse_time(&time)?, decode(fields)?))
     }
 
     /// Writes `doc` if the stored version is still `expected` (`None`: only if absent).
@@ -121,8 +134,7 @@ impl ValkeyStore {
     /// for each outcome is corral-core's (`Attempt`).
     pub async fn transact(&self, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
         for _ in 0..attempts {
-            let Ok(now) = self.now().await else { return Transacted::Unavailable };
-            let Ok(loaded) = self.load().await else { return Transacted::Unavailable };
+            let Ok((now, loaded)) = self.load_at().await else { return Transacted::Unavailable };
             let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
             let outcome = self.compare_and_set(attempt.expected, &attempt.doc).await;
             if let Some(done) = attempt.settle(outcome) {
@@ -146,6 +158,28 @@ impl ValkeyStore {
     pub async fn erase(&self) -> Result<(), Unavailable> {
         let _: i64 = self.client.del(&self.key).await.map_err(|_| Unavailable)?;
         Ok(())
+    }
+}
+
+/// Valkey's `TIME` reply (seconds, microseconds) in milliseconds.
+fn parse_time(reply: &[String]) -> Result<UnixMillis, Unavailable> {
+    let [seconds, micros] = reply else { return Err(Unavailable) };
+    let seconds: u64 = seconds.parse().map_err(|_| Unavailable)?;
+    let micros: u64 = micros.parse().map_err(|_| Unavailable)?;
+    Ok(UnixMillis(seconds * 1_000 + micros / 1_000))
+}
+
+/// The stored hash's fields as a document, or `Unavailable` when they cannot be read.
+fn decode(fields: (Option<String>, Option<String>)) -> Result<Loaded, Unavailable> {
+    match fields {
+        (Some(version), Some(doc)) => {
+            let version = Version(version.parse().map_err(|_| Unavailable)?);
+            // A document this build cannot read is not guessed at: the store is unusable.
+            let doc: PoolDoc = serde_json::from_str(&doc).map_err(|_| Unavailable)?;
+            Ok(Loaded::Found { version, doc })
+        }
+        (None, None) => Ok(Loaded::Absent),
+        _ => Err(Unavailable),
     }
 }
 

@@ -1,0 +1,54 @@
+//! A pool client in its own process, for the multi-process tests and the allocation benchmark:
+//! `corral-pool-client URL MEMBER[,MEMBER…] CYCLES HOLD_MS TICKET_BASE [bench]` runs one client per
+//! member concurrently and prints one line per lease held (`lease WORKER MEMBER START END`), per
+//! grant latency (`latency_us N`), and per refusal (`refused CODE`).
+
+use std::time::Duration;
+
+use corral_store::harness::run_client;
+use corral_store::ValkeyStore;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (fixed, profile) = args.split_at(args.len().min(5));
+    let [url, members, cycles, hold_ms, base] = fixed else {
+        eprintln!("usage: corral-pool-client URL MEMBER[,MEMBER...] CYCLES HOLD_MS TICKET_BASE [bench]");
+        return std::process::ExitCode::from(2);
+    };
+    let (Ok(cycles), Ok(hold_ms), Ok(base)) = (cycles.parse::<u32>(), hold_ms.parse::<u64>(), base.parse::<u64>()) else {
+        eprintln!("CYCLES, HOLD_MS and TICKET_BASE are numbers");
+        return std::process::ExitCode::from(2);
+    };
+    // Every client of one pool must apply the same rules with the same limits.
+    let config = match profile.first().map(String::as_str) {
+        Some("bench") => corral_store::harness::bench_pool_config(),
+        _ => corral_store::harness::test_pool_config(),
+    };
+    let mut tasks = Vec::new();
+    for (index, member) in members.split(',').enumerate() {
+        let store = match ValkeyStore::connect(url, "test").await {
+            Ok(store) => store,
+            Err(error) => {
+                eprintln!("{error}");
+                return std::process::ExitCode::from(1);
+            }
+        };
+        let (member, config) = (member.to_string(), config.clone());
+        let ticket_base = base + (index as u64) * 1_000_000;
+        tasks.push(tokio::spawn(async move { run_client(&store, &config, &member, ticket_base, cycles, Duration::from_millis(hold_ms)).await }));
+    }
+    for task in tasks {
+        let Ok(report) = task.await else { return std::process::ExitCode::from(1) };
+        for held in &report.held {
+            println!("lease {} {} {} {}", held.worker, held.member, held.start.0, held.end.0);
+        }
+        for latency in &report.grant_latencies {
+            println!("latency_us {}", latency.as_micros());
+        }
+        for code in &report.refused {
+            println!("refused {code}");
+        }
+    }
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,170 @@
+//! The Valkey store against a real valkey-server started by each test (POOL-5, POOL-6, POOL-11).
+//! Where no server binary is found, each test says why and skips; CI installs one.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use corral_core::ids::{ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, TicketId};
+use corral_core::pool::{Command, Event, PoolDoc, Refusal};
+use corral_core::store::{CasOutcome, Loaded, Transacted, Version};
+use corral_core::time::UnixMillis;
+use corral_store::harness::{commit, test_pool_config, PaperController};
+use corral_store::valkey_server::ValkeyServer;
+use corral_store::{fresh_epoch, ValkeyStore};
+
+fn server() -> Option<ValkeyServer> {
+    match ValkeyServer::start() {
+        Ok(server) => Some(server),
+        Err(why) => {
+            eprintln!("skipping: {why}");
+            None
+        }
+    }
+}
+
+async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
+    let config = test_pool_config();
+    for _ in 0..10 {
+        assert!(controller.step(store, &config).await, "the store answers");
+        if let Ok(Loaded::Found { doc, .. }) = store.load().await
+            && doc.counts().warm >= config.warm_min
+        {
+            return;
+        }
+    }
+    panic!("the pool never warmed");
+}
+
+fn acquire(ticket: u64, member: &str) -> Command {
+    let scope = LeaseScope { namespace: LeaseNamespace::Code, actor: ActorId(member.into()), conversation: ConversationId("c".into()) };
+    Command::Acquire { ticket: TicketId(ticket), member: MemberId(member.into()), scope, wait_ms: 1_000 }
+}
+
+#[tokio::test]
+async fn pool_05_compare_and_set_is_the_only_write() {
+    let Some(server) = server() else { return };
+    let store = ValkeyStore::connect(&server.url(), "contract").await.expect("connects");
+    assert_eq!(store.load().await, Ok(Loaded::Absent));
+    let now = store.now().await.expect("TIME answers");
+    assert!(now.0 > 1_600_000_000_000, "deployment time is Valkey's wall clock in ms: {now}");
+    let doc = PoolDoc::new(fresh_epoch(), now);
+    assert_eq!(store.compare_and_set(None, &doc).await, CasOutcome::Ok { version: Version(1) });
+    assert_eq!(store.compare_and_set(None, &doc).await, CasOutcome::Conflict, "create-only fails when present");
+    assert_eq!(store.compare_and_set(Some(Version(7)), &doc).await, CasOutcome::Conflict, "a stale version fails");
+    assert_eq!(store.compare_and_set(Some(Version(1)), &doc).await, CasOutcome::Ok { version: Version(2) });
+    match store.load().await {
+        Ok(Loaded::Found { version, doc: loaded }) => {
+            assert_eq!(version, Version(2));
+            assert_eq!(loaded, doc);
+        }
+        other => panic!("expected the document, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses_everything() {
+    let Some(mut server) = server() else { return };
+    let store = ValkeyStore::connect(&server.url(), "outage").await.expect("connects");
+    let config = test_pool_config();
+    let mut controller = PaperController::new("img-1");
+    warm_pool(&store, &mut controller).await;
+    let granted = commit(&store, &acquire(1, "m"), &config, fresh_epoch()).await.expect("grants");
+    let Some(Event::Granted { worker, token, .. }) = granted.events.iter().find(|e| matches!(e, Event::Granted { .. })).cloned() else {
+        panic!("a warm pool grants at once: {granted:?}")
+    };
+    server.kill();
+    assert_eq!(store.transact(&acquire(2, "m"), &config, fresh_epoch(), 3).await, Transacted::Unavailable, "admission fails closed");
+    assert!(store.load().await.is_err());
+    assert!(matches!(store.compare_and_set(None, &PoolDoc::new(1, UnixMillis(1))).await, CasOutcome::Unavailable | CasOutcome::Unknown));
+    assert!(!controller.step(&store, &config).await, "the controller cannot rebuild anything either");
+
+    server.restart().expect("restarts");
+    let reconnected = ValkeyStore::connect(&server.url(), "outage").await.expect("reconnects");
+    assert_eq!(reconnected.load().await, Ok(Loaded::Absent), "restarted empty");
+    // The lease in flight fails with a clear error.
+    let heartbeat = Command::Heartbeat { worker, lease: TicketId(1), token };
+    let answer = commit(&reconnected, &heartbeat, &config, fresh_epoch()).await.expect("answers");
+    assert!(answer.events.contains(&Event::Refused { ticket: TicketId(1), reason: Refusal::LeaseUnknown }), "{answer:?}");
+    // Nothing is re-adopted on trust: every surviving worker is deleted before capacity is freed.
+    let survivors = controller.workers.clone();
+    assert!(survivors.contains(&worker));
+    warm_pool(&reconnected, &mut controller).await;
+    for old in &survivors {
+        assert!(!controller.workers.contains(old), "{old} was deleted, not adopted");
+    }
+    let regrant = commit(&reconnected, &acquire(3, "m"), &config, fresh_epoch()).await.expect("grants");
+    let Some(Event::Granted { worker: fresh, .. }) = regrant.events.iter().find(|e| matches!(e, Event::Granted { .. })).cloned() else {
+        panic!("the rebuilt pool grants: {regrant:?}")
+    };
+    assert!(!survivors.contains(&fresh), "no double lease: a new worker, not the old one");
+}
+
+/// Three client processes, three members each, one Valkey: one pool, one member limit, one
+/// ceiling. Leases are timed on Valkey's clock; on one worker they never overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_05_three_processes_keep_one_pool() {
+    let Some(server) = server() else { return };
+    let url = server.url();
+    let config = test_pool_config();
+    let store = ValkeyStore::connect(&url, "test").await.expect("connects");
+    let mut controller = PaperController::new("img-1");
+    warm_pool(&store, &mut controller).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reconciler = {
+        let (url, stop, config) = (url.clone(), stop.clone(), config.clone());
+        tokio::spawn(async move {
+            let store = ValkeyStore::connect(&url, "test").await.expect("connects");
+            let mut peak = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                controller.step(&store, &config).await;
+                peak = peak.max(controller.workers.len());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        })
+    };
+    let mut children = Vec::new();
+    for process in 0..3u64 {
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral-pool-client"))
+            .args([url.as_str(), "m0,m1,m2", "6", "15", &((process + 1) * 100_000_000).to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawns a client process");
+        children.push(child);
+    }
+    let mut leases: Vec<(String, String, u64, u64)> = Vec::new();
+    for child in children {
+        let output = child.wait_with_output().await.expect("client runs");
+        assert!(output.status.success());
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            if let ["lease", worker, member, start, end] = parts[..] {
+                leases.push((worker.into(), member.into(), start.parse().unwrap(), end.parse().unwrap()));
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = reconciler.await.expect("reconciler");
+    assert!(leases.len() >= 27, "most cycles were served: {}", leases.len());
+    assert!(peak <= config.max_allocated as usize, "one ceiling: {peak} workers existed at once");
+    let mut by_worker: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+    for (worker, _, start, end) in &leases {
+        by_worker.entry(worker).or_default().push((*start, *end));
+    }
+    for (worker, mut spans) in by_worker {
+        spans.sort();
+        for pair in spans.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "{worker} held by two leases at once: {pair:?}");
+        }
+    }
+    // One member limit: at any lease's start, no more than the limit of that member's leases hold.
+    for (_, member, start, _) in &leases {
+        let holding = leases.iter().filter(|(_, m, s, e)| m == member && s <= start && start < e).count();
+        assert!(holding <= config.max_per_member as usize, "{member} held {holding} leases at once");
+    }
+    let image = ImageId("img-1".into());
+    let Ok(Loaded::Found { doc, .. }) = store.load().await else { panic!("the pool document is there") };
+    assert_eq!(doc.image(), Some(&image));
+    assert_eq!(doc.counts().leased, 0, "every lease was released");
+}
