@@ -42,6 +42,7 @@ bench *args:
 lint:
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy -p corral-core --all-targets --features sim-mutations -- -D warnings
+    cargo clippy -p corral-core --all-targets -- -D warnings
 
 # Regenerate the README's settings table from corral_core::config::SETTINGS.
 settings-docs:
