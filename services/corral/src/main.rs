@@ -8,6 +8,7 @@ const USAGE: &str = "usage: corral <command> [args]
 
 commands:
   config check     parse every setting from the environment and print the result, or the error
+  config docs      print the table of every setting (name, default, requirement, meaning) in Markdown
   help             this text
 ";
 
