@@ -16,6 +16,8 @@ use corral_store::{fresh_epoch, ValkeyStore};
 fn server() -> Option<ValkeyServer> {
     match ValkeyServer::start() {
         Ok(server) => Some(server),
+        // CI installs a server and sets CORRAL_REQUIRE_SERVICES: there, a missing one is a failure.
+        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
         Err(why) => {
             eprintln!("skipping: {why}");
             None
