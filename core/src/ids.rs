@@ -52,13 +52,16 @@ impl serde::Serialize for WorkerId {
 impl<'de> serde::Deserialize<'de> for WorkerId {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
-        Self::parse(&text).ok_or_else(|| serde::de::Error::custom(format!("not a worker id: {text:?}")))
+        Self::parse(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("not a worker id: {text:?}")))
     }
 }
 
 /// An operation token: minted by the pool on every state transition of a worker. A report about a
 /// worker is accepted only with the token of the worker's current state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct OpToken(pub u64);
 
 impl fmt::Display for OpToken {
@@ -69,7 +72,9 @@ impl fmt::Display for OpToken {
 
 /// An acquire ticket, chosen by the caller (unique per deployment). A granted ticket's id is also
 /// the id of the lease it received.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct TicketId(pub u64);
 
 impl fmt::Display for TicketId {
@@ -82,7 +87,9 @@ impl fmt::Display for TicketId {
 pub type LeaseId = TicketId;
 
 /// A worker image: the digest that names one release of the worker and its runtime.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ImageId(pub String);
 
 impl fmt::Display for ImageId {
@@ -92,20 +99,28 @@ impl fmt::Display for ImageId {
 }
 
 /// The member (a person) on whose behalf a lease is held; fairness is counted per member.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct MemberId(pub String);
 
 /// The actor (the member or an agent acting for them) whose workspace a run uses.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ActorId(pub String);
 
 /// A conversation; with the actor it keys a workspace (WS-1).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ConversationId(pub String);
 
 /// Which kind of lease: code runs and browser sessions share one pool but hold leases in separate
 /// namespaces, so a browser session never evicts the same member's code workspace (BROW-6).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum LeaseNamespace {
     /// A `run_code` execution.
     Code,
@@ -114,7 +129,9 @@ pub enum LeaseNamespace {
 }
 
 /// What a lease is for: its namespace and the actor-and-conversation workspace it serves.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct LeaseScope {
     /// Code or browser.
     pub namespace: LeaseNamespace,

@@ -37,7 +37,9 @@ impl ResetEvidence {
 }
 
 /// Why a reset did not prove the worker clean. The codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Unproven {
     /// The evidence was produced under another operation's token.
     TokenMismatch,

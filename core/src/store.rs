@@ -96,20 +96,35 @@ impl Attempt {
     /// document, a new one with epoch `new_epoch` is started (the caller draws it at random):
     /// after data loss nothing of the old one is trusted.
     #[must_use]
-    pub fn prepare(loaded: Loaded, now: UnixMillis, command: &Command, config: &PoolConfig, new_epoch: u64) -> Self {
+    pub fn prepare(
+        loaded: Loaded,
+        now: UnixMillis,
+        command: &Command,
+        config: &PoolConfig,
+        new_epoch: u64,
+    ) -> Self {
         let (expected, mut doc) = match loaded {
             Loaded::Found { version, doc } => (Some(version), doc),
             Loaded::Absent => (None, PoolDoc::new(new_epoch, now)),
         };
         let applied = doc.apply(command.clone(), now, config);
-        Self { expected, doc, applied, now }
+        Self {
+            expected,
+            doc,
+            applied,
+            now,
+        }
     }
 
     /// What the compare-and-set's outcome means: done (`Some`) or try again (`None`, a conflict).
     #[must_use]
     pub fn settle(self, outcome: CasOutcome) -> Option<Transacted> {
         match outcome {
-            CasOutcome::Ok { .. } => Some(Transacted::Committed { applied: self.applied, doc: self.doc, now: self.now }),
+            CasOutcome::Ok { .. } => Some(Transacted::Committed {
+                applied: self.applied,
+                doc: self.doc,
+                now: self.now,
+            }),
             CasOutcome::Conflict => None,
             CasOutcome::Unavailable => Some(Transacted::Unavailable),
             CasOutcome::Unknown => Some(Transacted::Unknown),
@@ -119,10 +134,20 @@ impl Attempt {
 
 /// Applies `command` through `store` with compare-and-set, retrying conflicts up to `attempts`
 /// times. See [`Attempt::prepare`] for `new_epoch`.
-pub fn transact<S: PoolStore>(store: &mut S, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
+pub fn transact<S: PoolStore>(
+    store: &mut S,
+    command: &Command,
+    config: &PoolConfig,
+    new_epoch: u64,
+    attempts: u32,
+) -> Transacted {
     for _ in 0..attempts {
-        let Ok(now) = store.now() else { return Transacted::Unavailable };
-        let Ok(loaded) = store.load() else { return Transacted::Unavailable };
+        let Ok(now) = store.now() else {
+            return Transacted::Unavailable;
+        };
+        let Ok(loaded) = store.load() else {
+            return Transacted::Unavailable;
+        };
         let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
         let outcome = store.compare_and_set(attempt.expected, &attempt.doc);
         if let Some(done) = attempt.settle(outcome) {
@@ -130,4 +155,68 @@ pub fn transact<S: PoolStore>(store: &mut S, command: &Command, config: &PoolCon
         }
     }
     Transacted::Contended
+}
+
+/// The store as a model: one versioned document in memory, with the two failures a real store
+/// shows that matter to the rules (unreachable; restarted with its data lost). The simulator adds
+/// its faults around it, and the store contract tests hold it and the Valkey store to the same
+/// behaviour.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    doc: Option<(Version, PoolDoc)>,
+    last_version: u64,
+    /// Deployment time the model answers with.
+    pub now: UnixMillis,
+    /// While true every request is refused as unavailable.
+    pub down: bool,
+}
+
+impl MemoryStore {
+    /// Restarts the store empty, as a Valkey without persistence does.
+    pub fn lose_data(&mut self) -> Option<PoolDoc> {
+        self.last_version = 0;
+        self.doc.take().map(|(_, doc)| doc)
+    }
+
+    /// The stored document, if any (for ground-truth checks).
+    #[must_use]
+    pub fn peek(&self) -> Option<&PoolDoc> {
+        self.doc.as_ref().map(|(_, doc)| doc)
+    }
+}
+
+impl PoolStore for MemoryStore {
+    fn now(&mut self) -> Result<UnixMillis, Unavailable> {
+        if self.down {
+            Err(Unavailable)
+        } else {
+            Ok(self.now)
+        }
+    }
+
+    fn load(&mut self) -> Result<Loaded, Unavailable> {
+        if self.down {
+            return Err(Unavailable);
+        }
+        Ok(match &self.doc {
+            Some((version, doc)) => Loaded::Found {
+                version: *version,
+                doc: doc.clone(),
+            },
+            None => Loaded::Absent,
+        })
+    }
+
+    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+        if self.down {
+            return CasOutcome::Unavailable;
+        }
+        if self.doc.as_ref().map(|(v, _)| *v) != expected {
+            return CasOutcome::Conflict;
+        }
+        self.last_version = expected.map_or(1, |v| v.0 + 1);
+        let version = Version(self.last_version);
+        self.doc = Some((version, doc.clone()));
+        CasOutcome::Ok { version }
+    }
 }

@@ -8,7 +8,19 @@
 use std::fmt;
 
 /// Deployment time in milliseconds since the Unix epoch, read from the deployment's one clock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct UnixMillis(pub u64);
 
 impl UnixMillis {
@@ -32,7 +44,19 @@ impl fmt::Display for UnixMillis {
 }
 
 /// A component's monotonic instant in milliseconds from an arbitrary origin; local timers only.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct MonoMillis(pub u64);
 
 impl MonoMillis {

@@ -22,7 +22,10 @@ const ALLOWED: &[(&str, &str)] = &[
     ("base64", "base64url text of grants"),
     ("ed25519-dalek", "grant signatures (deterministic; no RNG)"),
     ("hkdf", "derives the grant signing key from the field key"),
-    ("serde", "derives the pool document's encoding for the coordination store (docs/decisions/0004)"),
+    (
+        "serde",
+        "derives the pool document's encoding for the coordination store (docs/decisions/0004)",
+    ),
     ("sha2", "the hash under HKDF and ed25519"),
     ("zeroize", "wipes key material"),
 ];

@@ -16,7 +16,7 @@ use corral_core::pool::{
 };
 use corral_core::reset::ResetEvidence;
 use corral_core::store::{
-    CasOutcome, Loaded, PoolStore, Transacted, Unavailable, Version, transact,
+    CasOutcome, Loaded, MemoryStore, PoolStore, Transacted, Unavailable, Version, transact,
 };
 use corral_core::time::UnixMillis;
 
@@ -160,11 +160,11 @@ impl Ord for Scheduled {
     }
 }
 
-/// The store model: compare-and-set over one document, with outages, lost replies, conflicts and
-/// restarts that lose the data. Its clock is the deployment clock (true simulated time).
+/// The store model: corral-core's `MemoryStore` (the same model the store contract tests hold the
+/// Valkey store to), wrapped with the simulator's faults: outages, lost replies, unknown outcomes
+/// and conflicts. Its clock is the deployment clock (true simulated time).
 struct SimStore {
-    doc: Option<(Version, PoolDoc)>,
-    next_version: u64,
+    model: MemoryStore,
     now_ms: u64,
     unavailable_until_ms: u64,
     rng: Rng,
@@ -173,35 +173,30 @@ struct SimStore {
 }
 
 impl SimStore {
-    fn available(&self) -> bool {
-        self.now_ms >= self.unavailable_until_ms
+    fn sync(&mut self) {
+        self.model.now = UnixMillis(self.now_ms);
+        self.model.down = self.now_ms < self.unavailable_until_ms;
+    }
+
+    fn peek(&self) -> Option<&PoolDoc> {
+        self.model.peek()
     }
 }
 
 impl PoolStore for SimStore {
     fn now(&mut self) -> Result<UnixMillis, Unavailable> {
-        if self.available() {
-            Ok(UnixMillis(self.now_ms))
-        } else {
-            Err(Unavailable)
-        }
+        self.sync();
+        self.model.now()
     }
 
     fn load(&mut self) -> Result<Loaded, Unavailable> {
-        if !self.available() {
-            return Err(Unavailable);
-        }
-        Ok(match &self.doc {
-            Some((version, doc)) => Loaded::Found {
-                version: *version,
-                doc: doc.clone(),
-            },
-            None => Loaded::Absent,
-        })
+        self.sync();
+        self.model.load()
     }
 
     fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
-        if !self.available() {
+        self.sync();
+        if self.model.down {
             return CasOutcome::Unavailable;
         }
         if self.rng.chance(self.mix.rate(Fault::StoreConflict)) {
@@ -212,17 +207,14 @@ impl PoolStore for SimStore {
             self.injected.push(Fault::StoreUnknownNoCommit);
             return CasOutcome::Unknown;
         }
-        if self.doc.as_ref().map(|(v, _)| *v) != expected {
-            return CasOutcome::Conflict;
-        }
-        self.next_version += 1;
-        let version = Version(self.next_version);
-        self.doc = Some((version, doc.clone()));
-        if self.rng.chance(self.mix.rate(Fault::StoreLostReply)) {
+        let outcome = self.model.compare_and_set(expected, doc);
+        if matches!(outcome, CasOutcome::Ok { .. })
+            && self.rng.chance(self.mix.rate(Fault::StoreLostReply))
+        {
             self.injected.push(Fault::StoreLostReply);
             return CasOutcome::Unknown;
         }
-        CasOutcome::Ok { version }
+        outcome
     }
 }
 
@@ -315,8 +307,7 @@ impl World {
         let config = draw_config(&mut knobs, core_mutation);
         let mix = FaultMix::draw(&mut rng.child());
         let store = SimStore {
-            doc: None,
-            next_version: 0,
+            model: MemoryStore::default(),
             now_ms: 0,
             unavailable_until_ms: 0,
             rng: rng.child(),
@@ -489,7 +480,7 @@ impl World {
     /// Applies `command` through the store; on a commit, checks what the transition did and
     /// performs its effects as `actor`.
     fn commit(&mut self, actor: Actor, command: &Command) -> Transacted {
-        let had_doc = self.store.doc.is_some();
+        let had_doc = self.store.peek().is_some();
         let new_epoch = self.rng.next_u64() >> 12;
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             transact(&mut self.store, command, &self.config, new_epoch, 3)
@@ -508,7 +499,7 @@ impl World {
                 return Transacted::Unavailable;
             }
         };
-        if !had_doc && let Some((_, doc)) = &self.store.doc {
+        if !had_doc && let Some(doc) = self.store.peek() {
             let epoch = doc.epoch();
             self.note(|| format!("          new pool document, epoch {epoch:x}"));
         }
@@ -1300,9 +1291,9 @@ impl World {
             self.stats.fault(Fault::StoreOutage);
             self.store.unavailable_until_ms = self.now + self.rng.range(200, 6_000);
         }
-        if self.rng.chance(self.mix.rate(Fault::StoreDataLoss) / 4) && self.store.doc.is_some() {
+        if self.rng.chance(self.mix.rate(Fault::StoreDataLoss) / 4) && self.store.peek().is_some() {
             self.stats.fault(Fault::StoreDataLoss);
-            if let Some((_, doc)) = self.store.doc.take() {
+            if let Some(doc) = self.store.model.lose_data() {
                 self.lost_epochs.insert(doc.epoch(), self.now);
             }
             self.store.unavailable_until_ms = self.now + self.rng.range(100, 3_000);
@@ -1353,7 +1344,7 @@ impl World {
 
     /// Checked after every step, against ground truth.
     fn check_world(&mut self) {
-        let Some((_, doc)) = self.store.doc.clone() else {
+        let Some(doc) = self.store.peek().cloned() else {
             return;
         };
         let epoch = doc.epoch();
@@ -1455,7 +1446,7 @@ impl World {
         {
             return;
         }
-        let Some((_, doc)) = &self.store.doc else {
+        let Some(doc) = self.store.peek() else {
             return;
         };
         let counts = doc.counts();

@@ -95,7 +95,9 @@ pub struct Removal {
 }
 
 /// Why a worker leaves the pool. Codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum RemovalReason {
     /// Idle capacity above target outlived the burst TTL.
     BurstShrink,
@@ -167,7 +169,9 @@ pub struct Ticket {
 }
 
 /// A state's kind, for the table of legal transitions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum StateKind {
     /// See [`WorkerState::Creating`].
     Creating,
@@ -454,7 +458,9 @@ pub enum Event {
 }
 
 /// Why a request was refused. Codes are stable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Refusal {
     /// `SANDBOX_ACQUIRE_QUEUE_MAX` tickets already wait.
     QueueFull,

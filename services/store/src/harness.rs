@@ -6,7 +6,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use corral_core::ids::{ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId, WorkerId};
+use corral_core::ids::{
+    ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId,
+    WorkerId,
+};
 use corral_core::pool::{Command, Disposition, Effect, Event, Outcome, PoolConfig, TicketStatus};
 use corral_core::reset::ResetEvidence;
 use corral_core::store::{Loaded, Transacted};
@@ -19,12 +22,19 @@ const RETRIES: u32 = 50;
 
 /// Applies `command` until it commits, retrying unknown and contended outcomes; `None` when the
 /// store is unavailable (the caller fails closed).
-pub async fn commit(store: &ValkeyStore, command: &Command, config: &PoolConfig, epoch: u64) -> Option<corral_core::pool::Applied> {
+pub async fn commit(
+    store: &ValkeyStore,
+    command: &Command,
+    config: &PoolConfig,
+    epoch: u64,
+) -> Option<corral_core::pool::Applied> {
     for _ in 0..RETRIES {
         match store.transact(command, config, epoch, 8).await {
             Transacted::Committed { applied, .. } => return Some(applied),
             Transacted::Unavailable => return None,
-            Transacted::Unknown | Transacted::Contended => tokio::time::sleep(Duration::from_millis(2)).await,
+            Transacted::Unknown | Transacted::Contended => {
+                tokio::time::sleep(Duration::from_millis(2)).await
+            }
         }
     }
     None
@@ -42,7 +52,11 @@ pub struct PaperController {
 impl PaperController {
     /// A controller running `image`.
     pub fn new(image: &str) -> Self {
-        Self { workers: BTreeSet::new(), image: ImageId(image.into()), epoch: crate::fresh_epoch() }
+        Self {
+            workers: BTreeSet::new(),
+            image: ImageId(image.into()),
+            epoch: crate::fresh_epoch(),
+        }
     }
 
     /// One reconcile pass; false when the store was unavailable.
@@ -52,33 +66,85 @@ impl PaperController {
             Ok(Loaded::Absent) => false,
             Err(_) => return false,
         };
-        if !published && commit(store, &Command::PublishImage { image: self.image.clone() }, config, self.epoch).await.is_none() {
+        if !published
+            && commit(
+                store,
+                &Command::PublishImage {
+                    image: self.image.clone(),
+                },
+                config,
+                self.epoch,
+            )
+            .await
+            .is_none()
+        {
             return false;
         }
-        let Ok(as_of) = store.now().await else { return false };
+        let Ok(as_of) = store.now().await else {
+            return false;
+        };
         let present = self.workers.clone();
-        let Some(observed) = commit(store, &Command::InventoryObserved { as_of, present }, config, self.epoch).await else { return false };
-        let Some(ticked) = commit(store, &Command::Tick { image: self.image.clone() }, config, self.epoch).await else { return false };
+        let Some(observed) = commit(
+            store,
+            &Command::InventoryObserved { as_of, present },
+            config,
+            self.epoch,
+        )
+        .await
+        else {
+            return false;
+        };
+        let Some(ticked) = commit(
+            store,
+            &Command::Tick {
+                image: self.image.clone(),
+            },
+            config,
+            self.epoch,
+        )
+        .await
+        else {
+            return false;
+        };
         let mut effects = observed.effects;
         effects.extend(ticked.effects);
         self.perform(store, config, effects).await
     }
 
-    async fn perform(&mut self, store: &ValkeyStore, config: &PoolConfig, effects: Vec<Effect>) -> bool {
+    async fn perform(
+        &mut self,
+        store: &ValkeyStore,
+        config: &PoolConfig,
+        effects: Vec<Effect>,
+    ) -> bool {
         let mut pending = effects;
         while let Some(effect) = pending.pop() {
             let report = match effect {
                 Effect::Create { worker, token, .. } => {
                     self.workers.insert(worker);
-                    Command::CreateReported { worker, token, outcome: Outcome::Done }
+                    Command::CreateReported {
+                        worker,
+                        token,
+                        outcome: Outcome::Done,
+                    }
                 }
                 Effect::Delete { worker, token } => {
                     self.workers.remove(&worker);
-                    Command::DeleteReported { worker, token, outcome: Outcome::Done }
+                    Command::DeleteReported {
+                        worker,
+                        token,
+                        outcome: Outcome::Done,
+                    }
                 }
-                Effect::Reset { worker, token } => Command::ResetReported { worker, token, evidence: ResetEvidence::clean(token) },
+                Effect::Reset { worker, token } => Command::ResetReported {
+                    worker,
+                    token,
+                    evidence: ResetEvidence::clean(token),
+                },
             };
-            let Some(applied) = commit(store, &report, config, self.epoch).await else { return false };
+            let Some(applied) = commit(store, &report, config, self.epoch).await else {
+                return false;
+            };
             pending.extend(applied.effects);
         }
         true
@@ -114,30 +180,69 @@ pub struct ClientReport {
 /// A client that acquires a lease for `member`, holds it `hold`, and releases it (running the reset
 /// itself, as its workers are paper), `cycles` times.
 /// With `hold` zero the cycle is measured bare: no clock reads around the hold.
-pub async fn run_client(store: &ValkeyStore, config: &PoolConfig, member: &str, ticket_base: u64, cycles: u32, hold: Duration) -> ClientReport {
+pub async fn run_client(
+    store: &ValkeyStore,
+    config: &PoolConfig,
+    member: &str,
+    ticket_base: u64,
+    cycles: u32,
+    hold: Duration,
+) -> ClientReport {
     let bare = hold.is_zero();
     let mut watch = None;
     let mut report = ClientReport::default();
     for cycle in 0..cycles {
         let ticket = TicketId(ticket_base + u64::from(cycle));
         let started = Instant::now();
-        let Some((worker, token)) = acquire(store, config, member, ticket, &mut watch, &mut report).await else { continue };
+        let Some((worker, token)) =
+            acquire(store, config, member, ticket, &mut watch, &mut report).await
+        else {
+            continue;
+        };
         report.grant_latencies.push(started.elapsed());
-        let start = if bare { UnixMillis(0) } else { store.now().await.unwrap_or_default() };
+        let start = if bare {
+            UnixMillis(0)
+        } else {
+            store.now().await.unwrap_or_default()
+        };
         if !bare {
             tokio::time::sleep(hold).await;
         }
-        let end = if bare { UnixMillis(0) } else { store.now().await.unwrap_or_default() };
-        let release = Command::Release { worker, lease: ticket, token, disposition: Disposition::Reset };
-        let Some(applied) = commit(store, &release, config, crate::fresh_epoch()).await else { break };
-        if applied.events.iter().any(|e| matches!(e, Event::Refused { .. })) {
+        let end = if bare {
+            UnixMillis(0)
+        } else {
+            store.now().await.unwrap_or_default()
+        };
+        let release = Command::Release {
+            worker,
+            lease: ticket,
+            token,
+            disposition: Disposition::Reset,
+        };
+        let Some(applied) = commit(store, &release, config, crate::fresh_epoch()).await else {
+            break;
+        };
+        if applied
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Refused { .. }))
+        {
             report.lost += 1;
             continue;
         }
-        report.held.push(Held { worker, member: member.into(), start, end });
+        report.held.push(Held {
+            worker,
+            member: member.into(),
+            start,
+            end,
+        });
         for effect in applied.effects {
             if let Effect::Reset { worker, token } = effect {
-                let reset = Command::ResetReported { worker, token, evidence: ResetEvidence::clean(token) };
+                let reset = Command::ResetReported {
+                    worker,
+                    token,
+                    evidence: ResetEvidence::clean(token),
+                };
                 let _ = commit(store, &reset, config, crate::fresh_epoch()).await;
             }
         }
@@ -153,15 +258,31 @@ async fn acquire(
     watch: &mut Option<crate::VersionWatch>,
     report: &mut ClientReport,
 ) -> Option<(WorkerId, OpToken)> {
-    let scope = LeaseScope { namespace: LeaseNamespace::Code, actor: ActorId(member.into()), conversation: ConversationId(format!("c{}", ticket.0)) };
-    let command = Command::Acquire { ticket, member: MemberId(member.into()), scope, wait_ms: config.acquire_wait_ms };
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: ActorId(member.into()),
+        conversation: ConversationId(format!("c{}", ticket.0)),
+    };
+    let command = Command::Acquire {
+        ticket,
+        member: MemberId(member.into()),
+        scope,
+        wait_ms: config.acquire_wait_ms,
+    };
     let Some(applied) = commit(store, &command, config, crate::fresh_epoch()).await else {
-        report.refused.push(String::from("coordination_unavailable"));
+        report
+            .refused
+            .push(String::from("coordination_unavailable"));
         return None;
     };
     for event in &applied.events {
         match event {
-            Event::Granted { ticket: t, worker, token, .. } if *t == ticket => return Some((*worker, *token)),
+            Event::Granted {
+                ticket: t,
+                worker,
+                token,
+                ..
+            } if *t == ticket => return Some((*worker, *token)),
             Event::Refused { ticket: t, reason } if *t == ticket => {
                 report.refused.push(reason.code().into());
                 return None;
@@ -197,7 +318,13 @@ async fn acquire(
             None => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
-    let _ = commit(store, &Command::Cancel { ticket }, config, crate::fresh_epoch()).await;
+    let _ = commit(
+        store,
+        &Command::Cancel { ticket },
+        config,
+        crate::fresh_epoch(),
+    )
+    .await;
     report.refused.push(String::from("wait_timeout"));
     None
 }
@@ -220,5 +347,12 @@ pub fn test_pool_config() -> PoolConfig {
 /// The pool settings of the allocation benchmark: enough warm workers that three clients never
 /// wait for a create, so a cycle measures the store and the rules.
 pub fn bench_pool_config() -> PoolConfig {
-    PoolConfig { warm_min: 8, target_idle: 4, max_allocated: 16, max_concurrent_creates: 3, max_per_member: 4, ..test_pool_config() }
+    PoolConfig {
+        warm_min: 8,
+        target_idle: 4,
+        max_allocated: 16,
+        max_concurrent_creates: 3,
+        max_per_member: 4,
+        ..test_pool_config()
+    }
 }

@@ -43,8 +43,12 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
 pub fn fresh_epoch() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-    let mixed = nanos ^ (u64::from(std::process::id()) << 40) ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(20);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mixed = nanos
+        ^ (u64::from(std::process::id()) << 40)
+        ^ COUNTER.fetch_add(1, Ordering::Relaxed).rotate_left(20);
     // Worker ids print the epoch in hex; keep it short enough to read.
     mixed & 0x0000_ffff_ffff_ffff
 }
@@ -72,7 +76,8 @@ impl std::error::Error for ConnectError {}
 impl ValkeyStore {
     /// Connects to the Valkey at `url` (`redis://host:port`) for the pool named `pool`.
     pub async fn connect(url: &str, pool: &str) -> Result<Self, ConnectError> {
-        let config = Config::from_url(url).map_err(|e| ConnectError(format!("bad url {url:?}: {e}")))?;
+        let config =
+            Config::from_url(url).map_err(|e| ConnectError(format!("bad url {url:?}: {e}")))?;
         let client = Builder::from_config(config)
             .with_connection_config(|c| {
                 c.connection_timeout = COMMAND_TIMEOUT;
@@ -84,29 +89,53 @@ impl ValkeyStore {
             .set_policy(ReconnectPolicy::new_constant(0, 200))
             .build()
             .map_err(|e| ConnectError(e.to_string()))?;
-        client.init().await.map_err(|e| ConnectError(format!("cannot reach {url}: {e}")))?;
-        Ok(Self { client, key: format!("corral:pool:{pool}"), channel: format!("corral:pool:{pool}:version"), cas: Script::from_lua(CAS_SCRIPT) })
+        client
+            .init()
+            .await
+            .map_err(|e| ConnectError(format!("cannot reach {url}: {e}")))?;
+        Ok(Self {
+            client,
+            key: format!("corral:pool:{pool}"),
+            channel: format!("corral:pool:{pool}:version"),
+            cas: Script::from_lua(CAS_SCRIPT),
+        })
     }
 
     /// The deployment clock: Valkey's `TIME`, in milliseconds.
     pub async fn now(&self) -> Result<UnixMillis, Unavailable> {
-        let reply: Vec<String> = self.client.custom(fred::cmd!("TIME"), Vec::<String>::new()).await.map_err(|_| Unavailable)?;
+        let reply: Vec<String> = self
+            .client
+            .custom(fred::cmd!("TIME"), Vec::<String>::new())
+            .await
+            .map_err(|_| Unavailable)?;
         parse_time(&reply)
     }
 
     /// Loads the document and its version.
     pub async fn load(&self) -> Result<Loaded, Unavailable> {
-        let fields: (Option<String>, Option<String>) = self.client.hmget(&self.key, vec!["version", "doc"]).await.map_err(|_| Unavailable)?;
+        let fields: (Option<String>, Option<String>) = self
+            .client
+            .hmget(&self.key, vec!["version", "doc"])
+            .await
+            .map_err(|_| Unavailable)?;
         decode(fields)
     }
 
     /// Reads the deployment clock and the document in one round trip (a pipeline).
     pub async fn load_at(&self) -> Result<(UnixMillis, Loaded), Unavailable> {
         let pipeline = self.client.pipeline();
-        let _: () = pipeline.custom(fred::cmd!("TIME"), Vec::<String>::new()).await.map_err(|_| Unavailable)?;
-        let _: () = pipeline.hmget(&self.key, vec!["version", "doc"]).await.map_err(|_| Unavailable)?;
+        let _: () = pipeline
+            .custom(fred::cmd!("TIME"), Vec::<String>::new())
+            .await
+            .map_err(|_| Unavailable)?;
+        let _: () = pipeline
+            .hmget(&self.key, vec!["version", "doc"])
+            .await
+            .map_err(|_| Unavailable)?;
         let mut replies = pipeline.try_all::<Value>().await.into_iter();
-        let (Some(Ok(time)), Some(Ok(fields))) = (replies.next(), replies.next()) else { return Err(Unavailable) };
+        let (Some(Ok(time)), Some(Ok(fields))) = (replies.next(), replies.next()) else {
+            return Err(Unavailable);
+        };
         let time: Vec<String> = time.convert().map_err(|_| Unavailable)?;
         let fields: (Option<String>, Option<String>) = fields.convert().map_err(|_| Unavailable)?;
         Ok((parse_time(&time)?, decode(fields)?))
@@ -117,13 +146,21 @@ impl ValkeyStore {
         if !self.client.is_connected() {
             return CasOutcome::Unavailable;
         }
-        let Ok(text) = serde_json::to_string(doc) else { return CasOutcome::Unavailable };
+        let Ok(text) = serde_json::to_string(doc) else {
+            return CasOutcome::Unavailable;
+        };
         let next = expected.map_or(1, |v| v.0 + 1);
         let expected_text = expected.map(|v| v.0.to_string()).unwrap_or_default();
         let keys = vec![self.key.clone(), self.channel.clone()];
         let args = vec![expected_text, next.to_string(), text];
-        match self.cas.evalsha_with_reload::<i64, _, _>(&self.client, keys, args).await {
-            Ok(1) => CasOutcome::Ok { version: Version(next) },
+        match self
+            .cas
+            .evalsha_with_reload::<i64, _, _>(&self.client, keys, args)
+            .await
+        {
+            Ok(1) => CasOutcome::Ok {
+                version: Version(next),
+            },
             Ok(_) => CasOutcome::Conflict,
             // The script may have run before the reply was lost.
             Err(_) => CasOutcome::Unknown,
@@ -132,9 +169,17 @@ impl ValkeyStore {
 
     /// Applies `command` with compare-and-set, retrying conflicts up to `attempts` times; the rule
     /// for each outcome is corral-core's (`Attempt`).
-    pub async fn transact(&self, command: &Command, config: &PoolConfig, new_epoch: u64, attempts: u32) -> Transacted {
+    pub async fn transact(
+        &self,
+        command: &Command,
+        config: &PoolConfig,
+        new_epoch: u64,
+        attempts: u32,
+    ) -> Transacted {
         for _ in 0..attempts {
-            let Ok((now, loaded)) = self.load_at().await else { return Transacted::Unavailable };
+            let Ok((now, loaded)) = self.load_at().await else {
+                return Transacted::Unavailable;
+            };
             let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
             let outcome = self.compare_and_set(attempt.expected, &attempt.doc).await;
             if let Some(done) = attempt.settle(outcome) {
@@ -150,8 +195,14 @@ impl ValkeyStore {
         let subscriber = self.client.clone_new();
         subscriber.init().await.map_err(|_| Unavailable)?;
         let messages = subscriber.message_rx();
-        subscriber.subscribe(self.channel.clone()).await.map_err(|_| Unavailable)?;
-        Ok(VersionWatch { _subscriber: subscriber, messages })
+        subscriber
+            .subscribe(self.channel.clone())
+            .await
+            .map_err(|_| Unavailable)?;
+        Ok(VersionWatch {
+            _subscriber: subscriber,
+            messages,
+        })
     }
 
     /// Deletes the pool's document (tests and operators only: the pool then starts a new epoch).
@@ -163,7 +214,9 @@ impl ValkeyStore {
 
 /// Valkey's `TIME` reply (seconds, microseconds) in milliseconds.
 fn parse_time(reply: &[String]) -> Result<UnixMillis, Unavailable> {
-    let [seconds, micros] = reply else { return Err(Unavailable) };
+    let [seconds, micros] = reply else {
+        return Err(Unavailable);
+    };
     let seconds: u64 = seconds.parse().map_err(|_| Unavailable)?;
     let micros: u64 = micros.parse().map_err(|_| Unavailable)?;
     Ok(UnixMillis(seconds * 1_000 + micros / 1_000))
@@ -192,6 +245,9 @@ pub struct VersionWatch {
 impl VersionWatch {
     /// Waits until a new version is announced or `timeout` passes; true when one was announced.
     pub async fn changed(&mut self, timeout: Duration) -> bool {
-        matches!(tokio::time::timeout(timeout, self.messages.recv()).await, Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))))
+        matches!(
+            tokio::time::timeout(timeout, self.messages.recv()).await,
+            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_)))
+        )
     }
 }

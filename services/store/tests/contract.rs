@@ -1,0 +1,166 @@
+//! One store contract, two stores: corral-core's `MemoryStore` (the model the simulator wraps with
+//! its faults) and the Valkey store on a real server. If the model and Valkey ever disagree about
+//! versions, outages or a restart that loses the data, this test says which.
+
+use corral_core::pool::PoolDoc;
+use corral_core::store::{CasOutcome, Loaded, MemoryStore, PoolStore, Unavailable, Version};
+use corral_core::time::UnixMillis;
+use corral_store::ValkeyStore;
+use corral_store::valkey_server::ValkeyServer;
+
+/// What the contract needs of a store, and of the harness around it.
+trait Subject {
+    async fn now(&mut self) -> Result<UnixMillis, Unavailable>;
+    async fn load(&mut self) -> Result<Loaded, Unavailable>;
+    async fn cas(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome;
+    /// Makes the store unreachable.
+    async fn go_down(&mut self);
+    /// Brings it back, empty.
+    async fn come_back_empty(&mut self);
+}
+
+struct Model(MemoryStore);
+
+impl Subject for Model {
+    async fn now(&mut self) -> Result<UnixMillis, Unavailable> {
+        self.0.now()
+    }
+    async fn load(&mut self) -> Result<Loaded, Unavailable> {
+        self.0.load()
+    }
+    async fn cas(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+        self.0.compare_and_set(expected, doc)
+    }
+    async fn go_down(&mut self) {
+        self.0.down = true;
+    }
+    async fn come_back_empty(&mut self) {
+        let _ = self.0.lose_data();
+        self.0.down = false;
+    }
+}
+
+struct Real {
+    server: ValkeyServer,
+    store: ValkeyStore,
+}
+
+impl Subject for Real {
+    async fn now(&mut self) -> Result<UnixMillis, Unavailable> {
+        self.store.now().await
+    }
+    async fn load(&mut self) -> Result<Loaded, Unavailable> {
+        self.store.load().await
+    }
+    async fn cas(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+        self.store.compare_and_set(expected, doc).await
+    }
+    async fn go_down(&mut self) {
+        self.server.kill();
+    }
+    async fn come_back_empty(&mut self) {
+        self.server.restart().expect("restarts");
+        self.store = ValkeyStore::connect(&self.server.url(), "contract")
+            .await
+            .expect("reconnects");
+    }
+}
+
+async fn contract(subject: &mut impl Subject) {
+    let doc = PoolDoc::new(42, UnixMillis(1_000));
+    assert_eq!(
+        subject.load().await,
+        Ok(Loaded::Absent),
+        "a new store holds no document"
+    );
+    assert!(subject.now().await.is_ok(), "the clock answers");
+    assert_eq!(
+        subject.cas(None, &doc).await,
+        CasOutcome::Ok {
+            version: Version(1)
+        },
+        "create-only succeeds when absent"
+    );
+    assert_eq!(
+        subject.cas(None, &doc).await,
+        CasOutcome::Conflict,
+        "create-only fails when present"
+    );
+    assert_eq!(
+        subject.cas(Some(Version(9)), &doc).await,
+        CasOutcome::Conflict,
+        "a wrong version fails"
+    );
+    assert_eq!(
+        subject.cas(Some(Version(1)), &doc).await,
+        CasOutcome::Ok {
+            version: Version(2)
+        },
+        "the right version succeeds, once"
+    );
+    assert_eq!(
+        subject.cas(Some(Version(1)), &doc).await,
+        CasOutcome::Conflict,
+        "and never twice"
+    );
+    assert_eq!(
+        subject.load().await,
+        Ok(Loaded::Found {
+            version: Version(2),
+            doc: doc.clone()
+        })
+    );
+
+    subject.go_down().await;
+    assert_eq!(
+        subject.load().await,
+        Err(Unavailable),
+        "an unreachable store is unavailable, never empty"
+    );
+    assert_eq!(subject.now().await, Err(Unavailable));
+    let write = subject.cas(Some(Version(2)), &doc).await;
+    assert!(
+        matches!(write, CasOutcome::Unavailable | CasOutcome::Unknown),
+        "a write to an unreachable store is never reported done: {write:?}"
+    );
+
+    subject.come_back_empty().await;
+    assert_eq!(
+        subject.load().await,
+        Ok(Loaded::Absent),
+        "a restart without persistence loses the document"
+    );
+    assert_eq!(
+        subject.cas(Some(Version(2)), &doc).await,
+        CasOutcome::Conflict,
+        "an old version does not resurrect it"
+    );
+    assert_eq!(
+        subject.cas(None, &doc).await,
+        CasOutcome::Ok {
+            version: Version(1)
+        },
+        "versions start again"
+    );
+}
+
+#[tokio::test]
+async fn pool_05_the_model_keeps_the_store_contract() {
+    contract(&mut Model(MemoryStore::default())).await;
+}
+
+#[tokio::test]
+async fn pool_05_valkey_keeps_the_store_contract() {
+    let server = match ValkeyServer::start() {
+        Ok(server) => server,
+        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
+        Err(why) => {
+            eprintln!("skipping: {why}");
+            return;
+        }
+    };
+    let store = ValkeyStore::connect(&server.url(), "contract")
+        .await
+        .expect("connects");
+    contract(&mut Real { server, store }).await;
+}
