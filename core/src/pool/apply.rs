@@ -479,12 +479,7 @@ impl PoolDoc {
         config: &PoolConfig,
         out: &mut Applied,
     ) {
-        let Some(found) = self.workers.get(&worker) else {
-            out.events.push(Event::StaleReport { worker });
-            return;
-        };
-        if found.token != token || found.state.kind() != StateKind::Creating {
-            out.events.push(Event::StaleReport { worker });
+        if !self.report_is_current(worker, token, |kind| kind == StateKind::Creating, out) {
             return;
         }
         match outcome {
@@ -566,6 +561,25 @@ impl PoolDoc {
         self.dispatch(now, config, out);
     }
 
+    /// True when a report names a known worker, carries its current token and finds it in a state
+    /// `expected` accepts; otherwise the report is stale, changes nothing, and says so.
+    fn report_is_current(
+        &self,
+        worker: WorkerId,
+        token: OpToken,
+        expected: impl Fn(StateKind) -> bool,
+        out: &mut Applied,
+    ) -> bool {
+        let current = self
+            .workers
+            .get(&worker)
+            .is_some_and(|w| w.token == token && expected(w.state.kind()));
+        if !current {
+            out.events.push(Event::StaleReport { worker });
+        }
+        current
+    }
+
     fn delete_reported(
         &mut self,
         worker: WorkerId,
@@ -575,12 +589,8 @@ impl PoolDoc {
         config: &PoolConfig,
         out: &mut Applied,
     ) {
-        let Some(found) = self.workers.get(&worker) else {
-            out.events.push(Event::StaleReport { worker });
-            return;
-        };
-        if found.token != token || found.state.removal().is_none() {
-            out.events.push(Event::StaleReport { worker });
+        let removing = |kind| matches!(kind, StateKind::Retiring | StateKind::Quarantined);
+        if !self.report_is_current(worker, token, removing, out) {
             return;
         }
         match outcome {
