@@ -25,7 +25,9 @@ fn nonblocking(fd: impl AsFd) -> std::io::Result<()> {
 }
 
 fn timeout_until(deadline: Instant) -> PollTimeout {
-    let left = deadline.saturating_duration_since(Instant::now()).min(POLL_SLICE);
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .min(POLL_SLICE);
     // At most POLL_SLICE, which fits.
     PollTimeout::try_from(left).unwrap_or(PollTimeout::ZERO)
 }
@@ -44,7 +46,9 @@ pub fn read_line(stdout: &mut ChildStdout, deadline: Instant) -> Result<Option<S
                     Some(String::from_utf8_lossy(&line).into_owned())
                 });
             }
-            Ok(_) if byte[0] == b'\n' => return Ok(Some(String::from_utf8_lossy(&line).into_owned())),
+            Ok(_) if byte[0] == b'\n' => {
+                return Ok(Some(String::from_utf8_lossy(&line).into_owned()));
+            }
             Ok(_) => {
                 line.push(byte[0]);
                 if line.len() > LINE_MAX_BYTES {
@@ -66,7 +70,10 @@ pub fn read_line(stdout: &mut ChildStdout, deadline: Instant) -> Result<Option<S
 
 /// Reads protocol lines until `G`, returning the lines before it (`W` and `E` lines), or the
 /// lines read when the stream ended without `G`.
-pub fn read_until_go(stdout: &mut ChildStdout, deadline: Instant) -> Result<(bool, Vec<String>), String> {
+pub fn read_until_go(
+    stdout: &mut ChildStdout,
+    deadline: Instant,
+) -> Result<(bool, Vec<String>), String> {
     let mut lines = Vec::new();
     for _ in 0..LINES_MAX {
         match read_line(stdout, deadline)? {
@@ -100,7 +107,9 @@ pub fn read_available(stderr: &mut ChildStderr, max_bytes: usize, wait: Duration
 
 /// Makes the jail's pipes non-blocking (before any protocol line is read).
 pub fn prepare(stdout: &ChildStdout, stderr: &ChildStderr) -> Result<(), String> {
-    nonblocking(stdout).and_then(|()| nonblocking(stderr)).map_err(|e| format!("pipes: {e}"))
+    nonblocking(stdout)
+        .and_then(|()| nonblocking(stderr))
+        .map_err(|e| format!("pipes: {e}"))
 }
 
 /// What the capture loop saw.

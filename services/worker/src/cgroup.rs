@@ -39,16 +39,18 @@ pub struct RunCgroups {
 /// hierarchy's root when that group is not visible at this path.
 fn parent(root: &Path, controller: &str) -> PathBuf {
     let hierarchy = root.join(controller);
-    let own = fs::read_to_string("/proc/self/cgroup").ok().and_then(|table| {
-        table.lines().find_map(|line| {
-            let mut fields = line.splitn(3, ':');
-            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-            controllers
-                .split(',')
-                .any(|name| name == controller)
-                .then(|| path.trim_start_matches('/').to_owned())
-        })
-    });
+    let own = fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|table| {
+            table.lines().find_map(|line| {
+                let mut fields = line.splitn(3, ':');
+                let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+                controllers
+                    .split(',')
+                    .any(|name| name == controller)
+                    .then(|| path.trim_start_matches('/').to_owned())
+            })
+        });
     let base = match own {
         Some(own) if !own.is_empty() && hierarchy.join(&own).is_dir() => hierarchy.join(own),
         _ => hierarchy,
@@ -90,7 +92,8 @@ impl RunCgroups {
         if let Some(bytes) = memory_bytes {
             let path = parent(root, "memory").join(name);
             let fail = |e| (Primitive::CgroupMemory, e);
-            fs::create_dir_all(&path).map_err(|e| fail(format!("create {}: {e}", path.display())))?;
+            fs::create_dir_all(&path)
+                .map_err(|e| fail(format!("create {}: {e}", path.display())))?;
             groups.memory = Some(Group { path: path.clone() });
             write(&path.join("memory.limit_in_bytes"), &bytes.to_string()).map_err(fail)?;
             // With swap accounting, memory plus swap gets the same limit, so the run cannot
@@ -103,7 +106,8 @@ impl RunCgroups {
         if let Some(count) = processes {
             let path = parent(root, "pids").join(name);
             let fail = |e| (Primitive::CgroupPids, e);
-            fs::create_dir_all(&path).map_err(|e| fail(format!("create {}: {e}", path.display())))?;
+            fs::create_dir_all(&path)
+                .map_err(|e| fail(format!("create {}: {e}", path.display())))?;
             groups.pids = Some(Group { path: path.clone() });
             write(&path.join("pids.max"), &count.to_string()).map_err(fail)?;
         }
@@ -117,7 +121,8 @@ impl RunCgroups {
             (&self.pids, Primitive::CgroupPids),
         ] {
             if let Some(group) = group {
-                write(&group.path.join("cgroup.procs"), &pid.to_string()).map_err(|e| (primitive, e))?;
+                write(&group.path.join("cgroup.procs"), &pid.to_string())
+                    .map_err(|e| (primitive, e))?;
             }
         }
         Ok(())
@@ -133,7 +138,10 @@ impl RunCgroups {
         let mut all = Vec::new();
         for group in [&self.memory, &self.pids].into_iter().flatten() {
             let text = fs::read_to_string(group.path.join("cgroup.procs")).ok()?;
-            all.extend(text.lines().filter_map(|line| line.trim().parse::<i32>().ok()));
+            all.extend(
+                text.lines()
+                    .filter_map(|line| line.trim().parse::<i32>().ok()),
+            );
         }
         all.sort_unstable();
         all.dedup();
@@ -151,7 +159,9 @@ impl RunCgroups {
             text.and_then(|text| {
                 text.lines().find_map(|line| {
                     let (key, value) = line.split_once(' ')?;
-                    (key == name).then(|| value.trim().parse::<u64>().ok()).flatten()
+                    (key == name)
+                        .then(|| value.trim().parse::<u64>().ok())
+                        .flatten()
                 })
             })
         };
@@ -178,7 +188,10 @@ impl RunCgroups {
                     result = fs::remove_dir(&existing.path);
                 }
                 if let Err(error) = result {
-                    failures.push(format!("remove cgroup {}: {error}", existing.path.display()));
+                    failures.push(format!(
+                        "remove cgroup {}: {error}",
+                        existing.path.display()
+                    ));
                 }
             }
         }

@@ -12,7 +12,8 @@ use crate::stage;
 use crate::supervisor::{Reexec, RunRequest, Worker, refusal_text};
 
 /// Usage of `corral jail`.
-pub const USAGE: &str = "usage: corral jail run --language python|node [--workspace DIR] [--wall-seconds N] FILE
+pub const USAGE: &str =
+    "usage: corral jail run --language python|node [--workspace DIR] [--wall-seconds N] FILE
        corral jail probe
 
 run     runs FILE in a fresh jail and prints one JSON object: exit_code, stdout, stderr, bound,
@@ -83,7 +84,12 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
             Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
             _ => (arg.as_str(), None),
         };
-        let mut value = |name: &str| inline.clone().or_else(|| rest.next().cloned()).ok_or(format!("{name} needs a value"));
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| rest.next().cloned())
+                .ok_or(format!("{name} needs a value"))
+        };
         match flag {
             "--language" => language = Some(value("--language")?),
             "--workspace" => workspace = Some(PathBuf::from(value("--workspace")?)),
@@ -93,7 +99,9 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
                     .parse()
                     .ok()
                     .filter(|s| (1..=86_400).contains(s))
-                    .ok_or(format!("--wall-seconds {text:?}: expected a whole number from 1 to 86400"))?;
+                    .ok_or(format!(
+                        "--wall-seconds {text:?}: expected a whole number from 1 to 86400"
+                    ))?;
                 wall_seconds = Some(seconds);
             }
             "--" => {
@@ -167,7 +175,11 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    ExitCode::from(if result.not_run.is_some() { EXIT_NOT_RUN } else { EXIT_RAN })
+    ExitCode::from(if result.not_run.is_some() {
+        EXIT_NOT_RUN
+    } else {
+        EXIT_RAN
+    })
 }
 
 fn probe(prefix: &[&str]) -> ExitCode {
@@ -186,8 +198,15 @@ fn probe(prefix: &[&str]) -> ExitCode {
         Ok(corral_core::jail::Posture::Weaker { .. }) => "weaker",
         Err(_) => "refused",
     };
-    println!("{}", serde_json::json!({ "posture": posture, "missing": missing }));
-    ExitCode::from(if posture == "refused" { EXIT_NOT_RUN } else { EXIT_RAN })
+    println!(
+        "{}",
+        serde_json::json!({ "posture": posture, "missing": missing })
+    );
+    ExitCode::from(if posture == "refused" {
+        EXIT_NOT_RUN
+    } else {
+        EXIT_RAN
+    })
 }
 
 #[cfg(test)]
@@ -200,8 +219,17 @@ mod tests {
 
     #[test]
     fn run_arguments() {
-        let parsed = parse_run(&strings(&["--language", "python", "--wall-seconds=5", "x.py"])).unwrap();
-        assert_eq!((parsed.language.as_str(), parsed.wall_seconds), ("python", Some(5)));
+        let parsed = parse_run(&strings(&[
+            "--language",
+            "python",
+            "--wall-seconds=5",
+            "x.py",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (parsed.language.as_str(), parsed.wall_seconds),
+            ("python", Some(5))
+        );
         assert_eq!(parsed.file, PathBuf::from("x.py"));
         for bad in [
             &["x.py"][..],

@@ -49,7 +49,10 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
 const ROOT_TMPFS_OPTIONS: &str = "size=1m,nr_inodes=4096,mode=0755";
 const DEV_TMPFS_OPTIONS: &str = "size=64k,nr_inodes=64,mode=0755";
 
-fn step<T, E: std::fmt::Display>(result: Result<T, E>, what: impl FnOnce() -> String) -> Result<T, String> {
+fn step<T, E: std::fmt::Display>(
+    result: Result<T, E>,
+    what: impl FnOnce() -> String,
+) -> Result<T, String> {
     result.map_err(|error| format!("{}: {error}", what()))
 }
 
@@ -68,7 +71,13 @@ pub struct Layout<'a> {
 pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
     // Nothing mounted here may propagate back to the supervisor's namespace.
     step(
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>),
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
         || "make / private".to_owned(),
     )?;
     let root = layout.run_dir.join("root");
@@ -87,9 +96,21 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
     dev(&root, layout.run_dir)?;
     let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let read_only = writable | MsFlags::MS_RDONLY;
-    bind_dir(&layout.run_dir.join("workspace"), &root.join("workspace"), writable)?;
-    bind_dir(&layout.run_dir.join("scratch/tmp"), &root.join("tmp"), writable)?;
-    bind_dir(&layout.run_dir.join("code"), &root.join("run/corral"), read_only | MsFlags::MS_NOEXEC)?;
+    bind_dir(
+        &layout.run_dir.join("workspace"),
+        &root.join("workspace"),
+        writable,
+    )?;
+    bind_dir(
+        &layout.run_dir.join("scratch/tmp"),
+        &root.join("tmp"),
+        writable,
+    )?;
+    bind_dir(
+        &layout.run_dir.join("code"),
+        &root.join("run/corral"),
+        read_only | MsFlags::MS_NOEXEC,
+    )?;
     let proc = root.join("proc");
     step(fs::create_dir_all(&proc), || "create /proc".to_owned())?;
     step(
@@ -118,7 +139,11 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
             None::<&str>,
             "/dev",
             None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NOEXEC,
             None::<&str>,
         ),
         || "remount /dev read-only".to_owned(),
@@ -130,7 +155,9 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
 fn enter(root: &Path) -> Result<(), String> {
     step(chdir(root), || "chdir to the new root".to_owned())?;
     step(pivot_root(".", "."), || "pivot_root".to_owned())?;
-    step(umount2(".", MntFlags::MNT_DETACH), || "detach the old root".to_owned())?;
+    step(umount2(".", MntFlags::MNT_DETACH), || {
+        "detach the old root".to_owned()
+    })?;
     step(chdir("/"), || "chdir /".to_owned())
 }
 
@@ -150,8 +177,12 @@ fn mirror(host: &Path, target: &Path) -> Result<(), String> {
     };
     let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     if meta.file_type().is_symlink() {
-        let points_to = step(fs::read_link(host), || format!("read link {}", host.display()))?;
-        step(symlink(&points_to, target), || format!("link {}", target.display()))
+        let points_to = step(fs::read_link(host), || {
+            format!("read link {}", host.display())
+        })?;
+        step(symlink(&points_to, target), || {
+            format!("link {}", target.display())
+        })
     } else if meta.is_dir() {
         bind_dir(host, target, read_only)
     } else {
@@ -174,11 +205,16 @@ fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
             ),
         ),
         ("group", format!("root:x:0:\ncorral:x:{gid}:\n")),
-        ("hosts", "127.0.0.1\tlocalhost corral\n::1\tlocalhost\n".to_owned()),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost corral\n::1\tlocalhost\n".to_owned(),
+        ),
         ("hostname", "corral\n".to_owned()),
     ];
     for (name, text) in files {
-        step(fs::write(etc.join(name), text), || format!("write /etc/{name}"))?;
+        step(fs::write(etc.join(name), text), || {
+            format!("write /etc/{name}")
+        })?;
     }
     Ok(())
 }
@@ -198,7 +234,11 @@ fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
     )?;
     for name in DEVICES {
         // Device nodes stay writable (writes to /dev/null are not writes to a filesystem).
-        bind_file(&Path::new("/dev").join(name), &dev.join(name), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)?;
+        bind_file(
+            &Path::new("/dev").join(name),
+            &dev.join(name),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        )?;
     }
     for (name, points_to) in [
         ("fd", "/proc/self/fd"),
@@ -206,7 +246,9 @@ fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        step(symlink(points_to, dev.join(name)), || format!("link /dev/{name}"))?;
+        step(symlink(points_to, dev.join(name)), || {
+            format!("link /dev/{name}")
+        })?;
     }
     bind_dir(
         &run_dir.join("scratch/shm"),
@@ -216,12 +258,16 @@ fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
 }
 
 fn bind_dir(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
-    step(fs::create_dir_all(target), || format!("create {}", target.display()))?;
+    step(fs::create_dir_all(target), || {
+        format!("create {}", target.display())
+    })?;
     bind(source, target, flags)
 }
 
 fn bind_file(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
-    step(fs::write(target, b""), || format!("create {}", target.display()))?;
+    step(fs::write(target, b""), || {
+        format!("create {}", target.display())
+    })?;
     bind(source, target, flags)
 }
 
@@ -231,7 +277,13 @@ fn bind_file(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String>
 /// the access-time flags.
 fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
     step(
-        mount(Some(source), target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>),
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        ),
         || format!("bind {} at {}", source.display(), target.display()),
     )?;
     for point in mount_points_under(target)? {
@@ -260,7 +312,9 @@ fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
 
 /// Every mount point at or below `target` in the calling process's mount namespace.
 fn mount_points_under(target: &Path) -> Result<Vec<PathBuf>, String> {
-    let table = step(fs::read_to_string("/proc/self/mountinfo"), || "read mountinfo".to_owned())?;
+    let table = step(fs::read_to_string("/proc/self/mountinfo"), || {
+        "read mountinfo".to_owned()
+    })?;
     Ok(mount_points(&table)
         .into_iter()
         .filter(|point| point.starts_with(target))
@@ -308,6 +362,9 @@ mod tests {
     fn mountinfo_points_are_unescaped() {
         let table = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
                      50 27 0:40 / /run/a\\040b rw - tmpfs tmpfs rw\n";
-        assert_eq!(mount_points(table), [PathBuf::from("/proc"), PathBuf::from("/run/a b")]);
+        assert_eq!(
+            mount_points(table),
+            [PathBuf::from("/proc"), PathBuf::from("/run/a b")]
+        );
     }
 }

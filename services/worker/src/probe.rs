@@ -40,11 +40,16 @@ pub fn probe(program: &Path, prefix: &[String], cgroup_root: &Path) -> Missing {
                 ("namespaces", Primitive::Namespaces),
                 ("seccomp", Primitive::Seccomp),
             ] {
-                let line = text.lines().find(|line| line.split(' ').next() == Some(name));
+                let line = text
+                    .lines()
+                    .find(|line| line.split(' ').next() == Some(name));
                 match line.map(|line| line.splitn(3, ' ').collect::<Vec<_>>()) {
                     Some(fields) if fields.get(1) == Some(&"ok") => {}
                     Some(fields) => {
-                        missing.insert(primitive, fields.get(2).unwrap_or(&"unavailable").to_string());
+                        missing.insert(
+                            primitive,
+                            fields.get(2).unwrap_or(&"unavailable").to_string(),
+                        );
                     }
                     None => {
                         missing.insert(primitive, "the probe did not report it".to_owned());
@@ -53,11 +58,17 @@ pub fn probe(program: &Path, prefix: &[String], cgroup_root: &Path) -> Missing {
             }
         }
         Err(error) => {
-            missing.insert(Primitive::Namespaces, format!("cannot start the probe: {error}"));
+            missing.insert(
+                Primitive::Namespaces,
+                format!("cannot start the probe: {error}"),
+            );
         }
     }
     let probe_name = format!("probe-{}", std::process::id());
-    for (controller, primitive) in [("memory", Primitive::CgroupMemory), ("pids", Primitive::CgroupPids)] {
+    for (controller, primitive) in [
+        ("memory", Primitive::CgroupMemory),
+        ("pids", Primitive::CgroupPids),
+    ] {
         if let Err(error) = cgroup::probe(cgroup_root, controller, &probe_name) {
             missing.insert(primitive, error);
         }

@@ -152,7 +152,14 @@ mod tests {
             note(&mut diagnostics, format!("{index} {}", "x".repeat(2000)));
         }
         assert_eq!(diagnostics.len(), DIAGNOSTICS_MAX);
-        assert!(diagnostics.iter().all(|d| d.chars().count() <= DIAGNOSTIC_MAX_CHARS + 1));
-        assert_eq!(diagnostics.last().map(String::as_str), Some("further diagnostics omitted"));
+        assert!(
+            diagnostics
+                .iter()
+                .all(|d| d.chars().count() <= DIAGNOSTIC_MAX_CHARS + 1)
+        );
+        assert_eq!(
+            diagnostics.last().map(String::as_str),
+            Some("further diagnostics omitted")
+        );
     }
 }

@@ -9,7 +9,8 @@
 
 use seccompiler::sock_filter;
 
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+/// `BPF_LD | BPF_W | BPF_ABS` (the first two are zero).
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_JMP_JSET_K: u16 = 0x05 | 0x40;
@@ -261,18 +262,32 @@ mod tests {
         let thread = (libc::CLONE_VM | libc::CLONE_THREAD | libc::CLONE_SIGHAND) as u64;
         assert_eq!(verdict(libc::SYS_clone, [thread, 0, 0, 0, 0, 0]), RET_ALLOW);
         assert_eq!(verdict(libc::SYS_clone, [0x11, 0, 0, 0, 0, 0]), RET_ALLOW);
-        for flag in [libc::CLONE_NEWUSER, libc::CLONE_NEWNS, libc::CLONE_NEWNET, libc::CLONE_NEWPID] {
+        for flag in [
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWNET,
+            libc::CLONE_NEWPID,
+        ] {
             let flags = flag as u64 | 0x11;
             assert_eq!(verdict(libc::SYS_clone, [flags, 0, 0, 0, 0, 0]), eperm);
         }
-        assert_eq!(verdict(libc::SYS_clone3, [0; 6]), RET_ERRNO | libc::ENOSYS as u32);
+        assert_eq!(
+            verdict(libc::SYS_clone3, [0; 6]),
+            RET_ERRNO | libc::ENOSYS as u32
+        );
     }
 
     #[test]
     fn terminal_injection_is_refused() {
         let eperm = RET_ERRNO | libc::EPERM as u32;
-        assert_eq!(verdict(libc::SYS_ioctl, [0, libc::TIOCSTI as u64, 0, 0, 0, 0]), eperm);
-        assert_eq!(verdict(libc::SYS_ioctl, [0, libc::TCGETS as u64, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(
+            verdict(libc::SYS_ioctl, [0, libc::TIOCSTI, 0, 0, 0, 0]),
+            eperm
+        );
+        assert_eq!(
+            verdict(libc::SYS_ioctl, [0, libc::TCGETS, 0, 0, 0, 0]),
+            RET_ALLOW
+        );
     }
 
     #[test]
@@ -281,7 +296,12 @@ mod tests {
         assert_eq!(run(&program, 0, 0x4000_0003, [0; 6]), RET_KILL_PROCESS);
         #[cfg(target_arch = "x86_64")]
         assert_eq!(
-            run(&program, X32_SYSCALL_BIT | nr(libc::SYS_mount), AUDIT_ARCH, [0; 6]),
+            run(
+                &program,
+                X32_SYSCALL_BIT | nr(libc::SYS_mount),
+                AUDIT_ARCH,
+                [0; 6]
+            ),
             RET_ERRNO | libc::ENOSYS as u32
         );
     }

@@ -17,7 +17,9 @@ use nix::sys::prctl;
 use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
-use nix::unistd::{Gid, Pid, Uid, chdir, getgid, getuid, sethostname, setgroups, setresgid, setresuid};
+use nix::unistd::{
+    Gid, Pid, Uid, chdir, getgid, getuid, setgroups, sethostname, setresgid, setresuid,
+};
 
 use crate::mounts::{self, Layout};
 use crate::netlink;
@@ -39,9 +41,15 @@ fn namespaces() -> CloneFlags {
 /// Writes one protocol line to stdout. A line that cannot be written means the supervisor is
 /// gone, and the stage has no one to run for.
 fn say(line: &str) {
-    let one_line: String = line.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    let one_line: String = line
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
     let mut out = std::io::stdout().lock();
-    if writeln!(out, "{one_line}").and_then(|()| out.flush()).is_err() {
+    if writeln!(out, "{one_line}")
+        .and_then(|()| out.flush())
+        .is_err()
+    {
         std::process::exit(i32::from(STAGE_FAILED_EXIT));
     }
 }
@@ -78,7 +86,10 @@ pub fn stage1(plan_text: &str) -> ExitCode {
     if plan.user_namespace
         && let Err(error) = unshare(CloneFlags::CLONE_NEWUSER)
     {
-        return fail("user_namespaces", format!("unshare(CLONE_NEWUSER): {error}"));
+        return fail(
+            "user_namespaces",
+            format!("unshare(CLONE_NEWUSER): {error}"),
+        );
     }
     if let Err(error) = unshare(namespaces()) {
         return fail("namespaces", format!("unshare: {error}"));
@@ -93,9 +104,19 @@ pub fn stage1(plan_text: &str) -> ExitCode {
         // Become the namespace's root (the run's root uid on the host), so that stage 2 starts
         // with full capabilities inside the namespace and none outside it.
         let root = (Gid::from_raw(0), Uid::from_raw(0));
-        if let Err(error) = setresgid(root.0, root.0, root.0).and_then(|()| setresuid(root.1, root.1, root.1)) {
-            return fail("credentials", format!("become root of the user namespace: {error}"));
+        if let Err(error) =
+            setresgid(root.0, root.0, root.0).and_then(|()| setresuid(root.1, root.1, root.1))
+        {
+            return fail(
+                "credentials",
+                format!("become root of the user namespace: {error}"),
+            );
         }
+    }
+    // Now that the supervisor has placed this process in the run's cgroup, a cgroup namespace
+    // rooted there hides the host's cgroup paths from /proc/self/cgroup.
+    if let Err(error) = unshare(CloneFlags::CLONE_NEWCGROUP) {
+        return fail("namespaces", format!("unshare(CLONE_NEWCGROUP): {error}"));
     }
     if let Err(error) = netlink::loopback_up() {
         return fail("loopback", error);
@@ -104,7 +125,11 @@ pub fn stage1(plan_text: &str) -> ExitCode {
         return fail("hostname", error);
     }
     let mut command = Command::new("/proc/self/exe");
-    command.args(&plan.reexec_prefix).arg("__stage2").arg(plan_text).env_clear();
+    command
+        .args(&plan.reexec_prefix)
+        .arg("__stage2")
+        .arg(plan_text)
+        .env_clear();
     let mut init = match command.spawn() {
         Ok(child) => child,
         Err(error) => return fail("spawn", format!("start pid 1: {error}")),
@@ -161,7 +186,10 @@ pub fn stage2(plan_text: &str) -> ExitCode {
     };
     say(LINE_GO);
     let mut command = Command::new(program);
-    command.args(args).env_clear().envs(plan.env.iter().map(|(k, v)| (k, v)));
+    command
+        .args(args)
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)));
     let child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {
@@ -169,7 +197,9 @@ pub fn stage2(plan_text: &str) -> ExitCode {
             return ExitCode::from(127);
         }
     };
-    exit_with(reap_until(Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX))))
+    exit_with(reap_until(Pid::from_raw(
+        i32::try_from(child.id()).unwrap_or(i32::MAX),
+    )))
 }
 
 /// As pid 1: reaps every orphan until `child` exits, and returns its status as one number.
@@ -196,13 +226,16 @@ fn drop_privileges(uid: u32, gid: u32) -> Result<(), String> {
     if getuid() != uid || getgid() != gid {
         return Err("ids did not change".to_owned());
     }
-    let status = std::fs::read_to_string("/proc/self/status").map_err(|e| format!("read status: {e}"))?;
-    let all_clear = ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"].iter().all(|field| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .is_some_and(|value| value.trim().chars().all(|c| c == '0'))
-    });
+    let status =
+        std::fs::read_to_string("/proc/self/status").map_err(|e| format!("read status: {e}"))?;
+    let all_clear = ["CapInh:", "CapPrm:", "CapEff:", "CapAmb:"]
+        .iter()
+        .all(|field| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(field))
+                .is_some_and(|value| value.trim().chars().all(|c| c == '0'))
+        });
     if !all_clear {
         return Err("capabilities remain after the uid change".to_owned());
     }
@@ -226,10 +259,15 @@ fn apply_limits(limits: &Limits) -> Result<(), String> {
 /// The start-up probe: tries each isolation primitive in this throwaway process and prints one
 /// `<primitive> ok` or `<primitive> missing <detail>` line per primitive.
 pub fn probe() -> ExitCode {
-    let user = unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare(CLONE_NEWUSER): {e}"));
+    let user =
+        unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("unshare(CLONE_NEWUSER): {e}"));
     let others = unshare(namespaces()).map_err(|e| format!("unshare: {e}"));
     let filter = seccomp::install_probe();
-    for (name, result) in [("user_namespaces", user), ("namespaces", others), ("seccomp", filter)] {
+    for (name, result) in [
+        ("user_namespaces", user),
+        ("namespaces", others),
+        ("seccomp", filter),
+    ] {
         match result {
             Ok(()) => say(&format!("{name} ok")),
             Err(detail) => say(&format!("{name} missing {detail}")),

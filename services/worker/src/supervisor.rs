@@ -21,7 +21,7 @@ use corral_core::reset::ResetEvidence;
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::prctl;
-use nix::sys::wait::{WaitStatus, waitpid};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use rustix::process::{PidfdFlags, pidfd_open};
 
@@ -31,7 +31,9 @@ use crate::plan::{
     GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits, SIGNAL_EXIT_BASE,
 };
 use crate::probe::{self, Missing};
-use crate::result::{DownloadResult, EvidenceResult, IsolationResult, RunResult, StreamResult, note};
+use crate::result::{
+    DownloadResult, EvidenceResult, IsolationResult, RunResult, StreamResult, note,
+};
 use crate::sweep;
 use crate::workspace::{self, CopyInError, RunDirs};
 
@@ -142,7 +144,10 @@ impl Worker {
     /// The primitives found missing at start, with why.
     #[must_use]
     pub fn missing(&self) -> Vec<(&'static str, String)> {
-        self.missing.iter().map(|(p, why)| (p.code(), why.clone())).collect()
+        self.missing
+            .iter()
+            .map(|(p, why)| (p.code(), why.clone()))
+            .collect()
     }
 
     /// The posture runs get, or the primitives that refuse them.
@@ -182,7 +187,12 @@ impl Worker {
     }
 
     /// Everything before the reset. An error is the reason the code was not run.
-    fn execute(&self, request: &RunRequest, run: &mut ActiveRun, result: &mut RunResult) -> Result<(), NotRun> {
+    fn execute(
+        &self,
+        request: &RunRequest,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
         // The posture is recorded first so that every refusal reports it, but the language is
         // refused before the posture is (PKG-6: an unsupported language is its own reason).
         let posture = self.decide_posture(result);
@@ -190,7 +200,10 @@ impl Worker {
         let posture = posture?;
         let bounds = &self.settings.bounds;
         if request.code.len() as u64 > bounds.workspace_max_bytes {
-            note(&mut result.diagnostics, "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES");
+            note(
+                &mut result.diagnostics,
+                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+            );
             return Err(NotRun::CodeTooLarge);
         }
         let waived = |primitive| matches!(&posture, Posture::Weaker { waived } if waived.contains(&primitive));
@@ -211,7 +224,9 @@ impl Worker {
             bounds.tmp_max_bytes,
         );
         // Recorded even when half-made, so that the reset removes what was made.
-        run.dirs = Some(RunDirs { run_dir: run.run_dir.clone() });
+        run.dirs = Some(RunDirs {
+            run_dir: run.run_dir.clone(),
+        });
         let dirs = dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))?;
         if let Some(source) = &request.workspace {
             match workspace::copy_in(
@@ -223,17 +238,22 @@ impl Worker {
             ) {
                 Ok(()) => {}
                 Err(CopyInError::TooLarge(why)) => {
-                    note(&mut result.diagnostics, format!("workspace: {why} (SANDBOX_WORKSPACE_MAX_BYTES)"));
+                    note(
+                        &mut result.diagnostics,
+                        format!("workspace: {why} (SANDBOX_WORKSPACE_MAX_BYTES)"),
+                    );
                     return Err(NotRun::WorkspaceTooLarge);
                 }
-                Err(CopyInError::Io(why)) => return Err(setup_failed(&mut result.diagnostics, why)),
+                Err(CopyInError::Io(why)) => {
+                    return Err(setup_failed(&mut result.diagnostics, why));
+                }
             }
         }
         let code_name = format!("main.{}", language.extension());
         dirs.write_code(&code_name, &request.code)
             .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
-        let (before, _, _) =
-            workspace::snapshot(&dirs.workspace()).map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        let (before, _, _) = workspace::snapshot(&dirs.workspace())
+            .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
         let memory_cgroup = !waived(Primitive::CgroupMemory);
         let pids_cgroup = !waived(Primitive::CgroupPids);
         run.cgroups = RunCgroups::create(
@@ -242,7 +262,12 @@ impl Worker {
             memory_cgroup.then_some(bounds.max_memory_bytes),
             pids_cgroup.then_some(bounds.max_processes),
         )
-        .map_err(|(primitive, e)| setup_failed(&mut result.diagnostics, format!("{}: {e}", primitive.code())))?;
+        .map_err(|(primitive, e)| {
+            setup_failed(
+                &mut result.diagnostics,
+                format!("{}: {e}", primitive.code()),
+            )
+        })?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = JailPlan {
             reexec_prefix: self.reexec.prefix.clone(),
@@ -254,9 +279,18 @@ impl Worker {
             argv: interpreter(language, &format!("/run/corral/{code_name}")),
             env: environment(),
             limits: Limits {
-                processes: u64::from(bounds.max_processes) + if pids_cgroup { NPROC_SLACK } else { 0 },
-                data_bytes: bounds.max_memory_bytes.saturating_mul(if memory_cgroup { 2 } else { 1 }),
-                file_bytes: bounds.workspace_max_bytes.max(bounds.tmp_max_bytes),
+                processes: u64::from(bounds.max_processes)
+                    + if pids_cgroup { NPROC_SLACK } else { 0 },
+                data_bytes: bounds.max_memory_bytes.saturating_mul(if memory_cgroup {
+                    2
+                } else {
+                    1
+                }),
+                // A backstop above both tmpfs sizes, so that a full tmpfs says "no space" first.
+                file_bytes: bounds
+                    .workspace_max_bytes
+                    .max(bounds.tmp_max_bytes)
+                    .saturating_add(1 << 20),
                 open_files: OPEN_FILES_MAX,
                 cpu_seconds: wall_seconds.saturating_add(5),
             },
@@ -277,7 +311,10 @@ impl Worker {
                     Posture::Weaker { .. } => "weaker",
                 };
                 for (primitive, why) in &self.missing {
-                    note(&mut result.diagnostics, format!("waived {}: {why}", primitive.code()));
+                    note(
+                        &mut result.diagnostics,
+                        format!("waived {}: {why}", primitive.code()),
+                    );
                 }
                 Ok(posture)
             }
@@ -285,7 +322,10 @@ impl Worker {
                 result.isolation.posture = "refused";
                 for primitive in refusing {
                     let why = self.missing.get(&primitive).map_or("", String::as_str);
-                    note(&mut result.diagnostics, format!("missing {}: {why}", primitive.code()));
+                    note(
+                        &mut result.diagnostics,
+                        format!("missing {}: {why}", primitive.code()),
+                    );
                 }
                 Err(NotRun::IsolationUnavailable)
             }
@@ -293,12 +333,18 @@ impl Worker {
     }
 
     /// Starts stage 1, maps its ids, places it in the cgroups, lets it go and waits for `G`.
-    fn start_jail(&self, plan: &JailPlan, run: &mut ActiveRun, diagnostics: &mut Vec<String>) -> Result<Started, NotRun> {
+    fn start_jail(
+        &self,
+        plan: &JailPlan,
+        run: &mut ActiveRun,
+        diagnostics: &mut Vec<String>,
+    ) -> Result<Started, NotRun> {
         let failed = |diagnostics: &mut Vec<String>, error: String| {
             note(diagnostics, error);
             NotRun::JailSetupFailed
         };
-        let plan_text = serde_json::to_string(plan).map_err(|e| failed(diagnostics, format!("plan: {e}")))?;
+        let plan_text =
+            serde_json::to_string(plan).map_err(|e| failed(diagnostics, format!("plan: {e}")))?;
         let mut child = Command::new(&self.reexec.program)
             .args(&self.reexec.prefix)
             .arg("__stage1")
@@ -310,10 +356,14 @@ impl Worker {
             .spawn()
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
         let pid = child.id();
-        let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) = (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
         else {
             run.stage1 = Some(child);
-            return Err(failed(diagnostics, "the jail's pipes are missing".to_owned()));
+            return Err(failed(
+                diagnostics,
+                "the jail's pipes are missing".to_owned(),
+            ));
         };
         run.stage1 = Some(child);
         capture::prepare(&stdout, &stderr).map_err(|e| failed(diagnostics, e))?;
@@ -322,22 +372,28 @@ impl Worker {
             .add(pid)
             .map_err(|(primitive, e)| failed(diagnostics, format!("{}: {e}", primitive.code())))?;
         let deadline = Instant::now() + SETUP_DEADLINE;
-        let ready = capture::read_line(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
+        let ready =
+            capture::read_line(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
         if ready.as_deref() != Some(LINE_READY) {
             return Err(self.stage_failure(ready.into_iter().collect(), &mut stderr, diagnostics));
         }
         if plan.user_namespace {
-            let map = format!("0 {} 1\n{} {} 1\n", run.uids[0], plan.inner_uid, run.uids[1]);
+            let map = format!(
+                "0 {} 1\n{} {} 1\n",
+                run.uids[0], plan.inner_uid, run.uids[1]
+            );
             for file in ["uid_map", "gid_map"] {
                 let path = format!("/proc/{pid}/{file}");
-                std::fs::write(&path, &map).map_err(|e| failed(diagnostics, format!("write {path}: {e}")))?;
+                std::fs::write(&path, &map)
+                    .map_err(|e| failed(diagnostics, format!("write {path}: {e}")))?;
             }
         }
         stdin
             .write_all(&[GO_BYTE])
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
         drop(stdin);
-        let (went, lines) = capture::read_until_go(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
+        let (went, lines) =
+            capture::read_until_go(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
         if !went {
             return Err(self.stage_failure(lines, &mut stderr, diagnostics));
         }
@@ -385,7 +441,13 @@ impl Worker {
 
     /// Captures the code's output until it ends or the wall limit; kills whatever is left.
     /// Returns what it observed about the bounds (the filesystems are measured later).
-    fn supervise(&self, started: Started, run: &mut ActiveRun, result: &mut RunResult, wall_seconds: u64) -> BoundObservations {
+    fn supervise(
+        &self,
+        started: Started,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+        wall_seconds: u64,
+    ) -> BoundObservations {
         let deadline = started.go_at + Duration::from_secs(wall_seconds);
         let pid = i32::try_from(started.pid).unwrap_or(i32::MAX);
         let pidfd: Option<OwnedFd> = rustix::process::Pid::from_raw(pid)
@@ -399,11 +461,21 @@ impl Worker {
         );
         result.durations.run_ms = millis(started.go_at.elapsed());
         let mut status = None;
+        if pidfd.is_none() && !captured.deadline_hit {
+            // Without a pidfd the capture loop ends with the pipes, and code that closed its
+            // output may still run: wait for stage 1 here, within the same deadline.
+            match wait_until(pid, deadline) {
+                Some(found) => status = Some(found),
+                None => captured.deadline_hit = true,
+            }
+        }
         if captured.deadline_hit {
             let (_, reaped) = sweep::kill_run(Some(pid), &run.cgroups, &run.uids);
             status = reaped;
             capture::drain_after_kill(streams, &mut captured, DRAIN_GRACE);
-        } else if let Ok(found) = waitpid(Pid::from_raw(pid), None) {
+        } else if status.is_none()
+            && let Ok(found) = waitpid(Pid::from_raw(pid), None)
+        {
             status = Some(found);
         }
         // Forget the child: it is reaped (or will be by the sweep), and must not be waited again.
@@ -411,12 +483,17 @@ impl Worker {
         // Nothing of the run may be alive while its files are read.
         let (left, _) = sweep::kill_run(None, &run.cgroups, &run.uids);
         if left != Some(0) {
-            note(&mut result.diagnostics, format!("processes still alive after the kill: {left:?}"));
+            note(
+                &mut result.diagnostics,
+                format!("processes still alive after the kill: {left:?}"),
+            );
         }
         result.exit_code = match (captured.deadline_hit, status) {
             (true, _) | (false, None) => None,
             (false, Some(WaitStatus::Exited(_, code))) => Some(code),
-            (false, Some(WaitStatus::Signaled(_, signal, _))) => Some(SIGNAL_EXIT_BASE + signal as i32),
+            (false, Some(WaitStatus::Signaled(_, signal, _))) => {
+                Some(SIGNAL_EXIT_BASE + signal as i32)
+            }
             (false, Some(_)) => None,
         };
         result.stdout = StreamResult::from(&captured.stdout);
@@ -448,26 +525,44 @@ impl Worker {
             Ok((after, apparent_bytes, unnamed)) => {
                 observed.workspace = workspace::filesystem_use(&dirs.workspace(), apparent_bytes);
                 if unnamed > 0 {
-                    note(&mut result.diagnostics, format!("{unnamed} files with names that are not UTF-8 were ignored"));
+                    note(
+                        &mut result.diagnostics,
+                        format!("{unnamed} files with names that are not UTF-8 were ignored"),
+                    );
                 }
                 let candidates = downloads::candidates(before, &after, &request.declared);
-                workspace::offer(&dirs.workspace(), &candidates, bounds.max_artifact_bytes, &mut result.diagnostics)
+                workspace::offer(
+                    &dirs.workspace(),
+                    &candidates,
+                    bounds.max_artifact_bytes,
+                    &mut result.diagnostics,
+                )
             }
             Err(error) => {
-                note(&mut result.diagnostics, format!("workspace snapshot: {error}"));
+                note(
+                    &mut result.diagnostics,
+                    format!("workspace snapshot: {error}"),
+                );
                 Vec::new()
             }
         };
         let selection = downloads::select(&offered, bounds.max_artifact_bytes);
         observed.artifacts_over = selection.artifact_bound_hit;
         for (path, excluded) in &selection.excluded {
-            note(&mut result.diagnostics, format!("download {path} excluded: {}", excluded.code()));
+            note(
+                &mut result.diagnostics,
+                format!("download {path} excluded: {}", excluded.code()),
+            );
         }
         for download in &selection.downloads {
             if let Some(destination) = &request.workspace
-                && let Err(error) = workspace::copy_out(&dirs.workspace(), &download.path, destination)
+                && let Err(error) =
+                    workspace::copy_out(&dirs.workspace(), &download.path, destination)
             {
-                note(&mut result.diagnostics, format!("download {} not copied back: {error}", download.path));
+                note(
+                    &mut result.diagnostics,
+                    format!("download {} not copied back: {error}", download.path),
+                );
             }
         }
         result.downloads = selection
@@ -485,8 +580,16 @@ impl Worker {
     }
 
     /// Kills every process of the run, wipes its directories, removes its cgroups, and measures.
-    fn reset(&self, run: &mut ActiveRun, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
-        let stage1 = run.stage1.take().map(|child| i32::try_from(child.id()).unwrap_or(i32::MAX));
+    fn reset(
+        &self,
+        run: &mut ActiveRun,
+        token: OpToken,
+        diagnostics: &mut Vec<String>,
+    ) -> ResetEvidence {
+        let stage1 = run
+            .stage1
+            .take()
+            .map(|child| i32::try_from(child.id()).unwrap_or(i32::MAX));
         let (processes_remaining, _) = sweep::kill_run(stage1, &run.cgroups, &run.uids);
         let (mut workspace_entries, mut scratch_entries) = (Some(0), Some(0));
         if let Some(dirs) = run.dirs.take() {
@@ -519,13 +622,36 @@ struct Started {
     go_at: Instant,
 }
 
+/// Waits for process `pid` to exit, polling, until `deadline`; `None` if it has not by then.
+fn wait_until(pid: i32, deadline: Instant) -> Option<WaitStatus> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(status) => return Some(status),
+            Err(_) => return None,
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
 /// Makes the supervisor a child subreaper in a private mount namespace with a tmpfs of run
 /// directories at `base`.
 fn prepare_supervisor(base: &Path, workspace_max_bytes: u64) -> Result<(), String> {
     prctl::set_child_subreaper(true).map_err(|e| format!("child subreaper: {e}"))?;
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("private mount namespace: {e}"))?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(|e| format!("make / private: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
     std::fs::create_dir_all(base).map_err(|e| format!("create {}: {e}", base.display()))?;
     // Room for the code of one run (bounded like a workspace) and the directories.
     let size = workspace_max_bytes.saturating_add(1 << 20);

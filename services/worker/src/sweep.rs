@@ -25,7 +25,11 @@ const KILL_ROUND_PAUSE: Duration = Duration::from_millis(1);
 pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
     let mut found = BTreeSet::new();
     for entry in fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         // A process that exits while we look is simply gone.
@@ -51,7 +55,11 @@ pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
 /// could be read.
 pub fn run_processes(cgroups: &RunCgroups, uids: &[u32]) -> Option<BTreeSet<i32>> {
     let by_uid = processes_of_uids(uids);
-    let by_group = if cgroups.any() { cgroups.processes() } else { None };
+    let by_group = if cgroups.any() {
+        cgroups.processes()
+    } else {
+        None
+    };
     match (by_uid, by_group) {
         (None, None) => None,
         (by_uid, by_group) => {
@@ -81,7 +89,11 @@ pub fn reap_children(watched: Option<i32>) -> Option<WaitStatus> {
 /// Kills the run: stage 1 first (pid 1 of the jail dies with it, and the jail with pid 1), then
 /// every process of the run, in rounds, until none is left or the deadline passes. Returns the
 /// count left (`None` if it could not be counted) and stage 1's status if reaped here.
-pub fn kill_run(stage1: Option<i32>, cgroups: &RunCgroups, uids: &[u32]) -> (Option<u32>, Option<WaitStatus>) {
+pub fn kill_run(
+    stage1: Option<i32>,
+    cgroups: &RunCgroups,
+    uids: &[u32],
+) -> (Option<u32>, Option<WaitStatus>) {
     let mut stage1_status = None;
     if let Some(pid) = stage1 {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
@@ -107,6 +119,9 @@ pub fn kill_run(stage1: Option<i32>, cgroups: &RunCgroups, uids: &[u32]) -> (Opt
 /// Mounts at or below `dir` in the supervisor's mount namespace; `None` if the table is unreadable.
 pub fn mounts_under(dir: &Path) -> Option<u32> {
     let table = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let count = mount_points(&table).iter().filter(|point| point.starts_with(dir)).count();
+    let count = mount_points(&table)
+        .iter()
+        .filter(|point| point.starts_with(dir))
+        .count();
     u32::try_from(count).ok()
 }

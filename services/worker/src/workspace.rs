@@ -71,13 +71,17 @@ impl RunDirs {
             dirs.code(),
             dirs.run_dir.join("root"),
         ] {
-            io(fs::create_dir_all(&dir), || format!("create {}", dir.display()))?;
+            io(fs::create_dir_all(&dir), || {
+                format!("create {}", dir.display())
+            })?;
         }
         let (uid, gid) = user;
         mount_tmpfs(
             &dirs.workspace(),
             "corral-workspace",
-            &format!("size={workspace_max_bytes},nr_inodes={WORKSPACE_ENTRIES_MAX},mode=0700,uid={uid},gid={gid}"),
+            &format!(
+                "size={workspace_max_bytes},nr_inodes={WORKSPACE_ENTRIES_MAX},mode=0700,uid={uid},gid={gid}"
+            ),
         )?;
         mount_tmpfs(
             &dirs.scratch(),
@@ -87,9 +91,10 @@ impl RunDirs {
         for name in ["tmp", "shm"] {
             let dir = dirs.scratch().join(name);
             io(fs::create_dir(&dir), || format!("create {}", dir.display()))?;
-            io(fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)), || {
-                format!("chmod {}", dir.display())
-            })?;
+            io(
+                fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)),
+                || format!("chmod {}", dir.display()),
+            )?;
         }
         Ok(dirs)
     }
@@ -97,10 +102,13 @@ impl RunDirs {
     /// Writes the code where the jail will read it (read-only, outside the workspace).
     pub fn write_code(&self, name: &str, code: &[u8]) -> Result<(), String> {
         let path = self.code().join(name);
-        io(fs::write(&path, code), || format!("write {}", path.display()))?;
-        io(fs::set_permissions(&path, fs::Permissions::from_mode(0o444)), || {
-            format!("chmod {}", path.display())
-        })
+        io(fs::write(&path, code), || {
+            format!("write {}", path.display())
+        })?;
+        io(
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o444)),
+            || format!("chmod {}", path.display()),
+        )
     }
 
     /// Unmounts the workspace and scratch space (which discards their contents), measures what
@@ -185,19 +193,27 @@ pub fn copy_in(
             let (from, to) = (from_dir.join(&name), to_dir.join(&name));
             let meta = fs::symlink_metadata(&from)
                 .map_err(|e| CopyInError::Io(format!("stat {}: {e}", from.display())))?;
-            let shown = from.strip_prefix(source).unwrap_or(&from).display().to_string();
+            let shown = from
+                .strip_prefix(source)
+                .unwrap_or(&from)
+                .display()
+                .to_string();
             if meta.is_dir() {
                 fs::create_dir(&to).map_err(|e| CopyInError::Io(format!("create {shown}: {e}")))?;
                 pending.push((from, to.clone()));
             } else if meta.is_file() {
                 total_bytes = total_bytes.saturating_add(meta.len());
                 if total_bytes > max_bytes {
-                    return Err(CopyInError::TooLarge(format!("more than {max_bytes} bytes")));
+                    return Err(CopyInError::TooLarge(format!(
+                        "more than {max_bytes} bytes"
+                    )));
                 }
                 copy_file(&from, &to, meta.len())
                     .map_err(|e| CopyInError::Io(format!("copy {shown}: {e}")))?;
             } else {
-                diagnostics.push(format!("workspace: skipped {shown}: not a regular file or directory"));
+                diagnostics.push(format!(
+                    "workspace: skipped {shown}: not a regular file or directory"
+                ));
                 continue;
             }
             // Owner read and write (and search for directories), the rest as given; never a
@@ -213,7 +229,10 @@ pub fn copy_in(
 
 /// Copies at most `bytes` from `from` (never through a symbolic link) to a new file `to`.
 fn copy_file(from: &Path, to: &Path, bytes: u64) -> std::io::Result<()> {
-    let source = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(from)?;
+    let source = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(from)?;
     let mut target = OpenOptions::new().write(true).create_new(true).open(to)?;
     std::io::copy(&mut source.take(bytes), &mut target)?;
     target.flush()
@@ -243,7 +262,11 @@ pub fn snapshot(root: &Path) -> Result<(Snapshot, u64, u32), String> {
                 unnamed += 1;
                 continue;
             };
-            let path = if prefix.is_empty() { name } else { format!("{prefix}/{name}") };
+            let path = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
             let kind = meta.file_type();
             let found = if kind.is_symlink() {
                 Entry::Symlink
@@ -253,8 +276,10 @@ pub fn snapshot(root: &Path) -> Result<(Snapshot, u64, u32), String> {
             } else if kind.is_file() {
                 Entry::File(FileStamp {
                     bytes: meta.len(),
-                    modified_ns: i128::from(meta.mtime()) * 1_000_000_000 + i128::from(meta.mtime_nsec()),
-                    changed_ns: i128::from(meta.ctime()) * 1_000_000_000 + i128::from(meta.ctime_nsec()),
+                    modified_ns: i128::from(meta.mtime()) * 1_000_000_000
+                        + i128::from(meta.mtime_nsec()),
+                    changed_ns: i128::from(meta.ctime()) * 1_000_000_000
+                        + i128::from(meta.ctime_nsec()),
                     inode: meta.ino(),
                 })
             } else {
@@ -270,8 +295,8 @@ pub fn snapshot(root: &Path) -> Result<(Snapshot, u64, u32), String> {
 pub fn filesystem_use(path: &Path, apparent_bytes: u64) -> Option<FilesystemUse> {
     let stat = statvfs(path).ok()?;
     Some(FilesystemUse {
-        free_bytes: u64::from(stat.blocks_available()).saturating_mul(stat.fragment_size()),
-        free_inodes: u64::from(stat.files_available()),
+        free_bytes: stat.blocks_available().saturating_mul(stat.fragment_size()),
+        free_inodes: stat.files_available(),
         apparent_bytes,
     })
 }
@@ -366,10 +391,13 @@ pub fn copy_out(root: &Path, relative: &str, destination_root: &Path) -> Result<
             .open(&staging),
         || format!("create {}", staging.display()),
     )?;
-    let copied = std::io::copy(&mut (&mut source).take(bytes), &mut target).and_then(|_| target.flush());
+    let copied =
+        std::io::copy(&mut (&mut source).take(bytes), &mut target).and_then(|_| target.flush());
     if let Err(error) = copied {
         let _ = fs::remove_file(&staging);
         return Err(format!("copy {relative}: {error}"));
     }
-    io(fs::rename(&staging, &destination), || format!("rename into {}", destination.display()))
+    io(fs::rename(&staging, &destination), || {
+        format!("rename into {}", destination.display())
+    })
 }
