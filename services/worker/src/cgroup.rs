@@ -75,6 +75,31 @@ pub fn probe(root: &Path, controller: &str, name: &str) -> Result<(), String> {
     removed.map_err(|e| format!("remove {}: {e}", path.display()))
 }
 
+/// Removes the empty groups that supervisors which are no longer running left behind (a
+/// supervisor that crashed cannot remove its own). A group's name carries its supervisor's pid.
+pub fn remove_stale(root: &Path, controller: &str) {
+    let Ok(listing) = fs::read_dir(parent(root, controller)) else {
+        return;
+    };
+    for entry in listing.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("run-"))
+            .and_then(|rest| rest.split('-').next())
+        else {
+            continue;
+        };
+        let owner_alive = Path::new("/proc").join(owner).exists();
+        let empty = fs::read_to_string(entry.path().join("cgroup.procs"))
+            .is_ok_and(|procs| procs.trim().is_empty());
+        if !owner_alive && empty {
+            // Best effort: a group that is not empty after all refuses removal, which is right.
+            let _ = fs::remove_dir(entry.path());
+        }
+    }
+}
+
 fn write(path: &Path, value: &str) -> Result<(), String> {
     fs::write(path, value).map_err(|e| format!("write {}: {e}", path.display()))
 }

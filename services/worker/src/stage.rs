@@ -18,7 +18,7 @@ use nix::sys::resource::{Resource, setrlimit};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{
-    Gid, Pid, Uid, chdir, getgid, getuid, setgroups, sethostname, setresgid, setresuid,
+    Gid, Pid, Uid, chdir, getgid, getppid, getuid, setgroups, sethostname, setresgid, setresuid,
 };
 
 use crate::mounts::{self, Layout};
@@ -83,6 +83,7 @@ pub fn stage1(plan_text: &str) -> ExitCode {
         Ok(plan) => plan,
         Err(code) => return code,
     };
+    let supervisor = getppid();
     if plan.user_namespace
         && let Err(error) = unshare(CloneFlags::CLONE_NEWUSER)
     {
@@ -112,6 +113,14 @@ pub fn stage1(plan_text: &str) -> ExitCode {
                 format!("become root of the user namespace: {error}"),
             );
         }
+    }
+    // If the supervisor dies, so does the jail (stage 2 follows stage 1 the same way). Set after
+    // the uid change, which clears it; a supervisor that died before it was set is seen here.
+    if let Err(error) = prctl::set_pdeathsig(Signal::SIGKILL) {
+        return fail("pdeathsig", error);
+    }
+    if getppid() != supervisor {
+        return ExitCode::from(STAGE_FAILED_EXIT);
     }
     // Now that the supervisor has placed this process in the run's cgroup, a cgroup namespace
     // rooted there hides the host's cgroup paths from /proc/self/cgroup.

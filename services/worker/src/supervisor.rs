@@ -26,7 +26,7 @@ use nix::unistd::Pid;
 use rustix::process::{PidfdFlags, pidfd_open};
 
 use crate::capture;
-use crate::cgroup::RunCgroups;
+use crate::cgroup::{self, RunCgroups};
 use crate::plan::{
     GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits, SIGNAL_EXIT_BASE,
 };
@@ -126,6 +126,14 @@ impl Worker {
     pub fn start(settings: Settings, reexec: Reexec) -> Self {
         let cgroup_root = PathBuf::from(&settings.jail.cgroup_root);
         let mut missing = probe::probe(&reexec.program, &reexec.prefix, &cgroup_root);
+        for (controller, primitive) in [
+            ("memory", Primitive::CgroupMemory),
+            ("pids", Primitive::CgroupPids),
+        ] {
+            if !missing.contains_key(&primitive) {
+                cgroup::remove_stale(&cgroup_root, controller);
+            }
+        }
         let base = PathBuf::from(BASE_DIR);
         if !missing.contains_key(&Primitive::Privileges)
             && let Err(error) = prepare_supervisor(&base, settings.bounds.workspace_max_bytes)
@@ -156,7 +164,8 @@ impl Worker {
         jail::posture(&missing, self.settings.jail.allow_weaker_isolation)
     }
 
-    /// Runs one piece of code in a fresh jail and resets after it.
+    /// Runs one piece of code in a fresh jail and resets after it. The jail dies with the thread
+    /// that calls this (the parent-death signal follows the thread), which this call outlives.
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
         let number = self.runs % RUNS_PER_SUPERVISOR;
