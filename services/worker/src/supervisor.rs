@@ -305,8 +305,8 @@ impl Worker {
             },
         };
         let started = self.start_jail(&plan, run, &mut result.diagnostics)?;
-        let observed = self.supervise(started, run, result, wall_seconds);
-        self.collect(request, &before, &dirs, observed, result);
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }
 
@@ -456,7 +456,7 @@ impl Worker {
         run: &mut ActiveRun,
         result: &mut RunResult,
         wall_seconds: u64,
-    ) -> BoundObservations {
+    ) -> (BoundObservations, bool) {
         let deadline = started.go_at + Duration::from_secs(wall_seconds);
         let pid = i32::try_from(started.pid).unwrap_or(i32::MAX);
         let pidfd: Option<OwnedFd> = rustix::process::Pid::from_raw(pid)
@@ -508,29 +508,39 @@ impl Worker {
         result.stdout = StreamResult::from(&captured.stdout);
         result.stderr = StreamResult::from(&captured.stderr);
         let counters = run.cgroups.counters();
-        BoundObservations {
+        let observed = BoundObservations {
             wall_expired: captured.deadline_hit,
             output_dropped_bytes: captured.stdout.bytes_dropped() + captured.stderr.bytes_dropped(),
             memory_limit_hits: counters.memory_limit_hits,
             oom_kills: counters.oom_kills,
             process_limit_hits: counters.process_limit_hits,
             ..BoundObservations::default()
-        }
+        };
+        (observed, left == Some(0))
     }
 
     /// Measures the filesystems, chooses and verifies the downloads, copies them back, and
-    /// names the bounds hit.
+    /// names the bounds hit. With a process of the run still alive (`all_dead` false) nothing is
+    /// offered: a live process could swap a verified file for a link between check and copy.
     fn collect(
         &self,
         request: &RunRequest,
         before: &downloads::Snapshot,
         dirs: &RunDirs,
         mut observed: BoundObservations,
+        all_dead: bool,
         result: &mut RunResult,
     ) {
         let bounds = &self.settings.bounds;
         observed.scratch = workspace::filesystem_use(&dirs.scratch(), 0);
         let offered = match workspace::snapshot(&dirs.workspace()) {
+            Ok(_) if !all_dead => {
+                note(
+                    &mut result.diagnostics,
+                    "no downloads: a process of the run survived the kill",
+                );
+                Vec::new()
+            }
             Ok((after, apparent_bytes, unnamed)) => {
                 observed.workspace = workspace::filesystem_use(&dirs.workspace(), apparent_bytes);
                 if unnamed > 0 {

@@ -97,6 +97,21 @@ fn infinite_loop_is_killed_at_the_wall_limit() {
 }
 
 #[test]
+fn code_that_closes_its_output_is_still_killed_at_the_wall_limit() {
+    if !root_or_skip("closed_output") {
+        return;
+    }
+    let _serial = serial();
+    let ran = Jail::python("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(60)\n")
+        .wall(2)
+        .run();
+    ran.assert_ran();
+    assert_eq!(ran.json["bound"], WALL, "{}", ran.json);
+    assert!(ran.elapsed < Duration::from_secs(6), "took {:?}", ran.elapsed);
+    ran.assert_clean_reset();
+}
+
+#[test]
 fn a_hundred_mebibytes_of_stdout_are_capped_and_counted() {
     if !root_or_skip("stdout_flood") {
         return;
