@@ -55,6 +55,8 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// What of a failed jail's stderr goes into the diagnostics, and how long to wait for it.
 const STAGE_STDERR_MAX_BYTES: usize = 2_048;
 const STAGE_STDERR_WAIT: Duration = Duration::from_millis(200);
+/// `RLIM_INFINITY`.
+const RLIMIT_UNLIMITED: u64 = u64::MAX;
 /// Descriptors the code may hold open.
 const OPEN_FILES_MAX: u64 = 1_024;
 /// Tasks beyond `SANDBOX_MAX_PROCESSES` the rlimit allows when the pids controller enforces the
@@ -175,6 +177,11 @@ impl Worker {
             .saturating_add(number)
             .saturating_mul(2);
         let root_uid = HOST_UID_BASE.saturating_add(pair);
+        // Both uids of the run lie in the jails' range and are ordinary ids (u32::MAX is "none").
+        assert!(
+            (HOST_UID_BASE..u32::MAX - 2).contains(&root_uid),
+            "run uid {root_uid} out of range"
+        );
         let mut run = ActiveRun {
             dirs: None,
             run_dir: self.base.join(format!("run-{number}")),
@@ -290,11 +297,15 @@ impl Worker {
             limits: Limits {
                 processes: u64::from(bounds.max_processes)
                     + if pids_cgroup { NPROC_SLACK } else { 0 },
-                data_bytes: bounds.max_memory_bytes.saturating_mul(if memory_cgroup {
-                    2
+                // With the memory controller, the cgroup is the bound: it counts what is used,
+                // not what is reserved, and it reports being hit. An address-space rlimit would
+                // refuse a large allocation silently before the cgroup could say so. Without the
+                // controller, the data rlimit is the only bound there is.
+                data_bytes: if memory_cgroup {
+                    RLIMIT_UNLIMITED
                 } else {
-                    1
-                }),
+                    bounds.max_memory_bytes
+                },
                 // A backstop above both tmpfs sizes, so that a full tmpfs says "no space" first.
                 file_bytes: bounds
                     .workspace_max_bytes

@@ -95,7 +95,7 @@ pub fn kill_run(
     uids: &[u32],
 ) -> (Option<u32>, Option<WaitStatus>) {
     let mut stage1_status = None;
-    if let Some(pid) = stage1 {
+    if let Some(pid) = stage1.filter(|pid| *pid > 1) {
         let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let deadline = Instant::now() + KILL_DEADLINE;
@@ -110,7 +110,10 @@ pub fn kill_run(
             return (u32::try_from(left.len()).ok(), stage1_status);
         }
         for pid in left {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            // Never 0 or -1 (the caller's group, or every process), never the host's init.
+            if pid > 1 {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
         }
         std::thread::sleep(KILL_ROUND_PAUSE);
     }
