@@ -9,6 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use corral_core::jail::Primitive;
+use nix::sys::statfs::{CGROUP_SUPER_MAGIC, statfs};
 
 /// One controller's group for one run.
 #[derive(Clone, Debug)]
@@ -34,10 +35,10 @@ pub struct RunCgroups {
     pids: Option<Group>,
 }
 
-/// The parent directory for the runs' groups in `controller`'s hierarchy under `root`: the
+/// The group the runs' groups are made under in `controller`'s hierarchy at `root`: the
 /// supervisor's own group (so the limits of whatever runs the supervisor still apply), or the
 /// hierarchy's root when that group is not visible at this path.
-fn parent(root: &Path, controller: &str) -> PathBuf {
+fn base(root: &Path, controller: &str) -> PathBuf {
     let hierarchy = root.join(controller);
     let own = fs::read_to_string("/proc/self/cgroup")
         .ok()
@@ -51,34 +52,42 @@ fn parent(root: &Path, controller: &str) -> PathBuf {
                     .then(|| path.trim_start_matches('/').to_owned())
             })
         });
-    let base = match own {
+    match own {
         Some(own) if !own.is_empty() && hierarchy.join(&own).is_dir() => hierarchy.join(own),
         _ => hierarchy,
-    };
-    base.join("corral")
+    }
 }
 
-/// Whether a group can be created under `controller` at `root`: creates and removes a probe group
-/// and checks that the kernel populated it (a plain directory is not a cgroup).
-pub fn probe(root: &Path, controller: &str, name: &str) -> Result<(), String> {
-    let parent = parent(root, controller);
-    fs::create_dir_all(&parent).map_err(|e| format!("create {}: {e}", parent.display()))?;
-    let path = parent.join(name);
-    fs::create_dir(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
-    let is_cgroup = path.join("cgroup.procs").exists();
-    let removed = fs::remove_dir(&path);
+/// The worker's `corral` group under [`base`], created if missing. Nothing is created unless the
+/// base is a mounted cgroup v1 hierarchy: a wrong root must not litter the filesystem.
+fn corral_group(root: &Path, controller: &str) -> Result<PathBuf, String> {
+    let base = base(root, controller);
+    let is_cgroup = statfs(&base).is_ok_and(|fs| fs.filesystem_type() == CGROUP_SUPER_MAGIC);
     if !is_cgroup {
-        // A plain directory: remove what a cgroup would not have (the kernel's files are absent).
-        let _ = fs::remove_dir_all(&path);
-        return Err(format!("{} is not a cgroup hierarchy", parent.display()));
+        return Err(format!(
+            "{} is not a cgroup v1 {controller} hierarchy",
+            base.display()
+        ));
     }
-    removed.map_err(|e| format!("remove {}: {e}", path.display()))
+    let group = base.join("corral");
+    match fs::create_dir(&group) {
+        Ok(()) => Ok(group),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(group),
+        Err(error) => Err(format!("create {}: {error}", group.display())),
+    }
+}
+
+/// Whether a group can be created under `controller` at `root`: creates and removes a probe group.
+pub fn probe(root: &Path, controller: &str, name: &str) -> Result<(), String> {
+    let path = corral_group(root, controller)?.join(name);
+    fs::create_dir(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
+    fs::remove_dir(&path).map_err(|e| format!("remove {}: {e}", path.display()))
 }
 
 /// Removes the empty groups that supervisors which are no longer running left behind (a
 /// supervisor that crashed cannot remove its own). A group's name carries its supervisor's pid.
 pub fn remove_stale(root: &Path, controller: &str) {
-    let Ok(listing) = fs::read_dir(parent(root, controller)) else {
+    let Ok(listing) = fs::read_dir(base(root, controller).join("corral")) else {
         return;
     };
     for entry in listing.flatten() {
@@ -100,6 +109,15 @@ pub fn remove_stale(root: &Path, controller: &str) {
     }
 }
 
+/// Creates the group at `path`. One left by an earlier supervisor that had this pid is removed
+/// first (it must be empty), so that no counter of an old run is read as this run's.
+fn fresh_group(path: &Path) -> Result<(), String> {
+    if path.exists() {
+        fs::remove_dir(path).map_err(|e| format!("remove the stale {}: {e}", path.display()))?;
+    }
+    fs::create_dir(path).map_err(|e| format!("create {}: {e}", path.display()))
+}
+
 fn write(path: &Path, value: &str) -> Result<(), String> {
     fs::write(path, value).map_err(|e| format!("write {}: {e}", path.display()))
 }
@@ -115,10 +133,9 @@ impl RunCgroups {
     ) -> Result<Self, (Primitive, String)> {
         let mut groups = Self::default();
         if let Some(bytes) = memory_bytes {
-            let path = parent(root, "memory").join(name);
             let fail = |e| (Primitive::CgroupMemory, e);
-            fs::create_dir_all(&path)
-                .map_err(|e| fail(format!("create {}: {e}", path.display())))?;
+            let path = corral_group(root, "memory").map_err(fail)?.join(name);
+            fresh_group(&path).map_err(fail)?;
             groups.memory = Some(Group { path: path.clone() });
             write(&path.join("memory.limit_in_bytes"), &bytes.to_string()).map_err(fail)?;
             // With swap accounting, memory plus swap gets the same limit, so the run cannot
@@ -129,10 +146,9 @@ impl RunCgroups {
             }
         }
         if let Some(count) = processes {
-            let path = parent(root, "pids").join(name);
             let fail = |e| (Primitive::CgroupPids, e);
-            fs::create_dir_all(&path)
-                .map_err(|e| fail(format!("create {}: {e}", path.display())))?;
+            let path = corral_group(root, "pids").map_err(fail)?.join(name);
+            fresh_group(&path).map_err(fail)?;
             groups.pids = Some(Group { path: path.clone() });
             write(&path.join("pids.max"), &count.to_string()).map_err(fail)?;
         }
