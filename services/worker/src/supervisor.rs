@@ -223,12 +223,6 @@ impl Worker {
             return Err(NotRun::CodeTooLarge);
         }
         let waived = |primitive| matches!(&posture, Posture::Weaker { waived } if waived.contains(&primitive));
-        let user_namespace = !waived(Primitive::UserNamespaces);
-        let (inner_uid, inner_gid) = if user_namespace {
-            (INNER_ID, INNER_ID)
-        } else {
-            (run.uids[1], run.uids[1])
-        };
         let setup_failed = |diagnostics: &mut Vec<String>, error: String| {
             note(diagnostics, error);
             NotRun::JailSetupFailed
@@ -285,7 +279,33 @@ impl Worker {
             )
         })?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
-        let plan = JailPlan {
+        let plan = self.plan(language, run, &posture, wall_seconds);
+        let started = self.start_jail(&plan, run, &mut result.diagnostics)?;
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+
+    /// What the stages need to build this run's jail.
+    fn plan(
+        &self,
+        language: Language,
+        run: &ActiveRun,
+        posture: &Posture,
+        wall_seconds: u64,
+    ) -> JailPlan {
+        let bounds = &self.settings.bounds;
+        let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
+        let user_namespace = !waived(Primitive::UserNamespaces);
+        let (inner_uid, inner_gid) = if user_namespace {
+            (INNER_ID, INNER_ID)
+        } else {
+            (run.uids[1], run.uids[1])
+        };
+        let memory_cgroup = !waived(Primitive::CgroupMemory);
+        let pids_cgroup = !waived(Primitive::CgroupPids);
+        let code_name = format!("main.{}", language.extension());
+        JailPlan {
             reexec_prefix: self.reexec.prefix.clone(),
             run_dir: run.run_dir.to_string_lossy().into_owned(),
             user_namespace,
@@ -314,11 +334,7 @@ impl Worker {
                 open_files: OPEN_FILES_MAX,
                 cpu_seconds: wall_seconds.saturating_add(5),
             },
-        };
-        let started = self.start_jail(&plan, run, &mut result.diagnostics)?;
-        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
-        self.collect(request, &before, &dirs, observed, all_dead, result);
-        Ok(())
+        }
     }
 
     /// Records the posture in `result`, or refuses with the missing primitives.
