@@ -94,6 +94,8 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("SANDBOX_FIELD_KEY_FILE", "", "EGR-7", "Path of a file holding the field key (instead of SANDBOX_FIELD_KEY)."),
     doc("CORRAL_WORKER_CONTROL_PORT", "8091", "BROW-7", "Port of the worker's authenticated control API."),
     doc("CORRAL_WORKER_BROWSER_PORT", "8080", "BROW-7", "Port of the worker's browser-media adapter."),
+    doc("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false", "POOL-4", "Run code even when a waivable isolation primitive is missing."),
+    doc("CORRAL_JAIL_CGROUP_ROOT", "/sys/fs/cgroup", "corral", "Where the worker finds the cgroup v1 controllers for its runs."),
 ];
 
 const fn doc(
@@ -221,6 +223,10 @@ const EGRESS_DNS_SERVERS: &str = "SANDBOX_EGRESS_DNS_SERVERS";
 const EGRESS_TOKEN_TTL: &str = "SANDBOX_EGRESS_TOKEN_TTL_SECONDS";
 const FIELD_KEY: &str = "SANDBOX_FIELD_KEY";
 const FIELD_KEY_FILE: &str = "SANDBOX_FIELD_KEY_FILE";
+const JAIL_ALLOW_WEAKER_ISOLATION: &str = "CORRAL_JAIL_ALLOW_WEAKER_ISOLATION";
+const JAIL_CGROUP_ROOT: &str = "CORRAL_JAIL_CGROUP_ROOT";
+/// The longest path a path setting accepts, in bytes (Linux's `PATH_MAX`).
+const PATH_MAX_BYTES: usize = 4_096;
 
 impl Number {
     /// What an accepted value looks like, for an error message.
@@ -401,6 +407,13 @@ pub enum ConfigError {
         /// The accepted choices.
         expected: &'static str,
     },
+    /// The value is not an absolute path (`config_invalid_path`).
+    InvalidPath {
+        /// The setting.
+        setting: &'static str,
+        /// The value given (trimmed, and shortened when long).
+        value: String,
+    },
     /// The value is not an `http://` or `https://` URL with a host (`config_invalid_url`).
     InvalidUrl {
         /// The setting.
@@ -446,6 +459,7 @@ impl ConfigError {
             Self::OutOfRange { .. } => "config_out_of_range",
             Self::InvalidBool { .. } => "config_invalid_bool",
             Self::InvalidChoice { .. } => "config_invalid_choice",
+            Self::InvalidPath { .. } => "config_invalid_path",
             Self::InvalidUrl { .. } => "config_invalid_url",
             Self::Relation { .. } => "config_relation",
             Self::Conflict { .. } => "config_conflict",
@@ -461,6 +475,7 @@ impl ConfigError {
             | Self::OutOfRange { setting, .. }
             | Self::InvalidBool { setting, .. }
             | Self::InvalidChoice { setting, .. }
+            | Self::InvalidPath { setting, .. }
             | Self::InvalidUrl { setting, .. }
             | Self::Relation { setting, .. }
             | Self::Conflict { setting, .. } => setting,
@@ -496,6 +511,12 @@ impl fmt::Display for ConfigError {
                 expected,
             } => {
                 write!(f, "{setting}={value:?}: expected one of {expected}")
+            }
+            Self::InvalidPath { setting, value } => {
+                write!(
+                    f,
+                    "{setting}={value:?}: expected an absolute path without control characters"
+                )
             }
             Self::InvalidUrl { setting, value } => {
                 write!(
@@ -678,6 +699,18 @@ pub struct WorkerPorts {
     pub browser_port: u16,
 }
 
+/// How the worker builds its jails (ISO-1, POOL-4).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JailSettings {
+    /// `CORRAL_JAIL_ALLOW_WEAKER_ISOLATION` (default off): run code even when a waivable isolation
+    /// primitive (user namespaces, seccomp, a cgroup controller) is missing. Off, a missing
+    /// primitive refuses the run; the name says what turning it on accepts.
+    pub allow_weaker_isolation: bool,
+    /// `CORRAL_JAIL_CGROUP_ROOT` (default `/sys/fs/cgroup`): where the cgroup v1 `memory` and
+    /// `pids` controllers are mounted.
+    pub cgroup_root: String,
+}
+
 /// Every setting, parsed, in range, and with its limits agreeing with each other.
 ///
 /// Build it with [`Settings::from_lookup`] (or [`Settings::default`] for the defaults). The fields
@@ -729,6 +762,8 @@ pub struct Settings {
     pub field_key: FieldKeySource,
     /// The worker's ports.
     pub worker: WorkerPorts,
+    /// How the worker builds its jails.
+    pub jail: JailSettings,
 }
 
 impl Default for Settings {
@@ -775,6 +810,10 @@ impl Default for Settings {
             worker: WorkerPorts {
                 control_port: 8091,
                 browser_port: 8080,
+            },
+            jail: JailSettings {
+                allow_weaker_isolation: false,
+                cgroup_root: "/sys/fs/cgroup".to_owned(),
             },
         }
     }
@@ -840,6 +879,24 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
                 value: shown(&text),
                 expected: "controller, platform_operator",
             }),
+        }
+    }
+
+    /// An absolute path without control characters, no longer than `PATH_MAX_BYTES`.
+    fn path(&self, name: &'static str, default: &str) -> Result<String, ConfigError> {
+        let Some(text) = self.raw(name) else {
+            return Ok(default.to_owned());
+        };
+        let acceptable = text.starts_with('/')
+            && text.len() <= PATH_MAX_BYTES
+            && !text.chars().any(char::is_control);
+        if acceptable {
+            Ok(text)
+        } else {
+            Err(ConfigError::InvalidPath {
+                setting: name,
+                value: shown(&text),
+            })
         }
     }
 
@@ -966,6 +1023,11 @@ impl Settings {
             worker: WorkerPorts {
                 control_port: r.number_u16(&WORKER_CONTROL_PORT, d.worker.control_port)?,
                 browser_port: r.number_u16(&WORKER_BROWSER_PORT, d.worker.browser_port)?,
+            },
+            jail: JailSettings {
+                allow_weaker_isolation: r
+                    .flag(JAIL_ALLOW_WEAKER_ISOLATION, d.jail.allow_weaker_isolation)?,
+                cgroup_root: r.path(JAIL_CGROUP_ROOT, &d.jail.cgroup_root)?,
             },
         };
         settings.validate()?;
@@ -1247,6 +1309,11 @@ impl Settings {
         for name in [WORKER_CONTROL_PORT.name, WORKER_BROWSER_PORT.name] {
             out.push((name, number(name)));
         }
+        out.push((
+            JAIL_ALLOW_WEAKER_ISOLATION,
+            self.jail.allow_weaker_isolation.to_string(),
+        ));
+        out.push((JAIL_CGROUP_ROOT, self.jail.cgroup_root.clone()));
         out
     }
 
@@ -1944,6 +2011,26 @@ mod tests {
             ..d
         };
         assert_eq!(s.validate().map_err(|e| e.code()), Err("config_relation"));
+    }
+
+    #[test]
+    fn jail_settings_parse_fail_closed() {
+        let d = Settings::default();
+        assert!(!d.jail.allow_weaker_isolation);
+        assert_eq!(d.jail.cgroup_root, "/sys/fs/cgroup");
+        let s = parse(&[
+            ("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "1"),
+            ("CORRAL_JAIL_CGROUP_ROOT", " /nonexistent/cgroup "),
+        ]);
+        assert!(s.jail.allow_weaker_isolation);
+        assert_eq!(s.jail.cgroup_root, "/nonexistent/cgroup");
+        let error = refuse(&[("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "please")]);
+        assert_eq!(error.code(), "config_invalid_bool");
+        for bad in ["relative/path", "/with\nnewline", "~/cgroup"] {
+            let error = refuse(&[("CORRAL_JAIL_CGROUP_ROOT", bad)]);
+            assert_eq!(error.code(), "config_invalid_path", "{bad}");
+            assert_eq!(error.setting(), "CORRAL_JAIL_CGROUP_ROOT");
+        }
     }
 
     #[test]

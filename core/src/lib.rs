@@ -8,7 +8,9 @@
 //!
 //! Modules:
 //! - [`config`]: every setting, its default, fail-closed parsing.
+//! - [`downloads`]: which files a run returns, and document verification (OUT-4).
 //! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
+//! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
@@ -18,8 +20,10 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod downloads;
 pub mod egress;
 pub mod ids;
+pub mod jail;
 pub mod pool;
 pub mod reset;
 pub mod store;

@@ -9,6 +9,8 @@ const USAGE: &str = "usage: corral <command> [args]
 commands:
   config check     parse every setting from the environment and print the result, or the error
   config docs      print the table of every setting (name, default, requirement, meaning) in Markdown
+  jail run         run one file in a fresh jail and print the result as JSON (see `corral jail help`)
+  jail probe       print which isolation primitives this machine offers
   help             this text
 ";
 
@@ -21,6 +23,8 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     match command.as_str() {
         "config" => config_cmd::run(rest),
+        // `["jail"]` re-executes this binary into the jail's hidden stages.
+        "jail" => corral_worker::cli::main(rest, &["jail"]),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

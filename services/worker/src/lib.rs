@@ -1,0 +1,50 @@
+//! The worker's jail: runs one piece of untrusted code per run in fresh namespaces, bounds it,
+//! collects its downloads and resets with evidence (ISO-1, POOL-4, BOUND-1, WS-6, OUT-4).
+//!
+//! What it owns: building the jail, enforcing the bounds the settings name, measuring what the
+//! run did and what the reset left behind. What it must never do: decide. Which language runs,
+//! which posture is acceptable, which bound was hit, which files are downloads, whether a document
+//! is valid and whether a reset is clean are all `corral_core` decisions (`jail`, `downloads`,
+//! `reset`); this crate measures and asks. It also never runs code outside a jail, never hands the
+//! code a credential, and never reuses a jail across runs.
+//!
+//! The jail, per run (see `stage` for the order of steps inside it):
+//! - the supervisor (this process, root) creates a run directory in its own private mount
+//!   namespace, with a size-bounded tmpfs for the workspace and one for /tmp and /dev/shm, and a
+//!   cgroup (v1 `memory` and `pids`) for the run;
+//! - it re-executes its own binary as stage 1, which creates new user, mount, network, IPC, UTS
+//!   and pid namespaces; the supervisor writes the user namespace's id maps (the run's root and
+//!   its unprivileged user map to two host uids no one else uses);
+//! - stage 1 brings loopback up and starts stage 2, pid 1 of the new pid namespace, which builds a
+//!   read-only root (system directories bound read-only, a synthesized /etc, minimal /dev, a fresh
+//!   /proc, the workspace, /tmp and /dev/shm), pivots into it, drops to the unprivileged user,
+//!   applies rlimits, `PR_SET_NO_NEW_PRIVS` and a seccomp filter, and starts the interpreter;
+//! - when the interpreter exits, pid 1 exits and the kernel kills everything left in the pid
+//!   namespace. At the wall limit the supervisor kills stage 1, every process in the run's cgroup
+//!   and every process of the run's uids.
+//!
+//! The network namespace has only loopback. The relay that will carry a run's granted egress to
+//! the proxy is not built yet; with no grant (EGR-8) it would refuse everything, which is what a
+//! namespace with no route already does, so there is no listener yet.
+//!
+//! No `unsafe`: the namespace, mount and credential calls are `nix`'s safe wrappers, and every
+//! step that must happen in a new process happens in a re-executed copy of this binary rather
+//! than between `fork` and `exec`.
+
+pub mod cli;
+
+mod capture;
+mod cgroup;
+mod mounts;
+mod netlink;
+mod plan;
+mod probe;
+mod result;
+mod seccomp;
+mod stage;
+mod supervisor;
+mod sweep;
+mod workspace;
+
+pub use result::{RunResult, StreamResult};
+pub use supervisor::{Reexec, RunRequest, Worker};

@@ -1,0 +1,370 @@
+//! The jail's filesystem, built by pid 1 of the jail in its own mount namespace: a small tmpfs
+//! root that becomes read-only, the system directories bound read-only, a synthesized /etc, a
+//! minimal /dev, a fresh /proc for the jail's pid namespace, and the run's workspace, /tmp and
+//! /dev/shm as the only writable places.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::statvfs::{FsFlags, statvfs};
+use nix::unistd::{chdir, pivot_root};
+
+/// System directories bound read-only (or recreated as the same symlink, on merged-/usr systems).
+const SYSTEM_ENTRIES: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// The parts of the host's /etc the interpreters need: the dynamic linker's cache, name-service
+/// and time-zone configuration, certificates, MIME types, fonts and the alternatives links.
+/// Nothing else of /etc is visible; passwd, group, hosts and hostname are written fresh.
+const ETC_ENTRIES: &[&str] = &[
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "localtime",
+    "timezone",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "mime.types",
+    "fonts",
+    "alternatives",
+    "os-release",
+    "debian_version",
+    "protocols",
+    "services",
+    "python3",
+    "python3.11",
+    "matplotlibrc",
+];
+
+/// Device nodes bound from the host's /dev.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
+
+/// Size and inode bounds of the jail's own root and /dev (they hold only mount points and a few
+/// small files, and become read-only before the code starts).
+const ROOT_TMPFS_OPTIONS: &str = "size=1m,nr_inodes=4096,mode=0755";
+const DEV_TMPFS_OPTIONS: &str = "size=64k,nr_inodes=64,mode=0755";
+
+fn step<T, E: std::fmt::Display>(
+    result: Result<T, E>,
+    what: impl FnOnce() -> String,
+) -> Result<T, String> {
+    result.map_err(|error| format!("{}: {error}", what()))
+}
+
+/// What the jail's filesystem is made of.
+pub struct Layout<'a> {
+    /// The run directory (`workspace`, `scratch/tmp`, `scratch/shm`, `code`, `root`).
+    pub run_dir: &'a Path,
+    /// The code's uid and gid inside the jail, for the synthesized passwd and group.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+}
+
+/// Builds the jail's root and makes it the calling process's root. The caller must be alone in a
+/// new mount namespace (and, for /proc, pid 1 of a new pid namespace).
+pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
+    // Nothing mounted here may propagate back to the supervisor's namespace.
+    step(
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
+        || "make / private".to_owned(),
+    )?;
+    let root = layout.run_dir.join("root");
+    step(
+        mount(
+            Some("corral-root"),
+            &root,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(ROOT_TMPFS_OPTIONS),
+        ),
+        || "mount the root tmpfs".to_owned(),
+    )?;
+    system_entries(&root)?;
+    etc(&root, layout)?;
+    dev(&root, layout.run_dir)?;
+    let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let read_only = writable | MsFlags::MS_RDONLY;
+    bind_dir(
+        &layout.run_dir.join("workspace"),
+        &root.join("workspace"),
+        writable,
+    )?;
+    bind_dir(
+        &layout.run_dir.join("scratch/tmp"),
+        &root.join("tmp"),
+        writable,
+    )?;
+    bind_dir(
+        &layout.run_dir.join("code"),
+        &root.join("run/corral"),
+        read_only | MsFlags::MS_NOEXEC,
+    )?;
+    let proc = root.join("proc");
+    step(fs::create_dir_all(&proc), || "create /proc".to_owned())?;
+    step(
+        mount(
+            Some("proc"),
+            &proc,
+            Some("proc"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        ),
+        || "mount /proc".to_owned(),
+    )?;
+    enter(&root)?;
+    step(
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | read_only,
+            None::<&str>,
+        ),
+        || "remount / read-only".to_owned(),
+    )?;
+    step(
+        mount(
+            None::<&str>,
+            "/dev",
+            None::<&str>,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        ),
+        || "remount /dev read-only".to_owned(),
+    )?;
+    Ok(())
+}
+
+/// Pivots into `root` and detaches the old root, so nothing of the host stays reachable.
+fn enter(root: &Path) -> Result<(), String> {
+    step(chdir(root), || "chdir to the new root".to_owned())?;
+    step(pivot_root(".", "."), || "pivot_root".to_owned())?;
+    step(umount2(".", MntFlags::MNT_DETACH), || {
+        "detach the old root".to_owned()
+    })?;
+    step(chdir("/"), || "chdir /".to_owned())
+}
+
+fn system_entries(root: &Path) -> Result<(), String> {
+    for name in SYSTEM_ENTRIES {
+        let host = Path::new("/").join(name);
+        mirror(&host, &root.join(name))?;
+    }
+    Ok(())
+}
+
+/// Recreates `host` at `target`: the same symlink, or a read-only bind of the file or directory.
+/// A missing `host` is skipped.
+fn mirror(host: &Path, target: &Path) -> Result<(), String> {
+    let Ok(meta) = fs::symlink_metadata(host) else {
+        return Ok(());
+    };
+    let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if meta.file_type().is_symlink() {
+        let points_to = step(fs::read_link(host), || {
+            format!("read link {}", host.display())
+        })?;
+        step(symlink(&points_to, target), || {
+            format!("link {}", target.display())
+        })
+    } else if meta.is_dir() {
+        bind_dir(host, target, read_only)
+    } else {
+        bind_file(host, target, read_only)
+    }
+}
+
+fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
+    let etc = root.join("etc");
+    step(fs::create_dir_all(&etc), || "create /etc".to_owned())?;
+    for name in ETC_ENTRIES {
+        mirror(&Path::new("/etc").join(name), &etc.join(name))?;
+    }
+    let (uid, gid) = (layout.uid, layout.gid);
+    let files = [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\ncorral:x:{uid}:{gid}:corral:/tmp:/usr/sbin/nologin\n"
+            ),
+        ),
+        ("group", format!("root:x:0:\ncorral:x:{gid}:\n")),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost corral\n::1\tlocalhost\n".to_owned(),
+        ),
+        ("hostname", "corral\n".to_owned()),
+    ];
+    for (name, text) in files {
+        step(fs::write(etc.join(name), text), || {
+            format!("write /etc/{name}")
+        })?;
+    }
+    Ok(())
+}
+
+fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
+    let dev = root.join("dev");
+    step(fs::create_dir_all(&dev), || "create /dev".to_owned())?;
+    step(
+        mount(
+            Some("corral-dev"),
+            &dev,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some(DEV_TMPFS_OPTIONS),
+        ),
+        || "mount /dev".to_owned(),
+    )?;
+    for name in DEVICES {
+        // Device nodes stay writable (writes to /dev/null are not writes to a filesystem).
+        bind_file(
+            &Path::new("/dev").join(name),
+            &dev.join(name),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        )?;
+    }
+    for (name, points_to) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        step(symlink(points_to, dev.join(name)), || {
+            format!("link /dev/{name}")
+        })?;
+    }
+    bind_dir(
+        &run_dir.join("scratch/shm"),
+        &dev.join("shm"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+    )
+}
+
+fn bind_dir(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+    step(fs::create_dir_all(target), || {
+        format!("create {}", target.display())
+    })?;
+    bind(source, target, flags)
+}
+
+fn bind_file(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+    step(fs::write(target, b""), || {
+        format!("create {}", target.display())
+    })?;
+    bind(source, target, flags)
+}
+
+/// Binds `source` (with everything mounted below it) at `target`, then remounts each of those
+/// mounts with `flags` added. The flags a mount already has are kept: in a user namespace the
+/// kernel refuses to clear a flag inherited from a more privileged namespace, and that includes
+/// the access-time flags.
+fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+    step(
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        ),
+        || format!("bind {} at {}", source.display(), target.display()),
+    )?;
+    for point in mount_points_under(target)? {
+        let kept = step(statvfs(&point), || format!("statvfs {}", point.display()))?.flags();
+        let mut remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags;
+        for (has, keep) in [
+            (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
+            (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+            (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+            (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+            (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+            (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+            (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+        ] {
+            if kept.contains(has) {
+                remount |= keep;
+            }
+        }
+        step(
+            mount(None::<&str>, &point, None::<&str>, remount, None::<&str>),
+            || format!("remount {}", point.display()),
+        )?;
+    }
+    Ok(())
+}
+
+/// Every mount point at or below `target` in the calling process's mount namespace.
+fn mount_points_under(target: &Path) -> Result<Vec<PathBuf>, String> {
+    let table = step(fs::read_to_string("/proc/self/mountinfo"), || {
+        "read mountinfo".to_owned()
+    })?;
+    Ok(mount_points(&table)
+        .into_iter()
+        .filter(|point| point.starts_with(target))
+        .collect())
+}
+
+/// The mount points listed in a mountinfo table, in order.
+pub fn mount_points(table: &str) -> Vec<PathBuf> {
+    table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|field| PathBuf::from(unescape(field)))
+        .collect()
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let escaped = bytes.get(at + 1..at + 4).and_then(|digits| {
+            let text = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(text, 8).ok()
+        });
+        match (bytes[at], escaped) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                at += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_points_are_unescaped() {
+        let table = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                     50 27 0:40 / /run/a\\040b rw - tmpfs tmpfs rw\n";
+        assert_eq!(
+            mount_points(table),
+            [PathBuf::from("/proc"), PathBuf::from("/run/a b")]
+        );
+    }
+}

@@ -1,0 +1,754 @@
+//! The supervisor: one [`Worker`] per worker process, one [`Worker::run`] per piece of code.
+//!
+//! A run goes: refuse early (language, posture, code size) → create the run's directories and
+//! cgroups → start the jail → capture its output until it ends or the wall limit → kill what is
+//! left → measure the bounds → choose and verify the downloads → reset (kill again, wipe, measure)
+//! → the result, with the reset evidence and the core's verdict on it. Every path that created
+//! anything goes through the reset.
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_core::config::Settings;
+use corral_core::downloads;
+use corral_core::ids::OpToken;
+use corral_core::jail::{self, BoundObservations, Language, NotRun, Posture, Primitive};
+use corral_core::reset::ResetEvidence;
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::prctl;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use rustix::process::{PidfdFlags, pidfd_open};
+
+use crate::capture;
+use crate::cgroup::{self, RunCgroups};
+use crate::plan::{
+    GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits, SIGNAL_EXIT_BASE,
+};
+use crate::probe::{self, Missing};
+use crate::result::{
+    DownloadResult, EvidenceResult, IsolationResult, RunResult, StreamResult, note,
+};
+use crate::sweep;
+use crate::workspace::{self, CopyInError, RunDirs};
+
+/// Where the supervisor mounts its private tmpfs of run directories (in its own mount namespace,
+/// so the host sees an empty directory and nothing outlives the supervisor).
+const BASE_DIR: &str = "/run/corral-jail";
+/// Host uids of runs start here: far above any distribution's or subordinate-id range. A run
+/// takes two (its root and its user), derived from the supervisor's pid and the run's number, so
+/// no two live runs share one and nothing else on the host has them.
+const HOST_UID_BASE: u32 = 0x7000_0000;
+/// Runs of one supervisor cycle through this many uid pairs.
+const RUNS_PER_SUPERVISOR: u32 = 64;
+/// The code's uid and gid inside a user namespace.
+const INNER_ID: u32 = 1000;
+/// How long building a jail may take before the run is refused.
+const SETUP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long the pipes are read after a kill.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// What of a failed jail's stderr goes into the diagnostics, and how long to wait for it.
+const STAGE_STDERR_MAX_BYTES: usize = 2_048;
+const STAGE_STDERR_WAIT: Duration = Duration::from_millis(200);
+/// `RLIM_INFINITY`.
+const RLIMIT_UNLIMITED: u64 = u64::MAX;
+/// Descriptors the code may hold open.
+const OPEN_FILES_MAX: u64 = 1_024;
+/// Tasks beyond `SANDBOX_MAX_PROCESSES` the rlimit allows when the pids controller enforces the
+/// bound: the controller is the one that reports it, so the rlimit must not refuse first.
+const NPROC_SLACK: u64 = 16;
+
+/// How to re-execute this binary into a stage: the program (normally `/proc/self/exe`) and the
+/// arguments before the stage's name (`["jail"]` for `corral`, nothing for `corral-jail`).
+#[derive(Clone, Debug)]
+pub struct Reexec {
+    /// The program.
+    pub program: PathBuf,
+    /// The arguments before the stage's name.
+    pub prefix: Vec<String>,
+}
+
+impl Reexec {
+    /// This binary, with `prefix`.
+    #[must_use]
+    pub fn this_binary(prefix: &[&str]) -> Self {
+        Self {
+            program: PathBuf::from("/proc/self/exe"),
+            prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+/// One piece of code to run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The language as given (`python` or `node`; anything else is refused).
+    pub language: String,
+    /// The code.
+    pub code: Vec<u8>,
+    /// An operator's directory whose files the code sees and to which validated downloads are
+    /// copied back; `None` for a fresh, empty workspace.
+    pub workspace: Option<PathBuf>,
+    /// A wall limit in place of `SANDBOX_MAX_WALL_SECONDS` (the operator's choice).
+    pub wall_seconds: Option<u64>,
+    /// Names the run declared as outputs (WS-7): offered even if unchanged, and still verified.
+    pub declared: Vec<String>,
+    /// The operation token the reset evidence carries.
+    pub token: OpToken,
+}
+
+/// What one run has created, for the reset.
+struct ActiveRun {
+    dirs: Option<RunDirs>,
+    run_dir: PathBuf,
+    cgroups: RunCgroups,
+    uids: [u32; 2],
+    stage1: Option<Child>,
+}
+
+/// The worker's supervisor.
+pub struct Worker {
+    settings: Settings,
+    reexec: Reexec,
+    base: PathBuf,
+    missing: Missing,
+    runs: u32,
+}
+
+impl Worker {
+    /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
+    /// orphans come here to be reaped and counted) in a private mount namespace with a tmpfs for
+    /// run directories. Call it before starting any thread: a mount namespace is per thread.
+    #[must_use]
+    pub fn start(settings: Settings, reexec: Reexec) -> Self {
+        let cgroup_root = PathBuf::from(&settings.jail.cgroup_root);
+        let mut missing = probe::probe(&reexec.program, &reexec.prefix, &cgroup_root);
+        for (controller, primitive) in [
+            ("memory", Primitive::CgroupMemory),
+            ("pids", Primitive::CgroupPids),
+        ] {
+            if !missing.contains_key(&primitive) {
+                cgroup::remove_stale(&cgroup_root, controller);
+            }
+        }
+        let base = PathBuf::from(BASE_DIR);
+        if !missing.contains_key(&Primitive::Privileges)
+            && let Err(error) = prepare_supervisor(&base, settings.bounds.workspace_max_bytes)
+        {
+            missing.insert(Primitive::Namespaces, error);
+        }
+        Self {
+            settings,
+            reexec,
+            base,
+            missing,
+            runs: 0,
+        }
+    }
+
+    /// The primitives found missing at start, with why.
+    #[must_use]
+    pub fn missing(&self) -> Vec<(&'static str, String)> {
+        self.missing
+            .iter()
+            .map(|(p, why)| (p.code(), why.clone()))
+            .collect()
+    }
+
+    /// The posture runs get, or the primitives that refuse them.
+    pub fn posture(&self) -> Result<Posture, BTreeSet<Primitive>> {
+        let missing: BTreeSet<Primitive> = self.missing.keys().copied().collect();
+        jail::posture(&missing, self.settings.jail.allow_weaker_isolation)
+    }
+
+    /// Runs one piece of code in a fresh jail and resets after it. The jail dies with the thread
+    /// that calls this (the parent-death signal follows the thread), which this call outlives.
+    pub fn run(&mut self, request: &RunRequest) -> RunResult {
+        let started = Instant::now();
+        let number = self.runs % RUNS_PER_SUPERVISOR;
+        self.runs = self.runs.wrapping_add(1);
+        let pair = std::process::id()
+            .saturating_mul(RUNS_PER_SUPERVISOR)
+            .saturating_add(number)
+            .saturating_mul(2);
+        let root_uid = HOST_UID_BASE.saturating_add(pair);
+        // Both uids of the run lie in the jails' range and are ordinary ids (u32::MAX is "none").
+        assert!(
+            (HOST_UID_BASE..u32::MAX - 2).contains(&root_uid),
+            "run uid {root_uid} out of range"
+        );
+        let mut run = ActiveRun {
+            dirs: None,
+            run_dir: self.base.join(format!("run-{number}")),
+            cgroups: RunCgroups::default(),
+            uids: [root_uid, root_uid.saturating_add(1)],
+            stage1: None,
+        };
+        let mut result = RunResult::default();
+        if let Err(reason) = self.execute(request, &mut run, &mut result) {
+            result.not_run = Some(reason.code());
+            result.exit_code = None;
+        }
+        let reset_started = Instant::now();
+        let evidence = self.reset(&mut run, request.token, &mut result.diagnostics);
+        result.reset_evidence = Some(EvidenceResult::judged(&evidence));
+        result.durations.reset_ms = millis(reset_started.elapsed());
+        result.durations.total_ms = millis(started.elapsed());
+        result
+    }
+
+    /// Everything before the reset. An error is the reason the code was not run.
+    fn execute(
+        &self,
+        request: &RunRequest,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
+        // The posture is recorded first so that every refusal reports it, but the language is
+        // refused before the posture is (PKG-6: an unsupported language is its own reason).
+        let posture = self.decide_posture(result);
+        let language = Language::parse(&request.language)?;
+        let posture = posture?;
+        let bounds = &self.settings.bounds;
+        if request.code.len() as u64 > bounds.workspace_max_bytes {
+            note(
+                &mut result.diagnostics,
+                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+            );
+            return Err(NotRun::CodeTooLarge);
+        }
+        let waived = |primitive| matches!(&posture, Posture::Weaker { waived } if waived.contains(&primitive));
+        let setup_failed = |diagnostics: &mut Vec<String>, error: String| {
+            note(diagnostics, error);
+            NotRun::JailSetupFailed
+        };
+        let dirs = RunDirs::create(
+            run.run_dir.clone(),
+            (run.uids[1], run.uids[1]),
+            bounds.workspace_max_bytes,
+            bounds.tmp_max_bytes,
+        );
+        // Recorded even when half-made, so that the reset removes what was made.
+        run.dirs = Some(RunDirs {
+            run_dir: run.run_dir.clone(),
+        });
+        let dirs = dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        if let Some(source) = &request.workspace {
+            match workspace::copy_in(
+                source,
+                &dirs.workspace(),
+                (run.uids[1], run.uids[1]),
+                bounds.workspace_max_bytes,
+                &mut result.diagnostics,
+            ) {
+                Ok(()) => {}
+                Err(CopyInError::TooLarge(why)) => {
+                    note(
+                        &mut result.diagnostics,
+                        format!("workspace: {why} (SANDBOX_WORKSPACE_MAX_BYTES)"),
+                    );
+                    return Err(NotRun::WorkspaceTooLarge);
+                }
+                Err(CopyInError::Io(why)) => {
+                    return Err(setup_failed(&mut result.diagnostics, why));
+                }
+            }
+        }
+        let code_name = format!("main.{}", language.extension());
+        dirs.write_code(&code_name, &request.code)
+            .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        let (before, _, _) = workspace::snapshot(&dirs.workspace())
+            .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        let memory_cgroup = !waived(Primitive::CgroupMemory);
+        let pids_cgroup = !waived(Primitive::CgroupPids);
+        run.cgroups = RunCgroups::create(
+            Path::new(&self.settings.jail.cgroup_root),
+            &format!("run-{}-{}", std::process::id(), run.uids[0]),
+            memory_cgroup.then_some(bounds.max_memory_bytes),
+            pids_cgroup.then_some(bounds.max_processes),
+        )
+        .map_err(|(primitive, e)| {
+            setup_failed(
+                &mut result.diagnostics,
+                format!("{}: {e}", primitive.code()),
+            )
+        })?;
+        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
+        let plan = self.plan(language, run, &posture, wall_seconds);
+        let started = self.start_jail(&plan, run, &mut result.diagnostics)?;
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+
+    /// What the stages need to build this run's jail.
+    fn plan(
+        &self,
+        language: Language,
+        run: &ActiveRun,
+        posture: &Posture,
+        wall_seconds: u64,
+    ) -> JailPlan {
+        let bounds = &self.settings.bounds;
+        let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
+        let user_namespace = !waived(Primitive::UserNamespaces);
+        let (inner_uid, inner_gid) = if user_namespace {
+            (INNER_ID, INNER_ID)
+        } else {
+            (run.uids[1], run.uids[1])
+        };
+        let memory_cgroup = !waived(Primitive::CgroupMemory);
+        let pids_cgroup = !waived(Primitive::CgroupPids);
+        let code_name = format!("main.{}", language.extension());
+        JailPlan {
+            reexec_prefix: self.reexec.prefix.clone(),
+            run_dir: run.run_dir.to_string_lossy().into_owned(),
+            user_namespace,
+            inner_uid,
+            inner_gid,
+            seccomp_waivable: waived(Primitive::Seccomp),
+            argv: interpreter(language, &format!("/run/corral/{code_name}")),
+            env: environment(),
+            limits: Limits {
+                processes: u64::from(bounds.max_processes)
+                    + if pids_cgroup { NPROC_SLACK } else { 0 },
+                // With the memory controller, the cgroup is the bound: it counts what is used,
+                // not what is reserved, and it reports being hit. An address-space rlimit would
+                // refuse a large allocation silently before the cgroup could say so. Without the
+                // controller, the data rlimit is the only bound there is.
+                data_bytes: if memory_cgroup {
+                    RLIMIT_UNLIMITED
+                } else {
+                    bounds.max_memory_bytes
+                },
+                // A backstop above both tmpfs sizes, so that a full tmpfs says "no space" first.
+                file_bytes: bounds
+                    .workspace_max_bytes
+                    .max(bounds.tmp_max_bytes)
+                    .saturating_add(1 << 20),
+                open_files: OPEN_FILES_MAX,
+                cpu_seconds: wall_seconds.saturating_add(5),
+            },
+        }
+    }
+
+    /// Records the posture in `result`, or refuses with the missing primitives.
+    fn decide_posture(&self, result: &mut RunResult) -> Result<Posture, NotRun> {
+        result.isolation.missing = self.missing.keys().map(|p| p.code()).collect();
+        match self.posture() {
+            Ok(posture) => {
+                result.isolation.posture = match posture {
+                    Posture::Full => "full",
+                    Posture::Weaker { .. } => "weaker",
+                };
+                for (primitive, why) in &self.missing {
+                    note(
+                        &mut result.diagnostics,
+                        format!("waived {}: {why}", primitive.code()),
+                    );
+                }
+                Ok(posture)
+            }
+            Err(refusing) => {
+                result.isolation.posture = "refused";
+                for primitive in refusing {
+                    let why = self.missing.get(&primitive).map_or("", String::as_str);
+                    note(
+                        &mut result.diagnostics,
+                        format!("missing {}: {why}", primitive.code()),
+                    );
+                }
+                Err(NotRun::IsolationUnavailable)
+            }
+        }
+    }
+
+    /// Starts stage 1, maps its ids, places it in the cgroups, lets it go and waits for `G`.
+    fn start_jail(
+        &self,
+        plan: &JailPlan,
+        run: &mut ActiveRun,
+        diagnostics: &mut Vec<String>,
+    ) -> Result<Started, NotRun> {
+        let failed = |diagnostics: &mut Vec<String>, error: String| {
+            note(diagnostics, error);
+            NotRun::JailSetupFailed
+        };
+        let plan_text =
+            serde_json::to_string(plan).map_err(|e| failed(diagnostics, format!("plan: {e}")))?;
+        let mut child = Command::new(&self.reexec.program)
+            .args(&self.reexec.prefix)
+            .arg("__stage1")
+            .arg(&plan_text)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
+        let pid = child.id();
+        let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            run.stage1 = Some(child);
+            return Err(failed(
+                diagnostics,
+                "the jail's pipes are missing".to_owned(),
+            ));
+        };
+        run.stage1 = Some(child);
+        capture::prepare(&stdout, &stderr).map_err(|e| failed(diagnostics, e))?;
+        // Stage 1 blocks on stdin until the go byte, so it cannot fork before this.
+        run.cgroups
+            .add(pid)
+            .map_err(|(primitive, e)| failed(diagnostics, format!("{}: {e}", primitive.code())))?;
+        let deadline = Instant::now() + SETUP_DEADLINE;
+        let ready =
+            capture::read_line(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
+        if ready.as_deref() != Some(LINE_READY) {
+            return Err(self.stage_failure(ready.into_iter().collect(), &mut stderr, diagnostics));
+        }
+        if plan.user_namespace {
+            let map = format!(
+                "0 {} 1\n{} {} 1\n",
+                run.uids[0], plan.inner_uid, run.uids[1]
+            );
+            for file in ["uid_map", "gid_map"] {
+                let path = format!("/proc/{pid}/{file}");
+                std::fs::write(&path, &map)
+                    .map_err(|e| failed(diagnostics, format!("write {path}: {e}")))?;
+            }
+        }
+        stdin
+            .write_all(&[GO_BYTE])
+            .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
+        drop(stdin);
+        let (went, lines) =
+            capture::read_until_go(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
+        if !went {
+            return Err(self.stage_failure(lines, &mut stderr, diagnostics));
+        }
+        for line in lines {
+            if let Some(rest) = line.strip_prefix(LINE_WAIVED) {
+                note(diagnostics, format!("waived at run time:{rest}"));
+            }
+        }
+        Ok(Started {
+            pid,
+            stdout,
+            stderr,
+            go_at: Instant::now(),
+        })
+    }
+
+    /// The refusal for a jail that ended before `G`.
+    fn stage_failure(
+        &self,
+        lines: Vec<String>,
+        stderr: &mut std::process::ChildStderr,
+        diagnostics: &mut Vec<String>,
+    ) -> NotRun {
+        let mut reason = NotRun::JailSetupFailed;
+        for line in lines {
+            let Some(rest) = line.strip_prefix(LINE_ERROR) else {
+                continue;
+            };
+            let step = rest.trim_start().split(' ').next().unwrap_or("");
+            // A primitive that passed the probe but failed now is still a missing primitive.
+            if ["user_namespaces", "namespaces", "seccomp"].contains(&step) {
+                reason = NotRun::IsolationUnavailable;
+            }
+            note(diagnostics, format!("jail setup failed:{rest}"));
+        }
+        let said = capture::read_available(stderr, STAGE_STDERR_MAX_BYTES, STAGE_STDERR_WAIT);
+        if !said.is_empty() {
+            note(diagnostics, format!("jail stderr: {said}"));
+        }
+        if reason == NotRun::JailSetupFailed && diagnostics.is_empty() {
+            note(diagnostics, "the jail ended before it was ready");
+        }
+        reason
+    }
+
+    /// Captures the code's output until it ends or the wall limit; kills whatever is left.
+    /// Returns what it observed about the bounds (the filesystems are measured later).
+    fn supervise(
+        &self,
+        started: Started,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+        wall_seconds: u64,
+    ) -> (BoundObservations, bool) {
+        let deadline = started.go_at + Duration::from_secs(wall_seconds);
+        let pid = i32::try_from(started.pid).unwrap_or(i32::MAX);
+        let pidfd: Option<OwnedFd> = rustix::process::Pid::from_raw(pid)
+            .and_then(|p| pidfd_open(p, PidfdFlags::empty()).ok());
+        let (mut captured, streams) = capture::capture(
+            started.stdout,
+            started.stderr,
+            pidfd.as_ref(),
+            self.settings.bounds.max_output_bytes,
+            deadline,
+        );
+        result.durations.run_ms = millis(started.go_at.elapsed());
+        let mut status = None;
+        if pidfd.is_none() && !captured.deadline_hit {
+            // Without a pidfd the capture loop ends with the pipes, and code that closed its
+            // output may still run: wait for stage 1 here, within the same deadline.
+            match wait_until(pid, deadline) {
+                Some(found) => status = Some(found),
+                None => captured.deadline_hit = true,
+            }
+        }
+        if captured.deadline_hit {
+            let (_, reaped) = sweep::kill_run(Some(pid), &run.cgroups, &run.uids);
+            status = reaped;
+            capture::drain_after_kill(streams, &mut captured, DRAIN_GRACE);
+        } else if status.is_none()
+            && let Ok(found) = waitpid(Pid::from_raw(pid), None)
+        {
+            status = Some(found);
+        }
+        // Forget the child: it is reaped (or will be by the sweep), and must not be waited again.
+        run.stage1 = None;
+        // Nothing of the run may be alive while its files are read.
+        let (left, _) = sweep::kill_run(None, &run.cgroups, &run.uids);
+        if left != Some(0) {
+            note(
+                &mut result.diagnostics,
+                format!("processes still alive after the kill: {left:?}"),
+            );
+        }
+        result.exit_code = match (captured.deadline_hit, status) {
+            (true, _) | (false, None) => None,
+            (false, Some(WaitStatus::Exited(_, code))) => Some(code),
+            (false, Some(WaitStatus::Signaled(_, signal, _))) => {
+                Some(SIGNAL_EXIT_BASE + signal as i32)
+            }
+            (false, Some(_)) => None,
+        };
+        result.stdout = StreamResult::from(&captured.stdout);
+        result.stderr = StreamResult::from(&captured.stderr);
+        let counters = run.cgroups.counters();
+        let observed = BoundObservations {
+            wall_expired: captured.deadline_hit,
+            output_dropped_bytes: captured.stdout.bytes_dropped() + captured.stderr.bytes_dropped(),
+            memory_limit_hits: counters.memory_limit_hits,
+            oom_kills: counters.oom_kills,
+            process_limit_hits: counters.process_limit_hits,
+            ..BoundObservations::default()
+        };
+        (observed, left == Some(0))
+    }
+
+    /// Measures the filesystems, chooses and verifies the downloads, copies them back, and
+    /// names the bounds hit. With a process of the run still alive (`all_dead` false) nothing is
+    /// offered: a live process could swap a verified file for a link between check and copy.
+    fn collect(
+        &self,
+        request: &RunRequest,
+        before: &downloads::Snapshot,
+        dirs: &RunDirs,
+        mut observed: BoundObservations,
+        all_dead: bool,
+        result: &mut RunResult,
+    ) {
+        let bounds = &self.settings.bounds;
+        observed.scratch = workspace::filesystem_use(&dirs.scratch(), 0);
+        let offered = match workspace::snapshot(&dirs.workspace()) {
+            Ok(_) if !all_dead => {
+                note(
+                    &mut result.diagnostics,
+                    "no downloads: a process of the run survived the kill",
+                );
+                Vec::new()
+            }
+            Ok((after, apparent_bytes, unnamed)) => {
+                observed.workspace = workspace::filesystem_use(&dirs.workspace(), apparent_bytes);
+                if unnamed > 0 {
+                    note(
+                        &mut result.diagnostics,
+                        format!("{unnamed} files with names that are not UTF-8 were ignored"),
+                    );
+                }
+                let candidates = downloads::candidates(before, &after, &request.declared);
+                workspace::offer(
+                    &dirs.workspace(),
+                    &candidates,
+                    bounds.max_artifact_bytes,
+                    &mut result.diagnostics,
+                )
+            }
+            Err(error) => {
+                note(
+                    &mut result.diagnostics,
+                    format!("workspace snapshot: {error}"),
+                );
+                Vec::new()
+            }
+        };
+        let selection = downloads::select(&offered, bounds.max_artifact_bytes);
+        observed.artifacts_over = selection.artifact_bound_hit;
+        for (path, excluded) in &selection.excluded {
+            note(
+                &mut result.diagnostics,
+                format!("download {path} excluded: {}", excluded.code()),
+            );
+        }
+        for download in &selection.downloads {
+            if let Some(destination) = &request.workspace
+                && let Err(error) =
+                    workspace::copy_out(&dirs.workspace(), &download.path, destination)
+            {
+                note(
+                    &mut result.diagnostics,
+                    format!("download {} not copied back: {error}", download.path),
+                );
+            }
+        }
+        result.downloads = selection
+            .downloads
+            .into_iter()
+            .map(|d| DownloadResult {
+                path: d.path,
+                bytes: d.bytes,
+                media_type: d.media_type,
+            })
+            .collect();
+        let hit = jail::bounds_hit(&observed, bounds.tmp_max_bytes, bounds.workspace_max_bytes);
+        result.bounds = hit.iter().map(|b| b.setting()).collect();
+        result.bound = hit.first().map(|b| b.setting());
+    }
+
+    /// Kills every process of the run, wipes its directories, removes its cgroups, and measures.
+    fn reset(
+        &self,
+        run: &mut ActiveRun,
+        token: OpToken,
+        diagnostics: &mut Vec<String>,
+    ) -> ResetEvidence {
+        let stage1 = run
+            .stage1
+            .take()
+            .map(|child| i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let (processes_remaining, _) = sweep::kill_run(stage1, &run.cgroups, &run.uids);
+        let (mut workspace_entries, mut scratch_entries) = (Some(0), Some(0));
+        if let Some(dirs) = run.dirs.take() {
+            let wiped = dirs.wipe();
+            workspace_entries = wiped.workspace_entries;
+            scratch_entries = wiped.scratch_entries;
+            for failure in wiped.failures {
+                note(diagnostics, failure);
+            }
+        }
+        for failure in run.cgroups.remove() {
+            note(diagnostics, failure);
+        }
+        let mounts_remaining = sweep::mounts_under(&run.run_dir);
+        ResetEvidence {
+            token,
+            processes_remaining,
+            workspace_entries,
+            scratch_entries,
+            mounts_remaining,
+        }
+    }
+}
+
+/// A jail that said `G`.
+struct Started {
+    pid: u32,
+    stdout: std::process::ChildStdout,
+    stderr: std::process::ChildStderr,
+    go_at: Instant,
+}
+
+/// Waits for process `pid` to exit, polling, until `deadline`; `None` if it has not by then.
+fn wait_until(pid: i32, deadline: Instant) -> Option<WaitStatus> {
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(status) => return Some(status),
+            Err(_) => return None,
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// Makes the supervisor a child subreaper in a private mount namespace with a tmpfs of run
+/// directories at `base`.
+fn prepare_supervisor(base: &Path, workspace_max_bytes: u64) -> Result<(), String> {
+    prctl::set_child_subreaper(true).map_err(|e| format!("child subreaper: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("private mount namespace: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
+    std::fs::create_dir_all(base).map_err(|e| format!("create {}: {e}", base.display()))?;
+    // Room for the code of one run (bounded like a workspace) and the directories.
+    let size = workspace_max_bytes.saturating_add(1 << 20);
+    mount(
+        Some("corral-runs"),
+        base,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={size},mode=0711").as_str()),
+    )
+    .map_err(|e| format!("mount {}: {e}", base.display()))
+}
+
+/// The interpreter's command line for the code at `path` (inside the jail).
+fn interpreter(language: Language, path: &str) -> Vec<String> {
+    let program = match language {
+        Language::Python => "/usr/bin/python3",
+        Language::Node => "/usr/bin/node",
+    };
+    vec![program.to_owned(), path.to_owned()]
+}
+
+/// The code's whole environment: nothing of the supervisor's.
+fn environment() -> Vec<(String, String)> {
+    [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("USER", "corral"),
+        ("TERM", "dumb"),
+        // Modules written to the workspace are importable, as they would be beside the script.
+        ("PYTHONPATH", "/workspace"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLCONFIGDIR", "/tmp/matplotlib"),
+        ("NODE_PATH", "/workspace/node_modules"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The JSON of the isolation result for a refusal printed at start (used by the CLI).
+pub fn refusal_text(result: &IsolationResult, diagnostics: &[String]) -> String {
+    format!(
+        "corral jail: refusing to run code: isolation unavailable ({}): {}. Set CORRAL_JAIL_ALLOW_WEAKER_ISOLATION=1 to accept a weaker jail where that is possible.",
+        result.missing.join(", "),
+        diagnostics.join("; ")
+    )
+}

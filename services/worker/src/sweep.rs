@@ -1,0 +1,130 @@
+//! Finding and killing a run's processes, and counting what a reset left behind.
+//!
+//! A run's processes are those in its cgroups and those whose real, effective, saved or
+//! filesystem uid is one of the run's two host uids (which no one else uses). Either list alone
+//! would do; both are used so that a reset proves itself even where one is unavailable.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::cgroup::RunCgroups;
+use crate::mounts::mount_points;
+
+/// How long a reset keeps killing before it reports what survived.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+/// The pause between kill rounds, so that the kernel can finish the killed processes' exits.
+const KILL_ROUND_PAUSE: Duration = Duration::from_millis(1);
+
+/// Processes on the host whose uids include any of `uids`; `None` when /proc cannot be read.
+pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
+    let mut found = BTreeSet::new();
+    for entry in fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // A process that exits while we look is simply gone.
+        let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let owned = status
+            .lines()
+            .find_map(|line| line.strip_prefix("Uid:"))
+            .is_some_and(|ids| {
+                ids.split_whitespace()
+                    .filter_map(|id| id.parse::<u32>().ok())
+                    .any(|id| uids.contains(&id))
+            });
+        if owned {
+            found.insert(pid);
+        }
+    }
+    Some(found)
+}
+
+/// The run's processes: its cgroups' members and its uids' processes. `None` when neither list
+/// could be read.
+pub fn run_processes(cgroups: &RunCgroups, uids: &[u32]) -> Option<BTreeSet<i32>> {
+    let by_uid = processes_of_uids(uids);
+    let by_group = if cgroups.any() {
+        cgroups.processes()
+    } else {
+        None
+    };
+    match (by_uid, by_group) {
+        (None, None) => None,
+        (by_uid, by_group) => {
+            let mut all = by_uid.unwrap_or_default();
+            all.extend(by_group.unwrap_or_default());
+            Some(all)
+        }
+    }
+}
+
+/// Reaps every exited child of the supervisor (it is a child subreaper, so the run's orphans
+/// come to it). Returns the status of `watched` if it was among them.
+pub fn reap_children(watched: Option<i32>) -> Option<WaitStatus> {
+    let mut seen = None;
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return seen,
+            Ok(status) => {
+                if status.pid().map(Pid::as_raw) == watched {
+                    seen = Some(status);
+                }
+            }
+        }
+    }
+}
+
+/// Kills the run: stage 1 first (pid 1 of the jail dies with it, and the jail with pid 1), then
+/// every process of the run, in rounds, until none is left or the deadline passes. Returns the
+/// count left (`None` if it could not be counted) and stage 1's status if reaped here.
+pub fn kill_run(
+    stage1: Option<i32>,
+    cgroups: &RunCgroups,
+    uids: &[u32],
+) -> (Option<u32>, Option<WaitStatus>) {
+    let mut stage1_status = None;
+    if let Some(pid) = stage1.filter(|pid| *pid > 1) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let deadline = Instant::now() + KILL_DEADLINE;
+    loop {
+        if let Some(status) = reap_children(stage1) {
+            stage1_status = Some(status);
+        }
+        let Some(left) = run_processes(cgroups, uids) else {
+            return (None, stage1_status);
+        };
+        if left.is_empty() || Instant::now() >= deadline {
+            return (u32::try_from(left.len()).ok(), stage1_status);
+        }
+        for pid in left {
+            // Never 0 or -1 (the caller's group, or every process), never the host's init.
+            if pid > 1 {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        std::thread::sleep(KILL_ROUND_PAUSE);
+    }
+}
+
+/// Mounts at or below `dir` in the supervisor's mount namespace; `None` if the table is unreadable.
+pub fn mounts_under(dir: &Path) -> Option<u32> {
+    let table = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let count = mount_points(&table)
+        .iter()
+        .filter(|point| point.starts_with(dir))
+        .count();
+    u32::try_from(count).ok()
+}
