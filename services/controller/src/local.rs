@@ -1,0 +1,231 @@
+//! The `local` backend, the embedded default: workers are processes on this machine.
+//!
+//! Each worker is one process started from a command template (`{port}` and `{id}` are filled in;
+//! the id must appear in the command line so that a reused pid is never mistaken for a worker).
+//! A record per worker in the state directory (`<id>.worker`: pid and port) lets a restarted
+//! controller rediscover what it started. A create is done when the worker accepts connections on
+//! its port; a delete is done only when the process is confirmed gone.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use corral_core::ids::{ImageId, WorkerId};
+use corral_core::pool::Outcome;
+use corral_core::store::Unavailable;
+use corral_core::time::UnixMillis;
+use sha2::{Digest, Sha256};
+
+use crate::Backend;
+
+/// Workers as local processes.
+pub struct LocalBackend {
+    state_dir: PathBuf,
+    program: PathBuf,
+    args: Vec<String>,
+    image: ImageId,
+    ready_timeout: Duration,
+}
+
+/// Where a worker listens and which process it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Its process id.
+    pub pid: i32,
+    /// Its control port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl LocalBackend {
+    /// A backend that starts `program args…` per worker and keeps its records in `state_dir`. The
+    /// image is the digest of `program` and every file in `runtime` (interpreters, package lock):
+    /// a changed build is a new image.
+    pub fn new(
+        state_dir: &Path,
+        program: &Path,
+        args: &[&str],
+        runtime: &[&Path],
+    ) -> std::io::Result<Self> {
+        std::fs::create_dir_all(state_dir)?;
+        let mut digest = Sha256::new();
+        for file in std::iter::once(program).chain(runtime.iter().copied()) {
+            digest.update(std::fs::read(file)?);
+            digest.update(b"\0");
+        }
+        for arg in args {
+            digest.update(arg.as_bytes());
+            digest.update(b"\0");
+        }
+        let hex: String = digest
+            .finalize()
+            .iter()
+            .take(12)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(Self {
+            state_dir: state_dir.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.iter().map(|a| (*a).to_string()).collect(),
+            image: ImageId(format!("local-sha256:{hex}")),
+            ready_timeout: Duration::from_secs(20),
+        })
+    }
+
+    fn record_path(&self, worker: WorkerId) -> PathBuf {
+        self.state_dir.join(format!("{worker}.worker"))
+    }
+
+    /// The record of `worker`, if this backend (or an earlier run of it) started one.
+    pub fn record(&self, worker: WorkerId) -> Option<Record> {
+        let text = std::fs::read_to_string(self.record_path(worker)).ok()?;
+        let (pid, port) = text.trim().split_once(' ')?;
+        Some(Record {
+            pid: pid.parse().ok()?,
+            port: port.parse().ok()?,
+        })
+    }
+
+    fn write_record(&self, worker: WorkerId, record: Record) -> std::io::Result<()> {
+        let path = self.record_path(worker);
+        let staging = path.with_extension("staging");
+        std::fs::write(&staging, format!("{} {}\n", record.pid, record.port))?;
+        std::fs::rename(staging, path)
+    }
+}
+
+/// True when `pid` is a live (not zombie) process whose command line names `worker`.
+fn is_worker_process(pid: i32, worker: WorkerId) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let named = cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == worker.to_string().as_bytes());
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may itself contain spaces.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    named && !matches!(state, Some("Z" | "X"))
+}
+
+fn free_port() -> Option<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()
+        .map(|a| a.port())
+}
+
+impl Backend for LocalBackend {
+    fn image(&self) -> ImageId {
+        self.image.clone()
+    }
+
+    async fn create(
+        &self,
+        worker: WorkerId,
+        _image: &ImageId,
+        _claim_deadline: Option<UnixMillis>,
+    ) -> Outcome {
+        let Some(port) = free_port() else {
+            return Outcome::Failed;
+        };
+        let id = worker.to_string();
+        let args: Vec<String> = self
+            .args
+            .iter()
+            .map(|a| a.replace("{port}", &port.to_string()).replace("{id}", &id))
+            .collect();
+        let spawned = tokio::process::Command::new(&self.program)
+            .args(&args)
+            .env("CORRAL_WORKER_ID", &id)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+        let Ok(mut child) = spawned else {
+            return Outcome::Failed;
+        };
+        let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+            return Outcome::Unknown;
+        };
+        if self.write_record(worker, Record { pid, port }).is_err() {
+            // Without a record a restarted controller could not find it: take it down again.
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Outcome::Failed;
+        }
+        let deadline = Instant::now() + self.ready_timeout;
+        while Instant::now() < deadline {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Outcome::Done;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                let _ = std::fs::remove_file(self.record_path(worker));
+                return Outcome::Failed;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // It exists but never became ready: nobody can say it is usable; the pool deletes it.
+        Outcome::Unknown
+    }
+
+    async fn delete(&self, worker: WorkerId) -> Outcome {
+        let Some(record) = self.record(worker) else {
+            return Outcome::Done;
+        };
+        if is_worker_process(record.pid, worker) {
+            let pid = nix::unistd::Pid::from_raw(record.pid);
+            if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_err()
+                && is_worker_process(record.pid, worker)
+            {
+                return Outcome::Failed;
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while is_worker_process(record.pid, worker) {
+                if Instant::now() > deadline {
+                    return Outcome::Unknown;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // Confirmed absent: only now does the record go.
+        match std::fs::remove_file(self.record_path(worker)) {
+            Ok(()) => Outcome::Done,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Outcome::Done,
+            Err(_) => Outcome::Unknown,
+        }
+    }
+
+    async fn list(&self) -> Result<BTreeSet<WorkerId>, Unavailable> {
+        let entries = std::fs::read_dir(&self.state_dir).map_err(|_| Unavailable)?;
+        let mut present = BTreeSet::new();
+        for entry in entries {
+            let entry = entry.map_err(|_| Unavailable)?;
+            let name = entry.file_name();
+            let Some(id) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".worker"))
+                .and_then(WorkerId::parse)
+            else {
+                continue;
+            };
+            if self
+                .record(id)
+                .is_some_and(|r| is_worker_process(r.pid, id))
+            {
+                present.insert(id);
+            } else {
+                // Its process is gone (it crashed, or was killed): the record proves nothing more.
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(present)
+    }
+}
