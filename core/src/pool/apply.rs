@@ -179,11 +179,11 @@ impl PoolDoc {
         out: &mut Applied,
     ) {
         // A repeated acquire (after an unknown write outcome) answers with where the ticket stands.
-        if let Some(existing) = self.tickets.iter().find(|t| t.id == ticket) {
-            if existing.member != member || existing.scope != scope {
-                out.events.push(Event::Refused { ticket, reason: Refusal::TicketConflict });
-                return;
-            }
+        if let Some(existing) = self.tickets.iter().find(|t| t.id == ticket)
+            && (existing.member != member || existing.scope != scope)
+        {
+            out.events.push(Event::Refused { ticket, reason: Refusal::TicketConflict });
+            return;
         }
         match self.ticket_status(ticket) {
             TicketStatus::Queued { position } => {

@@ -3,16 +3,23 @@
 use std::process::ExitCode;
 
 mod config_cmd;
+mod egress_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]
 
 commands:
   config check     parse every setting from the environment and print the result, or the error
+  egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
   help             this text
 ";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Lossy, never a panic: a non-UTF-8 argument becomes U+FFFD, which every parser refuses
+    // (a TARGET with it is denied as non-ASCII).
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
     let Some(command) = args.first() else {
         eprint!("{USAGE}");
         return ExitCode::from(2);
@@ -20,6 +27,7 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     match command.as_str() {
         "config" => config_cmd::run(rest),
+        "egress" => egress_cmd::run(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS
