@@ -10,6 +10,7 @@ const USAGE: &str = "usage: corral <command> [args]
 commands:
   config check     parse every setting from the environment and print the result, or the error
   egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
+  egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
   help             this text
 ";
 
@@ -28,6 +29,7 @@ fn main() -> ExitCode {
     match command.as_str() {
         "config" => config_cmd::run(rest),
         "egress" => egress_cmd::run(rest),
+        "egress-proxy" => corral_egress_proxy::run::main_from_env(),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -4,17 +4,30 @@
 //! request, resolving names itself (fully qualified, uncached, BROW-4), dialing exactly the
 //! address the core pinned, tunnelling, and saying why it refused. What it must never do: decide
 //! anything itself. Every predicate (target syntax, address classes, the answer-set rule, grant
-//! validity) is the core's; this crate only feeds the core what it observed.
+//! validity) is the core's; this crate only feeds the core what it observed. It holds the
+//! verifying key only and can never mint a grant.
 //!
 //! Modules:
+//! - [`proxy`]: the server (`corral egress-proxy`), one task per connection; [`run`] starts it.
 //! - [`judge`]: the one pipeline from request target to verdict, shared by the proxy and
 //!   [`decide_cli`] (`corral egress decide`).
 //! - [`dns`]: the proxy's resolver and the decide tool's answer table.
+//! - [`key`]: the verifying key, re-read when it changes (EGR-9).
+//! - [`http`], [`tunnel`]: bounded request heads, refusals, the tunnel and the plain-HTTP relay.
+//! - [`config`]: the proxy's operational settings.
+//! - [`observe`]: one JSON log line and one counter per decision.
 //! - [`refusal`]: shell-observed refusal codes and HTTP statuses.
 //! - [`json`]: a tiny JSON writer for output and log lines.
 
+pub mod config;
 pub mod decide_cli;
 pub mod dns;
+pub mod http;
 pub mod json;
 pub mod judge;
+pub mod key;
+pub mod observe;
+pub mod proxy;
 pub mod refusal;
+pub mod run;
+pub mod tunnel;
