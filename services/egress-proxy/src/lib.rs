@@ -12,7 +12,8 @@
 //! - [`judge`]: the one pipeline from request target to verdict, shared by the proxy and
 //!   [`decide_cli`] (`corral egress decide`).
 //! - [`dns`]: the proxy's resolver and the decide tool's answer table.
-//! - [`key`]: the verifying key, re-read when it changes (EGR-9).
+//! - [`key`]: the verifying key, re-read when it changes (EGR-9); [`grants`]: verified grants
+//!   kept by exact token and key, their time re-checked by the core on every use.
 //! - [`http`], [`tunnel`]: bounded request heads, refusals, the tunnel and the plain-HTTP relay.
 //! - [`config`]: the proxy's operational settings.
 //! - [`observe`]: one JSON log line and one counter per decision.
@@ -22,6 +23,7 @@
 pub mod config;
 pub mod decide_cli;
 pub mod dns;
+pub mod grants;
 pub mod http;
 pub mod json;
 pub mod judge;

@@ -28,6 +28,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::Limits;
 use crate::dns::Resolve;
+use crate::grants::GrantCache;
 use crate::http::{
     BodyFraming, CONNECT_ESTABLISHED, HeadError, RequestHead, body_framing, read_head,
     refusal_response, send_and_close, upstream_head,
@@ -64,6 +65,7 @@ impl Dialer for DirectDialer {
 struct Shared<R, D> {
     limits: Limits,
     keys: KeyStore,
+    grants: GrantCache,
     resolver: R,
     dialer: D,
     observer: Arc<Observer>,
@@ -87,6 +89,7 @@ impl<R: Resolve + 'static, D: Dialer> Proxy<R, D> {
             shared: Arc::new(Shared {
                 limits,
                 keys,
+                grants: GrantCache::new(),
                 resolver,
                 dialer,
                 observer,
@@ -135,7 +138,7 @@ struct Record {
     method: Option<String>,
     target: Option<String>,
     canonical: Option<String>,
-    claims: Option<GrantClaims>,
+    claims: Option<Arc<GrantClaims>>,
     lookup: Option<Lookup>,
     pinned: Option<SocketAddr>,
     refused_address: Option<std::net::IpAddr>,
@@ -298,7 +301,7 @@ async fn decide_request<R: Resolve, D: Dialer>(
 async fn verify_grant<R, D>(
     shared: &Shared<R, D>,
     head: &RequestHead,
-) -> Result<GrantClaims, Refusal> {
+) -> Result<Arc<GrantClaims>, Refusal> {
     let values = head.values("proxy-authorization");
     let token = match values.as_slice() {
         [] => parse_proxy_authorization(None),
@@ -311,10 +314,10 @@ async fn verify_grant<R, D>(
         .await
         .map_err(|_| ShellReason::VerifyingKeyUnavailable)?;
     let now = UnixMillis(unix_now_ms());
-    match verifier.verify(token, now) {
+    match shared.grants.verify(&verifier, token, now) {
         Err(Reason::GrantBadSignature) => {
             match shared.keys.refreshed_after_bad_signature(&verifier).await {
-                Some(fresh) => Ok(fresh.verify(token, now)?),
+                Some(fresh) => Ok(shared.grants.verify(&fresh, token, now)?),
                 None => Err(Reason::GrantBadSignature.into()),
             }
         }
