@@ -272,6 +272,52 @@ mod tests {
         assert!(parse_key(&[0u8; 32]).is_err());
     }
 
+    /// Serves the current text of `key` to every GET, as the API's key endpoint would.
+    async fn key_endpoint(key: std::sync::Arc<std::sync::Mutex<String>>) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let body = key.lock().unwrap().clone();
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn egr_07_the_key_is_read_from_the_api_and_refetched_after_a_bad_signature() {
+        let key = std::sync::Arc::new(std::sync::Mutex::new(verifier(1).public_key_text()));
+        let addr = key_endpoint(std::sync::Arc::clone(&key)).await;
+        let url = KeyUrl::parse(&format!("http://{addr}/api/egress/verifying-key")).unwrap();
+        let store = KeyStore::new(KeySource::Url {
+            url,
+            refresh: Duration::from_secs(3600),
+        });
+        let first = store.current().await.unwrap();
+        assert_eq!(first, verifier(1));
+        *key.lock().unwrap() = verifier(2).public_key_text();
+        // Within the refresh interval the old key stays; a failed signature fetches again
+        // (at most once a second).
+        assert_eq!(store.current().await, Ok(verifier(1)));
+        tokio::time::sleep(KEY_FORCED_REFRESH_MIN).await;
+        assert_eq!(
+            store.refreshed_after_bad_signature(&first).await,
+            Some(verifier(2))
+        );
+        assert_eq!(store.current().await, Ok(verifier(2)));
+        assert_eq!(
+            store.refreshed_after_bad_signature(&verifier(2)).await,
+            None
+        );
+    }
+
     #[tokio::test]
     async fn egr_09_a_rewritten_key_file_applies_at_the_next_verification() {
         let dir = std::env::temp_dir().join(format!("corral-key-test-{}", std::process::id()));

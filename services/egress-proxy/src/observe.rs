@@ -1,20 +1,23 @@
 //! One structured log line per decision (JSON on stderr) and a counter per outcome.
 //!
-//! Lines go through a bounded queue to one writer thread, so a slow stderr never stalls the
-//! proxy; when the queue is full the line is dropped and counted. Counters are keyed by the
+//! Lines are queued (bounded) and written in batches by one writer thread every
+//! [`LOG_BATCH_INTERVAL`], so a connection never waits on stderr and never wakes another thread
+//! per line; when the queue is full the line is dropped and counted. Counters are keyed by the
 //! stable outcome code (`allow` or the refusal code) in an ordered map, and can be served as
 //! text (`CORRAL_EGRESS_METRICS_LISTEN`). Tokens are never logged.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::json::JsonObject;
 
 /// The most log lines queued for the writer.
 pub const LOG_QUEUE_MAX: usize = 4096;
+/// How often the writer thread writes the queued lines.
+pub const LOG_BATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// The longest client-supplied text (a request target) copied into a log line.
 pub const LOGGED_TEXT_MAX_BYTES: usize = 512;
 
@@ -24,19 +27,38 @@ pub struct Observer {
     counts: Mutex<BTreeMap<&'static str, u64>>,
     active: AtomicU64,
     dropped_lines: AtomicU64,
-    sink: Option<SyncSender<LogMessage>>,
+    queue: Option<LogQueue>,
 }
 
-/// What the writer thread receives.
-enum LogMessage {
-    /// One line to write.
-    Line(String),
-    /// Everything before this is written: acknowledge.
-    Flush(std::sync::mpsc::Sender<()>),
+/// Lines waiting for the writer; `writing` keeps batches in order between the writer thread
+/// and [`Observer::flush`].
+#[derive(Debug, Default)]
+struct LogQueue {
+    lines: Mutex<Vec<String>>,
+    writing: Mutex<()>,
 }
 
-/// How long [`Observer::flush`] waits for the writer.
-pub const LOG_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+impl LogQueue {
+    /// Writes every queued line to stderr, in order, in one write.
+    fn write_batch(&self) {
+        let Ok(_writing) = self.writing.lock() else {
+            return;
+        };
+        let lines = match self.lines.lock() {
+            Ok(mut lines) => std::mem::take(&mut *lines),
+            Err(_) => return,
+        };
+        if lines.is_empty() {
+            return;
+        }
+        let mut batch = String::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
+        for line in lines {
+            batch.push_str(&line);
+            batch.push('\n');
+        }
+        let _ = std::io::stderr().lock().write_all(batch.as_bytes());
+    }
+}
 
 /// Where log lines go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,22 +73,33 @@ impl Observer {
     /// An observer writing to `sink`.
     #[must_use]
     pub fn new(sink: LogSink) -> Arc<Observer> {
-        let sender = match sink {
-            LogSink::Discard => None,
-            LogSink::Stderr => {
-                let (sender, receiver) = sync_channel::<LogMessage>(LOG_QUEUE_MAX);
-                let spawned = std::thread::Builder::new()
-                    .name("egress-log".into())
-                    .spawn(move || write_lines(&receiver));
-                spawned.ok().map(|_| sender)
-            }
-        };
-        Arc::new(Observer {
+        let observer = Arc::new(Observer {
             counts: Mutex::new(BTreeMap::new()),
             active: AtomicU64::new(0),
             dropped_lines: AtomicU64::new(0),
-            sink: sender,
-        })
+            queue: match sink {
+                LogSink::Discard => None,
+                LogSink::Stderr => Some(LogQueue::default()),
+            },
+        });
+        if observer.queue.is_some() {
+            // The writer holds only a weak reference: it ends when the observer is dropped.
+            let weak = Arc::downgrade(&observer);
+            let _ = std::thread::Builder::new()
+                .name("egress-log".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(LOG_BATCH_INTERVAL);
+                        let Some(observer) = weak.upgrade() else {
+                            return;
+                        };
+                        if let Some(queue) = &observer.queue {
+                            queue.write_batch();
+                        }
+                    }
+                });
+        }
+        observer
     }
 
     /// Counts one outcome and queues its log line.
@@ -79,25 +112,25 @@ impl Observer {
 
     /// Queues a log line that is not a decision (start-up, a closed tunnel).
     pub fn line(&self, line: JsonObject) {
-        let Some(sink) = &self.sink else {
+        let Some(queue) = &self.queue else {
             return;
         };
-        match sink.try_send(LogMessage::Line(line.finish())) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped_lines.fetch_add(1, Ordering::Relaxed);
+        let queued = queue.lines.lock().is_ok_and(|mut lines| {
+            if lines.len() >= LOG_QUEUE_MAX {
+                return false;
             }
+            lines.push(line.finish());
+            true
+        });
+        if !queued {
+            self.dropped_lines.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Waits (at most [`LOG_FLUSH_WAIT`]) until every queued line is written, before exit.
+    /// Writes every queued line now, before exit.
     pub fn flush(&self) {
-        let Some(sink) = &self.sink else {
-            return;
-        };
-        let (ack, acked) = std::sync::mpsc::channel();
-        if sink.send(LogMessage::Flush(ack)).is_ok() {
-            let _ = acked.recv_timeout(LOG_FLUSH_WAIT);
+        if let Some(queue) = &self.queue {
+            queue.write_batch();
         }
     }
 
@@ -149,21 +182,6 @@ pub struct ActiveGuard {
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.observer.active.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-fn write_lines(receiver: &Receiver<LogMessage>) {
-    while let Ok(message) = receiver.recv() {
-        match message {
-            LogMessage::Line(line) => {
-                let mut stderr = std::io::stderr().lock();
-                let _ = stderr.write_all(line.as_bytes());
-                let _ = stderr.write_all(b"\n");
-            }
-            LogMessage::Flush(ack) => {
-                let _ = ack.send(());
-            }
-        }
     }
 }
 
