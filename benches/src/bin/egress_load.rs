@@ -15,6 +15,8 @@
 //! - single-connection throughput downloading `--bytes`, direct vs tunnelled, and the ratio;
 //! - the proxy's VmRSS: idle at start, with `--tunnels` open idle tunnels, with `--streams`
 //!   concurrent downloads, and idle again afterwards.
+//!
+//! `EGRESS_LOAD_KEEP_LOG=PATH` keeps the proxy's log lines (one per decision) at PATH.
 
 use std::io::{Read as _, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
@@ -527,6 +529,9 @@ fn bench(options: &Options) -> Result<(), String> {
         rss_after as f64 / 1024.0
     );
     stop_dns.store(true, Ordering::Relaxed);
+    if let Some(keep) = std::env::var_os("EGRESS_LOAD_KEEP_LOG") {
+        let _ = std::fs::copy(dir.join("proxy.log"), keep);
+    }
     Ok(())
 }
 

@@ -20,6 +20,25 @@
 //! - [`refusal`]: shell-observed refusal codes and HTTP statuses.
 //! - [`json`]: a tiny JSON writer for output and log lines.
 
+//!
+//! Decisions (each tested; change them deliberately):
+//! - NXDOMAIN is an empty answer to the core (`dns_empty_answer`, 502), in the proxy and in
+//!   `decide`; a name server error is `dns_lookup_failed` (502) and no answer in time is
+//!   `dns_timeout` (504). A failure of either the A or the AAAA query fails the lookup: the
+//!   decision is made over the complete answer set or not at all.
+//! - The answer set is the A records then the AAAA records, each in the order received; the core
+//!   pins its first address. `decide --answer` keeps the order given.
+//! - Requests are judged in this order: the grant (407), the target and `Host` (403), the body
+//!   framing (400), the policy and DNS (403/502/504), the upstream connection (502/504).
+//! - One request per client connection for plain HTTP (`Connection: close` upstream, exactly one
+//!   checked body forwarded, nothing read after it), so every request is verified and judged,
+//!   and a pipelined request can never ride on an allowed one.
+//! - Verified grants are kept by exact token and verifying key ([`grants`]); their time is
+//!   re-checked by the core on every use and a key change empties the store.
+//! - Tunnels use splice(2) through a kernel pipe per direction (no user-space copy, and no
+//!   64 KiB buffers touched per idle tunnel); copying is the fallback.
+//! - The tokio runtime uses one worker per core; `TOKIO_WORKER_THREADS` overrides it.
+
 pub mod config;
 pub mod decide_cli;
 pub mod dns;

@@ -145,7 +145,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<'_, S> {
 }
 
 /// Tunnels bytes both ways until both sides finish, one fails, or nothing moves for `idle`:
-/// zero-copy through a kernel pipe per direction ([`splice_tunnel`]), or by copying through
+/// zero-copy through a kernel pipe per direction (splice(2)), or by copying through
 /// user-space buffers when a pipe cannot be had.
 pub async fn tunnel(client: &mut TcpStream, upstream: &mut TcpStream, idle: Duration) -> Moved {
     match (new_pipe(), new_pipe()) {
