@@ -423,6 +423,73 @@ mod tests {
         }
     }
 
+    /// A connected pair of loopback sockets.
+    async fn pair() -> (TcpStream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let near = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (far, _) = listener.accept().await.unwrap();
+        (near, far)
+    }
+
+    /// Runs `tunnel_fn` between two pairs and checks bytes both ways, half-close and counts.
+    async fn moves_both_ways_and_half_closes(splice: bool) {
+        let (mut client, mut client_side) = pair().await;
+        let (mut upstream_side, mut upstream) = pair().await;
+        let idle = Duration::from_secs(5);
+        let running = tokio::spawn(async move {
+            if splice {
+                let (up, down) = (new_pipe().unwrap(), new_pipe().unwrap());
+                splice_tunnel(&client_side, &upstream_side, &up, &down, idle).await
+            } else {
+                copy_tunnel(&mut client_side, &mut upstream_side, idle).await
+            }
+        });
+        let big = vec![7u8; 3 * 1024 * 1024];
+        client.write_all(b"ping").await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"ping");
+        upstream.write_all(&big).await.unwrap();
+        upstream.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back.len(), big.len());
+        let moved = running.await.unwrap();
+        assert_eq!(moved.end, End::Closed);
+        assert_eq!((moved.up_bytes, moved.down_bytes), (4, big.len() as u64));
+    }
+
+    #[tokio::test]
+    async fn splice_tunnel_moves_both_ways_and_half_closes() {
+        moves_both_ways_and_half_closes(true).await;
+    }
+
+    #[tokio::test]
+    async fn copy_tunnel_moves_both_ways_and_half_closes() {
+        moves_both_ways_and_half_closes(false).await;
+    }
+
+    #[tokio::test]
+    async fn idle_tunnels_are_closed() {
+        let (_client, client_side) = pair().await;
+        let (upstream_side, _upstream) = pair().await;
+        let (up, down) = (new_pipe().unwrap(), new_pipe().unwrap());
+        let started = std::time::Instant::now();
+        let moved = splice_tunnel(
+            &client_side,
+            &upstream_side,
+            &up,
+            &down,
+            Duration::from_millis(200),
+        )
+        .await;
+        assert_eq!(moved.end, End::Idle);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
     #[tokio::test]
     async fn length_bodies_stop_at_their_length() {
         let mut out = Vec::new();
