@@ -429,6 +429,15 @@ impl GrantVerifier {
     }
 }
 
+impl GrantClaims {
+    /// Whether claims that already passed [`GrantVerifier::verify`] are still valid at `now`:
+    /// the same time rules `verify` applies. For a verifier that keeps verified claims (keyed by
+    /// the exact token and verifying key) and must not trust them past their lifetime.
+    pub fn check_time(&self, now: UnixMillis) -> Result<(), Reason> {
+        check_times(self, now)
+    }
+}
+
 fn check_times(claims: &GrantClaims, now: UnixMillis) -> Result<(), Reason> {
     if claims.expires_at <= claims.issued_at {
         return Err(Reason::GrantMalformed);
@@ -833,6 +842,31 @@ pub(crate) mod tests {
         assert_eq!(
             decide_answer(&claims.policy, &other, &answer).reason(),
             Some(Reason::HostNotAllowlisted)
+        );
+    }
+
+    #[test]
+    fn egr_06_verified_claims_expire_by_the_same_rule() {
+        let actor = actor();
+        let policy = public();
+        let minted = signer().mint(&request(&policy, &actor)).unwrap();
+        let claims = signer()
+            .verifier()
+            .verify(&minted.token, UnixMillis(1_000_000))
+            .unwrap();
+        for now in [0, 1_000_000, 1_000_000 + 600_000 - 1, 1_000_000 + 600_000, u64::MAX] {
+            assert_eq!(
+                claims.check_time(UnixMillis(now)),
+                signer()
+                    .verifier()
+                    .verify(&minted.token, UnixMillis(now))
+                    .map(|_| ()),
+                "{now}"
+            );
+        }
+        assert_eq!(
+            claims.check_time(UnixMillis(1_000_000 + 600_000)),
+            Err(Reason::GrantExpired)
         );
     }
 

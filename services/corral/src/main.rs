@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod config_cmd;
+mod egress_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]
 
@@ -11,11 +12,18 @@ commands:
   config docs      print the table of every setting (name, default, requirement, meaning) in Markdown
   jail run         run one file in a fresh jail and print the result as JSON (see `corral jail help`)
   jail probe       print which isolation primitives this machine offers
+  egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
+  egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
   help             this text
 ";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // Lossy, never a panic: a non-UTF-8 argument becomes U+FFFD, which every parser refuses
+    // (a TARGET with it is denied as non-ASCII).
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
     let Some(command) = args.first() else {
         eprint!("{USAGE}");
         return ExitCode::from(2);
@@ -25,6 +33,8 @@ fn main() -> ExitCode {
         "config" => config_cmd::run(rest),
         // `["jail"]` re-executes this binary into the jail's hidden stages.
         "jail" => corral_worker::cli::main(rest, &["jail"]),
+        "egress" => egress_cmd::run(rest),
+        "egress-proxy" => corral_egress_proxy::run::main_from_env(),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS
