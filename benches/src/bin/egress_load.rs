@@ -281,7 +281,10 @@ fn tunnel(proxy: SocketAddr, target: &str, grant: &str) -> Result<TcpStream, Str
     while !response.ends_with(b"\r\n\r\n") {
         let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
         if n == 0 {
-            return Err(format!("proxy closed: {}", String::from_utf8_lossy(&response)));
+            return Err(format!(
+                "proxy closed: {}",
+                String::from_utf8_lossy(&response)
+            ));
         }
         response.extend_from_slice(&buf[..n]);
     }

@@ -854,7 +854,13 @@ pub(crate) mod tests {
             .verifier()
             .verify(&minted.token, UnixMillis(1_000_000))
             .unwrap();
-        for now in [0, 1_000_000, 1_000_000 + 600_000 - 1, 1_000_000 + 600_000, u64::MAX] {
+        for now in [
+            0,
+            1_000_000,
+            1_000_000 + 600_000 - 1,
+            1_000_000 + 600_000,
+            u64::MAX,
+        ] {
             assert_eq!(
                 claims.check_time(UnixMillis(now)),
                 signer()

@@ -75,6 +75,8 @@ pub struct Ran {
     pub status: i32,
     pub stderr: String,
     pub elapsed: Duration,
+    /// Processes in the jails' uid range found on the host right after this run.
+    pub leftovers: Vec<i32>,
 }
 
 impl Jail {
@@ -116,8 +118,14 @@ impl Jail {
         self
     }
 
-    /// Runs it and parses the one JSON object it prints.
+    /// Runs it and parses the one JSON object it prints. Runs are serialised, and the host is
+    /// searched for jail processes right after each one, while no other jail of this test binary
+    /// can be running: the search then sees this run's leftovers and nobody else's.
     pub fn run(&self) -> Ran {
+        static ONE_JAIL_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _alone = ONE_JAIL_AT_A_TIME
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let scratch = TempDir::new("code");
         let file = scratch.path().join(if self.language == "node" {
             "main.js"
@@ -162,6 +170,7 @@ impl Jail {
             status: output.status.code().unwrap_or(-1),
             stderr,
             elapsed,
+            leftovers: jail_processes_on_host(),
         }
     }
 }
@@ -219,7 +228,7 @@ impl Ran {
         }
         assert_eq!(evidence["verdict"], "clean", "{evidence}");
         assert_eq!(
-            jail_processes_on_host(),
+            self.leftovers,
             Vec::<i32>::new(),
             "jail processes left on the host"
         );
