@@ -11,6 +11,7 @@ commands:
   config docs      print the table of every setting (name, default, requirement, meaning) in Markdown
   jail run         run one file in a fresh jail and print the result as JSON (see `corral jail help`)
   jail probe       print which isolation primitives this machine offers
+  worker serve     the worker's authenticated control API (see `corral worker help`)
   help             this text
 ";
 
@@ -25,6 +26,7 @@ fn main() -> ExitCode {
         "config" => config_cmd::run(rest),
         // `["jail"]` re-executes this binary into the jail's hidden stages.
         "jail" => corral_worker::cli::main(rest, &["jail"]),
+        "worker" => corral_worker::serve::main(rest, &["jail"]),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -31,7 +31,9 @@
 //! step that must happen in a new process happens in a re-executed copy of this binary rather
 //! than between `fork` and `exec`.
 
+pub mod archive;
 pub mod cli;
+pub mod serve;
 
 mod capture;
 mod cgroup;
