@@ -435,8 +435,14 @@ mod tests {
         for index in 0..ARCHIVE_ENTRIES_MAX {
             assert!(file(&mut judge, &format!("f{index}"), 0).is_ok());
         }
-        assert_eq!(file(&mut judge, "one-more", 0), Err(Refused::TooManyEntries));
-        assert_eq!(Refused::TooManyEntries.setting(), Some(WORKSPACE_MAX_SETTING));
+        assert_eq!(
+            file(&mut judge, "one-more", 0),
+            Err(Refused::TooManyEntries)
+        );
+        assert_eq!(
+            Refused::TooManyEntries.setting(),
+            Some(WORKSPACE_MAX_SETTING)
+        );
     }
 
     #[test]

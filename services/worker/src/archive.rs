@@ -144,10 +144,7 @@ pub fn unpack(archive: &[u8], target: &Path, max_bytes: u64) -> Result<Unpacked,
         .unwrap_or_default();
     let number = STAGING.fetch_add(1, Ordering::Relaxed);
     let staging = StagingGuard {
-        path: parent.join(format!(
-            ".{name}.unpacking-{}-{number}",
-            std::process::id()
-        )),
+        path: parent.join(format!(".{name}.unpacking-{}-{number}", std::process::id())),
         armed: true,
     };
     fs::create_dir(&staging.path).map_err(|e| io_error("create", &staging.path, &e))?;
@@ -182,12 +179,16 @@ fn unpack_into(archive: &[u8], root: &Path, max_bytes: u64) -> Result<Unpacked, 
         };
         let raw_path = entry.path_bytes().into_owned();
         let declared = entry.size();
-        let accepted = judge
-            .judge(&raw_path, kind, declared)
-            .map_err(|reason| ArchiveError::Refused {
-                reason,
-                path: String::from_utf8_lossy(&raw_path).chars().take(256).collect(),
-            })?;
+        let accepted =
+            judge
+                .judge(&raw_path, kind, declared)
+                .map_err(|reason| ArchiveError::Refused {
+                    reason,
+                    path: String::from_utf8_lossy(&raw_path)
+                        .chars()
+                        .take(256)
+                        .collect(),
+                })?;
         match accepted {
             Accepted::Root => {}
             Accepted::Directory(path) => {

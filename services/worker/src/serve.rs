@@ -168,9 +168,11 @@ fn read_token() -> Result<Vec<u8>, String> {
 
 /// Prepares the worker and the staging directory, then serves until the process ends.
 fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
-    let settings = Settings::from_lookup(|name| std::env::var(name).ok()).map_err(|e| e.to_string())?;
+    let settings =
+        Settings::from_lookup(|name| std::env::var(name).ok()).map_err(|e| e.to_string())?;
     let token = read_token()?;
-    let listen = listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], settings.worker.control_port)));
+    let listen =
+        listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], settings.worker.control_port)));
     // Before any thread exists: the worker enters a private mount namespace, which threads
     // started afterwards (the runtime's) inherit, so every run sees the same run directories.
     let worker = Worker::start(settings.clone(), Reexec::this_binary(prefix));
@@ -203,7 +205,9 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
 /// A tmpfs for staged workspaces, sized for two (one being unpacked, one in use) and a margin.
 fn prepare_staging(dir: &Path, workspace_max_bytes: u64) -> Result<PathBuf, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let size = workspace_max_bytes.saturating_mul(2).saturating_add(1 << 20);
+    let size = workspace_max_bytes
+        .saturating_mul(2)
+        .saturating_add(1 << 20);
     nix::mount::mount(
         Some("corral-worker-api"),
         dir,
@@ -246,12 +250,20 @@ async fn serve(state: Arc<AppState>, listen: SocketAddr) -> Result<(), String> {
 
 /// A JSON error response.
 fn error(status: StatusCode, code: &str, detail: impl Into<Value>) -> Response {
-    (status, axum::Json(json!({ "error": code, "detail": detail.into() }))).into_response()
+    (
+        status,
+        axum::Json(json!({ "error": code, "detail": detail.into() })),
+    )
+        .into_response()
 }
 
 /// Refuses a request without the credential (401), or with a declared body over the bound (413)
 /// before any of it is read.
-async fn authenticate(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+async fn authenticate(
+    State(state): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -261,9 +273,10 @@ async fn authenticate(State(state): State<Arc<AppState>>, request: Request, next
     // the credential is not the secret.
     if !bool::from(presented.ct_eq(&state.token)) {
         let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", Value::Null);
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer"),
+        );
         return response;
     }
     let declared = request
@@ -343,18 +356,29 @@ enum Refusal {
 
 async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Ok(worker) = state.worker.clone().try_lock_owned() else {
-        return error(StatusCode::CONFLICT, "busy", "another operation is in progress");
+        return error(
+            StatusCode::CONFLICT,
+            "busy",
+            "another operation is in progress",
+        );
     };
     let request: ExecuteRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
     };
     drop(body);
-    if request.grant.as_ref().is_some_and(|g| g.len() > GRANT_MAX_BYTES) {
+    if request
+        .grant
+        .as_ref()
+        .is_some_and(|g| g.len() > GRANT_MAX_BYTES)
+    {
         return error(StatusCode::BAD_REQUEST, "grant_too_long", GRANT_MAX_BYTES);
     }
     if request.declared.len() > DECLARED_MAX
-        || request.declared.iter().any(|n| n.len() > DECLARED_NAME_MAX_BYTES)
+        || request
+            .declared
+            .iter()
+            .any(|n| n.len() > DECLARED_NAME_MAX_BYTES)
     {
         return error(StatusCode::BAD_REQUEST, "declared_too_many", DECLARED_MAX);
     }
@@ -379,7 +403,11 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         None => None,
         Some(Ok(bytes)) => Some(bytes),
         Some(Err(e)) => {
-            return error(StatusCode::BAD_REQUEST, "workspace_not_base64", e.to_string());
+            return error(
+                StatusCode::BAD_REQUEST,
+                "workspace_not_base64",
+                e.to_string(),
+            );
         }
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
@@ -413,7 +441,11 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(Err(Refusal::Staging(e))) => {
             error(StatusCode::INTERNAL_SERVER_ERROR, "staging_failed", e)
         }
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "run_failed", e.to_string()),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "run_failed",
+            e.to_string(),
+        ),
     }
 }
 
@@ -449,7 +481,11 @@ fn execute_response(mut result: RunResult, has_grant: bool) -> Response {
         );
     }
     let Ok(mut body) = serde_json::to_value(&result) else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "encode_failed", Value::Null);
+        return error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encode_failed",
+            Value::Null,
+        );
     };
     let (archive, archive_error) = match packed {
         Some(Ok(bytes)) => (Value::String(BASE64.encode(bytes)), Value::Null),
@@ -468,7 +504,11 @@ fn execute_response(mut result: RunResult, has_grant: bool) -> Response {
 
 async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Ok(worker) = state.worker.clone().try_lock_owned() else {
-        return error(StatusCode::CONFLICT, "busy", "another operation is in progress");
+        return error(
+            StatusCode::CONFLICT,
+            "busy",
+            "another operation is in progress",
+        );
     };
     let request: ResetRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
@@ -494,7 +534,11 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             "diagnostics": diagnostics,
         }))
         .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "reset_failed", e.to_string()),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "reset_failed",
+            e.to_string(),
+        ),
     }
 }
 

@@ -241,7 +241,10 @@ impl Worker {
         for number in 0..RUNS_PER_SUPERVISOR {
             let run_dir = self.base.join(format!("run-{number}"));
             if std::fs::symlink_metadata(&run_dir).is_ok() {
-                let wiped = RunDirs { run_dir: run_dir.clone() }.wipe();
+                let wiped = RunDirs {
+                    run_dir: run_dir.clone(),
+                }
+                .wipe();
                 workspace_entries = add(workspace_entries, wiped.workspace_entries);
                 scratch_entries = add(scratch_entries, wiped.scratch_entries);
                 for failure in wiped.failures {

@@ -146,7 +146,10 @@ fn ws_04_absolute_path_is_refused() {
 fn ws_04_parent_traversal_is_refused() {
     let fixture = Fixture::new("traversal");
     fixture.refused(
-        &archive(&[Item::File("ok.txt", b"x"), Item::File("../escaped.txt", b"x")]),
+        &archive(&[
+            Item::File("ok.txt", b"x"),
+            Item::File("../escaped.txt", b"x"),
+        ]),
         "archive_path_parent",
     );
     fixture.refused(

@@ -144,7 +144,8 @@ fn api_missing_or_wrong_credential_is_401_on_every_endpoint() {
     }
     let _serial = serial();
     let server = Server::start(&[]);
-    let execute = json!({ "language": "python", "code": "open('/workspace/ran', 'w')" }).to_string();
+    let execute =
+        json!({ "language": "python", "code": "open('/workspace/ran', 'w')" }).to_string();
     for token in [None, Some("wrong-credential-0123456789abcdef"), Some("")] {
         for (method, path, body) in [
             ("GET", "/health", ""),
@@ -169,14 +170,16 @@ fn api_executes_python_and_node_with_a_clean_reset() {
     }
     let _serial = serial();
     let server = Server::start(&[]);
-    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(1)", "token": 5 }));
+    let (status, json) =
+        server.execute(&json!({ "language": "python", "code": "print(1)", "token": 5 }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["exit_code"], 0, "{json}");
     assert_eq!(json["stdout"]["text"], "1\n", "{json}");
     assert_eq!(json["not_run"], Value::Null);
     assert_eq!(json["reset_evidence"]["token"], 5);
     assert_clean(&json);
-    let (status, json) = server.execute(&json!({ "language": "node", "code": "console.log(2 + 2)" }));
+    let (status, json) =
+        server.execute(&json!({ "language": "node", "code": "console.log(2 + 2)" }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "4\n", "{json}");
     assert_clean(&json);
@@ -213,7 +216,10 @@ fn api_workspace_archive_in_and_out() {
         std::fs::read(target.join("data/output.txt")).unwrap(),
         b"hello world"
     );
-    assert_eq!(std::fs::read(target.join("data/input.txt")).unwrap(), b"hello");
+    assert_eq!(
+        std::fs::read(target.join("data/input.txt")).unwrap(),
+        b"hello"
+    );
 }
 
 #[test]
@@ -301,7 +307,10 @@ fn api_concurrent_execute_gets_409() {
     assert_clean(&json);
     // And the worker is free again.
     let (status, json) = server.execute(&json!({ "language": "python", "code": "print(3)" }));
-    assert_eq!((status, json["stdout"]["text"].clone()), (200, json!("3\n")));
+    assert_eq!(
+        (status, json["stdout"]["text"].clone()),
+        (200, json!("3\n"))
+    );
 }
 
 #[test]
@@ -333,5 +342,8 @@ fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
         "bounds": { "wall_seconds": 31 },
     }));
     assert_eq!(status, 422, "{json}");
-    assert_eq!(json["detail"]["setting"], "SANDBOX_MAX_WALL_SECONDS", "{json}");
+    assert_eq!(
+        json["detail"]["setting"], "SANDBOX_MAX_WALL_SECONDS",
+        "{json}"
+    );
 }
