@@ -97,6 +97,13 @@ struct AppState {
 /// Runs `corral worker <args>`. `prefix` is what re-executes this binary into the jail's stages
 /// (`["jail"]` for `corral`).
 pub fn main(args: &[String], prefix: &[&str]) -> ExitCode {
+    if matches!(
+        args.first().map(String::as_str),
+        Some("help" | "--help" | "-h")
+    ) {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let listen = match parse(args) {
         Ok(listen) => listen,
         Err(message) => {
