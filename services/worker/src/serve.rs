@@ -143,16 +143,16 @@ fn parse(args: &[String]) -> Result<Option<SocketAddr>, String> {
 fn read_token() -> Result<Vec<u8>, String> {
     let raw = if let Some(path) = std::env::var_os("CORRAL_WORKER_TOKEN_FILE") {
         let path = PathBuf::from(path);
-        let meta = std::fs::metadata(&path)
-            .map_err(|e| format!("CORRAL_WORKER_TOKEN_FILE {}: {e}", path.display()))?;
-        if meta.len() > TOKEN_MAX_BYTES as u64 {
-            return Err(format!(
-                "CORRAL_WORKER_TOKEN_FILE {}: longer than {TOKEN_MAX_BYTES} bytes",
-                path.display()
-            ));
-        }
-        std::fs::read(&path)
-            .map_err(|e| format!("CORRAL_WORKER_TOKEN_FILE {}: {e}", path.display()))?
+        let shown = |e: std::io::Error| format!("CORRAL_WORKER_TOKEN_FILE {}: {e}", path.display());
+        let file = std::fs::File::open(&path).map_err(shown)?;
+        // One byte past the bound, so that an oversized file is seen as such without reading it.
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(file, TOKEN_MAX_BYTES as u64 + 1),
+            &mut raw,
+        )
+        .map_err(shown)?;
+        raw
     } else if let Some(value) = std::env::var_os("CORRAL_WORKER_TOKEN") {
         value.into_encoded_bytes()
     } else {

@@ -315,3 +315,18 @@ fn bound_1_packing_over_the_bound_is_an_error_naming_it() {
         ArchiveError::TooLarge { max_bytes: MIB }
     );
 }
+
+#[test]
+fn ws_04_long_names_round_trip() {
+    // Past the 100 bytes of a plain tar header: the pack writes GNU long-name entries, and the
+    // unpack reads them and judges the full path.
+    let dir = TempDir::new("long-names");
+    let source = dir.path().join("source");
+    let long_dir = source.join("d".repeat(120));
+    fs::create_dir_all(&long_dir).unwrap();
+    fs::write(long_dir.join("f".repeat(140)), b"long").unwrap();
+    let packed = archive::pack(&source, MIB).unwrap();
+    let target = dir.path().join("target");
+    archive::unpack(&packed.archive, &target, MIB).unwrap();
+    assert_eq!(listing(&target), listing(&source));
+}

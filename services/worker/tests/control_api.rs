@@ -347,3 +347,21 @@ fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
         "{json}"
     );
 }
+
+#[test]
+fn api_reads_the_credential_from_its_file_first() {
+    if !root_or_skip("api_token_file") {
+        return;
+    }
+    let _serial = serial();
+    let dir = TempDir::new("token-file");
+    let file = dir.path().join("token");
+    std::fs::write(&file, format!("{TOKEN}\n")).unwrap();
+    let other = "other-credential-0123456789abcdef";
+    let server = Server::start(&[
+        ("CORRAL_WORKER_TOKEN_FILE", file.to_str().unwrap()),
+        ("CORRAL_WORKER_TOKEN", other),
+    ]);
+    assert_eq!(server.request("GET", "/health", Some(TOKEN), b"").0, 200);
+    assert_eq!(server.request("GET", "/health", Some(other), b"").0, 401);
+}
