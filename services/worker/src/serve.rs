@@ -374,48 +374,9 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
     };
     drop(body);
-    if request
-        .grant
-        .as_ref()
-        .is_some_and(|g| g.len() > GRANT_MAX_BYTES)
-    {
-        return error(StatusCode::BAD_REQUEST, "grant_too_long", GRANT_MAX_BYTES);
-    }
-    if request.declared.len() > DECLARED_MAX
-        || request
-            .declared
-            .iter()
-            .any(|n| n.len() > DECLARED_NAME_MAX_BYTES)
-    {
-        return error(StatusCode::BAD_REQUEST, "declared_too_many", DECLARED_MAX);
-    }
-    let overrides = BoundOverrides {
-        max_wall_seconds: request.bounds.wall_seconds,
-        max_output_bytes: request.bounds.output_bytes,
-        max_artifact_bytes: request.bounds.artifact_bytes,
-        max_memory_bytes: request.bounds.memory_bytes,
-        max_processes: request.bounds.processes,
-    };
-    let bounds = match lowered_bounds(&state.bounds, &overrides) {
-        Ok(bounds) => bounds,
-        Err(refused) => {
-            return error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                refused.code(),
-                json!({ "setting": refused.setting }),
-            );
-        }
-    };
-    let archive = match request.workspace.as_deref().map(|text| BASE64.decode(text)) {
-        None => None,
-        Some(Ok(bytes)) => Some(bytes),
-        Some(Err(e)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "workspace_not_base64",
-                e.to_string(),
-            );
-        }
+    let (bounds, archive) = match admit(&request, &state.bounds) {
+        Ok(admitted) => admitted,
+        Err(response) => return *response,
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
     let request_dir = state.staging.join(format!("request-{number}"));
@@ -454,6 +415,67 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             e.to_string(),
         ),
     }
+}
+
+/// Checks what an execute asks: the grant and declared names within their bounds, each bound
+/// override no higher than configured, the archive's encoding. Returns the run's bounds and the
+/// archive's bytes, or the response refusing the request.
+fn admit(
+    request: &ExecuteRequest,
+    configured: &ExecutionBounds,
+) -> Result<(ExecutionBounds, Option<Vec<u8>>), Box<Response>> {
+    if request
+        .grant
+        .as_ref()
+        .is_some_and(|g| g.len() > GRANT_MAX_BYTES)
+    {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "grant_too_long",
+            GRANT_MAX_BYTES,
+        )));
+    }
+    if request.declared.len() > DECLARED_MAX
+        || request
+            .declared
+            .iter()
+            .any(|n| n.len() > DECLARED_NAME_MAX_BYTES)
+    {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "declared_too_many",
+            DECLARED_MAX,
+        )));
+    }
+    let overrides = BoundOverrides {
+        max_wall_seconds: request.bounds.wall_seconds,
+        max_output_bytes: request.bounds.output_bytes,
+        max_artifact_bytes: request.bounds.artifact_bytes,
+        max_memory_bytes: request.bounds.memory_bytes,
+        max_processes: request.bounds.processes,
+    };
+    let bounds = match lowered_bounds(configured, &overrides) {
+        Ok(bounds) => bounds,
+        Err(refused) => {
+            return Err(Box::new(error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                refused.code(),
+                json!({ "setting": refused.setting }),
+            )));
+        }
+    };
+    let archive = match request.workspace.as_deref().map(|text| BASE64.decode(text)) {
+        None => None,
+        Some(Ok(bytes)) => Some(bytes),
+        Some(Err(e)) => {
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "workspace_not_base64",
+                e.to_string(),
+            )));
+        }
+    };
+    Ok((bounds, archive))
 }
 
 /// Unpacks the archive (if any) as the request's workspace, then runs. Blocking.
