@@ -286,9 +286,11 @@ fn api_concurrent_execute_gets_409() {
             }))
         })
     };
-    // Wait until the server says the first run holds the worker (bounded: a check, not a sleep).
+    // Wait until the server says the first run holds the worker: a check of its state, repeated
+    // until a deadline that only a hung server reaches, not a sleep.
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
     let mut busy = false;
-    for _ in 0..2_000 {
+    while std::time::Instant::now() < deadline {
         let (_, health) = server.request("GET", "/health", Some(TOKEN), b"");
         if health["busy"] == true {
             busy = true;
