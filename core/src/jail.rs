@@ -7,6 +7,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::config::ExecutionBounds;
+
 // ---------------------------------------------------------------------------------------------
 // Languages and refusals.
 
@@ -354,6 +356,139 @@ impl CappedOutput {
     #[must_use]
     pub fn full(&self) -> bool {
         self.kept.len() >= self.cap_bytes
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-run bounds.
+
+/// Bounds a caller asks for one run, each in place of its configured setting. Each may only lower
+/// the configured bound: the operator's settings are the ceiling (BOUND-1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BoundOverrides {
+    /// In place of `SANDBOX_MAX_WALL_SECONDS`.
+    pub max_wall_seconds: Option<u64>,
+    /// In place of `SANDBOX_MAX_OUTPUT_BYTES`.
+    pub max_output_bytes: Option<u64>,
+    /// In place of `SANDBOX_MAX_ARTIFACT_BYTES`.
+    pub max_artifact_bytes: Option<u64>,
+    /// In place of `SANDBOX_MAX_MEMORY_BYTES`.
+    pub max_memory_bytes: Option<u64>,
+    /// In place of `SANDBOX_MAX_PROCESSES`.
+    pub max_processes: Option<u32>,
+}
+
+/// An override that is zero or above its configured bound, with the setting it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverrideRefused {
+    /// The setting the override would have raised (or zeroed).
+    pub setting: &'static str,
+}
+
+impl OverrideRefused {
+    /// The stable reason code.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        "bound_override_refused"
+    }
+}
+
+/// The bounds of one run: `configured` with each override applied, or the first override that is
+/// zero or higher than its configured bound.
+pub fn lowered_bounds(
+    configured: &ExecutionBounds,
+    overrides: &BoundOverrides,
+) -> Result<ExecutionBounds, OverrideRefused> {
+    fn lower(
+        configured: u64,
+        asked: Option<u64>,
+        setting: &'static str,
+    ) -> Result<u64, OverrideRefused> {
+        match asked {
+            None => Ok(configured),
+            Some(value) if (1..=configured).contains(&value) => Ok(value),
+            Some(_) => Err(OverrideRefused { setting }),
+        }
+    }
+    let mut bounds = configured.clone();
+    bounds.max_wall_seconds = lower(
+        configured.max_wall_seconds,
+        overrides.max_wall_seconds,
+        "SANDBOX_MAX_WALL_SECONDS",
+    )?;
+    bounds.max_output_bytes = lower(
+        configured.max_output_bytes,
+        overrides.max_output_bytes,
+        "SANDBOX_MAX_OUTPUT_BYTES",
+    )?;
+    bounds.max_artifact_bytes = lower(
+        configured.max_artifact_bytes,
+        overrides.max_artifact_bytes,
+        "SANDBOX_MAX_ARTIFACT_BYTES",
+    )?;
+    bounds.max_memory_bytes = lower(
+        configured.max_memory_bytes,
+        overrides.max_memory_bytes,
+        "SANDBOX_MAX_MEMORY_BYTES",
+    )?;
+    let processes = lower(
+        u64::from(configured.max_processes),
+        overrides.max_processes.map(u64::from),
+        "SANDBOX_MAX_PROCESSES",
+    )?;
+    bounds.max_processes = u32::try_from(processes).unwrap_or(configured.max_processes);
+    assert!(bounds.max_wall_seconds <= configured.max_wall_seconds);
+    assert!(bounds.max_memory_bytes <= configured.max_memory_bytes);
+    Ok(bounds)
+}
+
+#[cfg(test)]
+mod override_tests {
+    use super::*;
+    use crate::config::Settings;
+
+    #[test]
+    fn bound_1_overrides_only_lower_the_configured_bounds() {
+        let configured = Settings::from_pairs(&[]).unwrap().bounds;
+        let lowered = lowered_bounds(
+            &configured,
+            &BoundOverrides {
+                max_wall_seconds: Some(5),
+                max_processes: Some(8),
+                ..BoundOverrides::default()
+            },
+        )
+        .unwrap();
+        assert_eq!((lowered.max_wall_seconds, lowered.max_processes), (5, 8));
+        assert_eq!(lowered.max_output_bytes, configured.max_output_bytes);
+        for (overrides, setting) in [
+            (
+                BoundOverrides {
+                    max_wall_seconds: Some(configured.max_wall_seconds + 1),
+                    ..BoundOverrides::default()
+                },
+                "SANDBOX_MAX_WALL_SECONDS",
+            ),
+            (
+                BoundOverrides {
+                    max_memory_bytes: Some(0),
+                    ..BoundOverrides::default()
+                },
+                "SANDBOX_MAX_MEMORY_BYTES",
+            ),
+            (
+                BoundOverrides {
+                    max_output_bytes: Some(u64::MAX),
+                    ..BoundOverrides::default()
+                },
+                "SANDBOX_MAX_OUTPUT_BYTES",
+            ),
+        ] {
+            assert_eq!(
+                lowered_bounds(&configured, &overrides),
+                Err(OverrideRefused { setting })
+            );
+        }
     }
 }
 

@@ -14,6 +14,7 @@
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
+//! - [`workspace`]: the judge of every entry of a workspace archive (paths, kinds, the bound).
 //! - [`time`]: the two kinds of time, never mixed.
 //! - [`ids`]: identities shared across modules.
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
@@ -28,3 +29,4 @@ pub mod pool;
 pub mod reset;
 pub mod store;
 pub mod time;
+pub mod workspace;

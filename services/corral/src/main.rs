@@ -14,6 +14,7 @@ commands:
   jail probe       print which isolation primitives this machine offers
   egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
   egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
+  worker serve     the worker's authenticated control API (see `corral worker help`)
   help             this text
 ";
 
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         "jail" => corral_worker::cli::main(rest, &["jail"]),
         "egress" => egress_cmd::run(rest),
         "egress-proxy" => corral_egress_proxy::run::main_from_env(),
+        "worker" => corral_worker::serve::main(rest, &["jail"]),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             ExitCode::SUCCESS

@@ -164,6 +164,8 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
         wall_seconds: args.wall_seconds,
         declared: Vec::new(),
         token: OpToken(0),
+        bounds: None,
+        pack_workspace: false,
     });
     if result.not_run == Some("isolation_unavailable") {
         eprintln!("{}", refusal_text(&result.isolation, &result.diagnostics));

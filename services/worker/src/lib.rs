@@ -27,11 +27,18 @@
 //! the proxy is not built yet; with no grant (EGR-8) it would refuse everything, which is what a
 //! namespace with no route already does, so there is no listener yet.
 //!
+//! Around the jail: `archive` unpacks the workspace archive a run is handed (every entry judged by
+//! `corral_core::workspace` before it is written, moved into place only whole) and packs the
+//! workspace after it; `serve` is the authenticated control API (`corral worker serve`) that runs
+//! one execution or reset at a time on the one [`Worker`].
+//!
 //! No `unsafe`: the namespace, mount and credential calls are `nix`'s safe wrappers, and every
 //! step that must happen in a new process happens in a re-executed copy of this binary rather
 //! than between `fork` and `exec`.
 
+pub mod archive;
 pub mod cli;
+pub mod serve;
 
 mod capture;
 mod cgroup;

@@ -4,6 +4,8 @@ use corral_core::jail::CappedOutput;
 use corral_core::reset::{ResetEvidence, Verdict, judge};
 use serde::Serialize;
 
+use crate::archive::ArchiveError;
+
 /// The most diagnostics a result carries, and the longest one, in characters.
 pub const DIAGNOSTICS_MAX: usize = 32;
 /// See [`DIAGNOSTICS_MAX`].
@@ -125,6 +127,10 @@ pub struct RunResult {
     pub diagnostics: Vec<String>,
     /// Timings.
     pub durations: Durations,
+    /// The workspace packed after the run, when the request asked for it (the control API encodes
+    /// it itself; `corral jail run` copies downloads back instead).
+    #[serde(skip)]
+    pub workspace_archive: Option<Result<Vec<u8>, ArchiveError>>,
 }
 
 /// Appends `note` to `diagnostics` within the bounds: shortened when long, dropped (with one

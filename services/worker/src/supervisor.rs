@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_core::config::Settings;
+use corral_core::config::{ExecutionBounds, Settings};
 use corral_core::downloads;
 use corral_core::ids::OpToken;
 use corral_core::jail::{self, BoundObservations, Language, NotRun, Posture, Primitive};
@@ -25,6 +25,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use rustix::process::{PidfdFlags, pidfd_open};
 
+use crate::archive::{self, ArchiveError};
 use crate::capture;
 use crate::cgroup::{self, RunCgroups};
 use crate::plan::{
@@ -100,6 +101,11 @@ pub struct RunRequest {
     pub declared: Vec<String>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+    /// Bounds in place of the configured ones for this run only; the caller has checked that none
+    /// is higher than configured (`corral_core::jail::lowered_bounds`).
+    pub bounds: Option<ExecutionBounds>,
+    /// Whether to pack the workspace into a tar after the run (the control API returns it).
+    pub pack_workspace: bool,
 }
 
 /// What one run has created, for the reset.
@@ -190,7 +196,17 @@ impl Worker {
             stage1: None,
         };
         let mut result = RunResult::default();
-        if let Err(reason) = self.execute(request, &mut run, &mut result) {
+        // The run's bounds stand in for the configured ones until it is over; every step reads
+        // them from the settings, so this is the one place that has to know.
+        let configured = request
+            .bounds
+            .clone()
+            .map(|bounds| std::mem::replace(&mut self.settings.bounds, bounds));
+        let executed = self.execute(request, &mut run, &mut result);
+        if let Some(configured) = configured {
+            self.settings.bounds = configured;
+        }
+        if let Err(reason) = executed {
             result.not_run = Some(reason.code());
             result.exit_code = None;
         }
@@ -200,6 +216,50 @@ impl Worker {
         result.durations.reset_ms = millis(reset_started.elapsed());
         result.durations.total_ms = millis(started.elapsed());
         result
+    }
+
+    /// The reset the control API orders between leases (POOL-4): kills every process of any of
+    /// this supervisor's runs, removes every run directory left, and measures. Each run already
+    /// resets itself; this proves it again, under the caller's token, and cleans up after a run
+    /// whose own reset failed.
+    pub fn reset_all(&mut self, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
+        let pair_base = std::process::id().saturating_mul(RUNS_PER_SUPERVISOR);
+        let uids: Vec<u32> = (0..RUNS_PER_SUPERVISOR * 2)
+            .map(|offset| {
+                HOST_UID_BASE
+                    .saturating_add(pair_base.saturating_mul(2))
+                    .saturating_add(offset)
+            })
+            .collect();
+        let (processes_remaining, _) = sweep::kill_run(None, &RunCgroups::default(), &uids);
+        let (mut workspace_entries, mut scratch_entries) = (Some(0u32), Some(0u32));
+        let add = |total: Option<u32>, more: Option<u32>| match (total, more) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            _ => None,
+        };
+        let mut mounts_remaining = Some(0u32);
+        for number in 0..RUNS_PER_SUPERVISOR {
+            let run_dir = self.base.join(format!("run-{number}"));
+            if std::fs::symlink_metadata(&run_dir).is_ok() {
+                let wiped = RunDirs {
+                    run_dir: run_dir.clone(),
+                }
+                .wipe();
+                workspace_entries = add(workspace_entries, wiped.workspace_entries);
+                scratch_entries = add(scratch_entries, wiped.scratch_entries);
+                for failure in wiped.failures {
+                    note(diagnostics, failure);
+                }
+            }
+            mounts_remaining = add(mounts_remaining, sweep::mounts_under(&run_dir));
+        }
+        ResetEvidence {
+            token,
+            processes_remaining,
+            workspace_entries,
+            scratch_entries,
+            mounts_remaining,
+        }
     }
 
     /// Everything before the reset. An error is the reason the code was not run.
@@ -620,6 +680,17 @@ impl Worker {
                 media_type: d.media_type,
             })
             .collect();
+        if request.pack_workspace {
+            // Packed only once nothing of the run is alive: a live process could swap a file
+            // for a link between the check and the read (the pack follows no link either way).
+            result.workspace_archive = Some(if all_dead {
+                archive::pack(&dirs.workspace(), bounds.workspace_max_bytes).map(|p| p.archive)
+            } else {
+                Err(ArchiveError::Io(
+                    "not packed: a process of the run survived the kill".to_owned(),
+                ))
+            });
+        }
         let hit = jail::bounds_hit(&observed, bounds.tmp_max_bytes, bounds.workspace_max_bytes);
         result.bounds = hit.iter().map(|b| b.setting()).collect();
         result.bound = hit.first().map(|b| b.setting());
