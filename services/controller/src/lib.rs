@@ -16,6 +16,7 @@ use corral_core::store::{Loaded, Transacted, Unavailable};
 use corral_core::time::UnixMillis;
 use corral_store::{ValkeyStore, fresh_epoch};
 
+pub mod http_control;
 pub mod local;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.

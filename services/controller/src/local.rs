@@ -25,6 +25,7 @@ pub struct LocalBackend {
     args: Vec<String>,
     image: ImageId,
     ready_timeout: Duration,
+    env: Vec<(String, String)>,
 }
 
 /// Where a worker listens and which process it is.
@@ -68,16 +69,34 @@ impl LocalBackend {
             args: args.iter().map(|a| (*a).to_string()).collect(),
             image: ImageId(format!("local-sha256:{hex}")),
             ready_timeout: Duration::from_secs(20),
+            env: Vec::new(),
         })
+    }
+
+    /// Sets an environment variable for every worker process (for example its credential).
+    #[must_use]
+    pub fn with_env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
     }
 
     fn record_path(&self, worker: WorkerId) -> PathBuf {
         self.state_dir.join(format!("{worker}.worker"))
     }
 
+    /// The directory holding the records.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
     /// The record of `worker`, if this backend (or an earlier run of it) started one.
     pub fn record(&self, worker: WorkerId) -> Option<Record> {
-        let text = std::fs::read_to_string(self.record_path(worker)).ok()?;
+        Self::read_record(&self.state_dir, worker)
+    }
+
+    /// The record of `worker` in `state_dir`.
+    pub fn read_record(state_dir: &Path, worker: WorkerId) -> Option<Record> {
+        let text = std::fs::read_to_string(state_dir.join(format!("{worker}.worker"))).ok()?;
         let (pid, port) = text.trim().split_once(' ')?;
         Some(Record {
             pid: pid.parse().ok()?,
@@ -141,6 +160,7 @@ impl Backend for LocalBackend {
             .collect();
         let spawned = tokio::process::Command::new(&self.program)
             .args(&args)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("CORRAL_WORKER_ID", &id)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())

@@ -1,0 +1,89 @@
+//! Resets through a worker's control API (`POST /v1/reset` on its port, with the credential only
+//! the controller and the API hold). A worker that does not answer, or answers with anything but
+//! evidence, has proven nothing: `None`, and the pool discards it when the reset times out.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_core::ids::{OpToken, WorkerId};
+use corral_core::reset::ResetEvidence;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::WorkerControl;
+use crate::local::LocalBackend;
+
+/// The longest a reset may take before it counts as unanswered.
+const RESET_TIMEOUT: Duration = Duration::from_secs(20);
+/// The largest reply read.
+const REPLY_MAX_BYTES: u64 = 64 * 1024;
+
+/// The control client for workers of a [`LocalBackend`] (their ports come from its records).
+pub struct HttpControl {
+    state_dir: PathBuf,
+    credential: String,
+}
+
+impl HttpControl {
+    /// A client for the workers recorded in `state_dir`, presenting `credential`.
+    pub fn new(state_dir: PathBuf, credential: String) -> Self {
+        Self {
+            state_dir,
+            credential,
+        }
+    }
+
+    async fn post(&self, port: u16, path: &str, body: &str) -> Option<(u16, Vec<u8>)> {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.credential,
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut reply = Vec::new();
+        stream
+            .take(REPLY_MAX_BYTES)
+            .read_to_end(&mut reply)
+            .await
+            .ok()?;
+        let head_end = reply.windows(4).position(|w| w == b"\r\n\r\n")?;
+        let status_line = std::str::from_utf8(&reply[..head_end])
+            .ok()?
+            .lines()
+            .next()?
+            .to_string();
+        let status = status_line.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, reply[head_end + 4..].to_vec()))
+    }
+}
+
+fn count(value: &serde_json::Value) -> Option<u32> {
+    value.as_u64().and_then(|n| u32::try_from(n).ok())
+}
+
+impl WorkerControl for HttpControl {
+    async fn reset(&self, worker: WorkerId, token: OpToken) -> Option<ResetEvidence> {
+        let backend_dir = self.state_dir.clone();
+        let record = LocalBackend::read_record(&backend_dir, worker)?;
+        let body = format!("{{\"token\":{}}}", token.0);
+        let (status, reply) =
+            tokio::time::timeout(RESET_TIMEOUT, self.post(record.port, "/v1/reset", &body))
+                .await
+                .ok()??;
+        if status != 200 {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_slice(&reply).ok()?;
+        let evidence = &json["reset_evidence"];
+        Some(ResetEvidence {
+            // The token the worker says it reset under; corral-core compares it with the order's.
+            token: OpToken(evidence["token"].as_u64()?),
+            processes_remaining: count(&evidence["processes_remaining"]),
+            workspace_entries: count(&evidence["workspace_entries"]),
+            scratch_entries: count(&evidence["scratch_entries"]),
+            mounts_remaining: count(&evidence["mounts_remaining"]),
+        })
+    }
+}
