@@ -16,6 +16,8 @@ use corral_core::store::{Loaded, Transacted, Unavailable};
 use corral_core::time::UnixMillis;
 use corral_store::{ValkeyStore, fresh_epoch};
 
+pub mod claim;
+pub mod kube;
 pub mod local;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.
