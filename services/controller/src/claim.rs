@@ -34,7 +34,7 @@ pub trait ClaimPlatform: Send + Sync {
     /// The claim's body (`spec` and anything else beside `metadata`) for a claim ending at
     /// `deadline`.
     fn body(&self, deadline: UnixMillis) -> serde_json::Value;
-    /// What the claim's status says.
+    /// What the claim's status says (its deadline is judged by the backend).
     fn readiness(&self, claim: &DynamicObject) -> Readiness;
     /// The claim's fixed deadline as the platform recorded it.
     fn deadline(&self, claim: &DynamicObject) -> Option<UnixMillis>;
@@ -98,12 +98,10 @@ impl ClaimPlatform for AgentSandbox {
     fn readiness(&self, claim: &DynamicObject) -> Readiness {
         let conditions = claim.data["status"]["conditions"].as_array();
         let ready = conditions.and_then(|all| all.iter().find(|c| c["type"] == "Ready"));
+        // Expiry is judged by the backend from the fixed deadline, not from condition reasons,
+        // whose spelling the platform may change.
         match ready {
             Some(c) if c["status"] == "True" => Readiness::Ready,
-            // The claim expired or the platform gave up on it: it will not become ready.
-            Some(c) if c["reason"] == "ClaimExpired" || c["reason"] == "SandboxExpired" => {
-                Readiness::Dead
-            }
             _ => Readiness::Pending,
         }
     }
@@ -249,7 +247,14 @@ impl<P: ClaimPlatform> Backend for ClaimBackend<P> {
         wait_ready(
             &self.claims,
             &worker_selector(&s.pool, worker),
-            |claim| self.platform.readiness(claim),
+            |claim| {
+                // A claim past its fixed deadline is gone and will never serve (POOL-7).
+                if self.is_live(claim, wall_now()) {
+                    self.platform.readiness(claim)
+                } else {
+                    Readiness::Dead
+                }
+            },
             ready_by,
             s.poll_interval,
             s.request_timeout,

@@ -564,6 +564,10 @@ where
                 Ok(WatchEvent::Error(_)) | Err(_) => break,
             }
         }
+        // The watch ended without a verdict. A pause before the next list keeps a server that
+        // closes every watch at once from turning this into a busy loop that spends the restart
+        // bound long before the deadline.
+        tokio::time::sleep(poll_interval).await;
     }
     Outcome::Unknown
 }

@@ -773,3 +773,20 @@ async fn claim_watch_that_closes_is_restarted_from_a_fresh_list() {
     let f = fake.lock().expect("fake");
     assert_eq!((f.watches, f.lists), (1, 2));
 }
+
+#[tokio::test]
+async fn claim_that_reaches_its_deadline_before_it_is_ready_is_unknown() {
+    let (fake, backend) = claim_backend().await;
+    fake.lock().expect("fake").never_ready = true;
+    let deadline = UnixMillis(wall_now_ms() + 1_500);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        backend.create(worker(1), &image(), Some(deadline)).await,
+        Outcome::Unknown
+    );
+    // It gave up at the claim's deadline (not earlier, not at the 5 s readiness bound).
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(400), "{waited:?}");
+    assert!(waited < Duration::from_secs(4), "{waited:?}");
+    assert!(stored(&fake, "sandboxclaims", "w-ab-1").is_some());
+}
