@@ -78,6 +78,18 @@ pub enum AppArmor {
     Localhost(String),
 }
 
+/// Which seccomp profile the worker container runs under (the supervisor, not sandboxed code:
+/// the jail installs its own filter on every sandboxed process, decision 0005).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Seccomp {
+    /// No runtime filter on the supervisor. The runtime's default profile cannot be used: it has
+    /// no `pivot_root` at all, with or without `SYS_ADMIN`, and the jail pivots into its root.
+    Unconfined,
+    /// A profile the operator installed on every node (relative to the kubelet's seccomp
+    /// directory): the runtime's default plus `pivot_root` is enough.
+    Localhost(String),
+}
+
 /// How worker pods are made and how long the backend waits for them.
 #[derive(Clone, Debug)]
 pub struct KubeSettings {
@@ -91,6 +103,8 @@ pub struct KubeSettings {
     pub runtime_class: Option<String>,
     /// The worker container's AppArmor profile.
     pub apparmor: AppArmor,
+    /// The worker container's seccomp profile.
+    pub seccomp: Seccomp,
     /// How long a create waits for the pod to become Ready.
     pub ready_timeout: Duration,
     /// How long a delete waits for both objects to be confirmed absent.
@@ -114,6 +128,7 @@ impl KubeSettings {
             image,
             runtime_class: None,
             apparmor: AppArmor::Unconfined,
+            seccomp: Seccomp::Unconfined,
             ready_timeout: Duration::from_secs(120),
             delete_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(10),
@@ -190,18 +205,19 @@ pub fn worker_selector(pool: &str, worker: WorkerId) -> String {
 ///   runs in cgroups and wipes workspaces of other uids.
 /// - capabilities: drop `ALL`, then add
 ///   - `SYS_ADMIN`: `unshare(CLONE_NEWNS)` and the tmpfs mounts of the supervisor; it is also what
-///     makes the runtime's default seccomp profile admit `unshare`, `mount`, `umount2`, `setns`
-///     and `pivot_root`;
+///     would make the runtime's default seccomp profile admit `unshare`, `mount`, `umount2` and
+///     `setns` (but not `pivot_root`, see below);
 ///   - `SETUID`, `SETGID`: writing the stage's uid and gid maps and dropping to the run's user;
 ///   - `CHOWN`, `FOWNER`, `DAC_OVERRIDE`: giving the workspace to the run's user and wiping what
 ///     that user left behind whatever modes it set;
 ///   - `KILL`: killing every process of a run, which runs under another uid.
-/// - `allowPrivilegeEscalation: true`, stated rather than defaulted: the API refuses `false`
-///   together with `SYS_ADMIN` (the capability can escalate anyway), so claiming it would be false
-///   comfort. `no_new_privs` is set by the jail's stage 2 on every sandboxed process, which is
-///   where it matters.
-/// - `seccompProfile: RuntimeDefault`: the runtime's filter stays on for the supervisor; the jail
-///   adds its own, stricter filter for sandboxed code.
+/// - `allowPrivilegeEscalation: true`, stated rather than defaulted: Kubernetes documents it as
+///   always true with `SYS_ADMIN` (its validation refuses `false` beside `CAP_SYS_ADMIN`), so
+///   `false` would be false comfort. `no_new_privs` is set by the jail's stage 2 on every
+///   sandboxed process, which is where it matters.
+/// - seccomp `Unconfined` or a named `Localhost` profile: the runtime's default profile admits
+///   `unshare` and `mount` only with `SYS_ADMIN`, and never `pivot_root`, which the jail needs;
+///   the jail installs its own filter on every sandboxed process either way.
 /// - AppArmor `Unconfined` or a named `Localhost` profile: the runtime's default profile denies
 ///   `mount`.
 /// - `procMount: Unmasked`: a new user namespace may mount `/proc` only when the mount it came
@@ -209,9 +225,9 @@ pub fn worker_selector(pool: &str, worker: WorkerId) -> String {
 ///   `/proc`. The API accepts `Unmasked` only with `hostUsers: false`.
 ///
 /// The operator must admit this in the workers' namespace: Pod Security `privileged` level
-/// (baseline forbids `SYS_ADMIN`, an unconfined AppArmor profile and an unmasked /proc), nodes
+/// (baseline forbids `SYS_ADMIN`, unconfined AppArmor and seccomp, and an unmasked /proc), nodes
 /// and a runtime that support pod user namespaces, and the `ProcMountType` feature.
-pub fn worker_security_context(apparmor: &AppArmor) -> SecurityContext {
+pub fn worker_security_context(apparmor: &AppArmor, seccomp: &Seccomp) -> SecurityContext {
     let apparmor = match apparmor {
         AppArmor::Unconfined => AppArmorProfile {
             type_: "Unconfined".to_owned(),
@@ -243,9 +259,15 @@ pub fn worker_security_context(apparmor: &AppArmor) -> SecurityContext {
                 .to_vec(),
             ),
         }),
-        seccomp_profile: Some(SeccompProfile {
-            type_: "RuntimeDefault".to_owned(),
-            localhost_profile: None,
+        seccomp_profile: Some(match seccomp {
+            Seccomp::Unconfined => SeccompProfile {
+                type_: "Unconfined".to_owned(),
+                localhost_profile: None,
+            },
+            Seccomp::Localhost(path) => SeccompProfile {
+                type_: "Localhost".to_owned(),
+                localhost_profile: Some(path.clone()),
+            },
         }),
         app_armor_profile: Some(apparmor),
         proc_mount: Some("Unmasked".to_owned()),
@@ -289,7 +311,10 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
             period_seconds: Some(1),
             ..Probe::default()
         }),
-        security_context: Some(worker_security_context(&settings.apparmor)),
+        security_context: Some(worker_security_context(
+            &settings.apparmor,
+            &settings.seccomp,
+        )),
         ..Container::default()
     };
     Pod {

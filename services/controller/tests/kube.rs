@@ -26,7 +26,7 @@ use corral_controller::claim::{
     AgentSandbox, AgentSandboxBackend, ClaimSettings, parse_rfc3339, rfc3339,
 };
 use corral_controller::kube::{
-    AppArmor, KubeBackend, KubeSettings, pool_selector, worker_pod, worker_service,
+    AppArmor, KubeBackend, KubeSettings, Seccomp, pool_selector, worker_pod, worker_service,
 };
 use corral_core::ids::{ImageId, WorkerId};
 use corral_core::pool::Outcome;
@@ -329,7 +329,7 @@ fn pod_manifest_has_the_fields_the_cluster_relies_on() {
                 "drop": ["ALL"],
                 "add": ["SYS_ADMIN", "SETUID", "SETGID", "CHOWN", "FOWNER", "DAC_OVERRIDE", "KILL"],
             },
-            "seccompProfile": { "type": "RuntimeDefault" },
+            "seccompProfile": { "type": "Unconfined" },
             "appArmorProfile": { "type": "Unconfined" },
             "procMount": "Unmasked",
         })
@@ -337,12 +337,17 @@ fn pod_manifest_has_the_fields_the_cluster_relies_on() {
 }
 
 #[test]
-fn pod_manifest_names_the_runtime_class_and_apparmor_profile_when_configured() {
+fn pod_manifest_names_the_runtime_class_and_profiles_when_configured() {
     let mut s = settings();
     s.runtime_class = Some("gvisor".to_owned());
     s.apparmor = AppArmor::Localhost("corral-worker".to_owned());
+    s.seccomp = Seccomp::Localhost("profiles/corral-worker.json".to_owned());
     let json = serde_json::to_value(worker_pod(&s, worker(1), &image())).expect("json");
     assert_eq!(json["spec"]["runtimeClassName"], "gvisor");
+    assert_eq!(
+        json["spec"]["containers"][0]["securityContext"]["seccompProfile"],
+        json!({ "type": "Localhost", "localhostProfile": "profiles/corral-worker.json" })
+    );
     assert_eq!(
         json["spec"]["containers"][0]["securityContext"]["appArmorProfile"],
         json!({ "type": "Localhost", "localhostProfile": "corral-worker" })
