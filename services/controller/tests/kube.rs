@@ -46,6 +46,8 @@ struct Fake {
     hang_create: Option<String>,
     /// A plural whose creates answer with this status code.
     fail_create: Option<(String, u16)>,
+    /// A plural whose deletes answer with this status code (after doing nothing).
+    fail_delete: Option<(String, u16)>,
     /// How many more GETs a deleted object stays visible for.
     linger_gets: u32,
     lingering: BTreeMap<(String, String), u32>,
@@ -213,6 +215,9 @@ async fn handle(
         (Method::DELETE, Some(name)) => {
             let options: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             f.delete_bodies.push(options.clone());
+            if let Some((_, code)) = f.fail_delete.clone().filter(|(p, _)| *p == plural) {
+                return status(code, "Refused");
+            }
             let key = (plural, name);
             let Some(object) = f.objects.get(&key).cloned() else {
                 return status(404, "NotFound");
@@ -794,4 +799,23 @@ async fn claim_that_reaches_its_deadline_before_it_is_ready_is_unknown() {
     assert!(waited >= Duration::from_millis(400), "{waited:?}");
     assert!(waited < Duration::from_secs(4), "{waited:?}");
     assert!(stored(&fake, "sandboxclaims", "w-ab-1").is_some());
+}
+
+#[tokio::test]
+async fn delete_answered_with_500_is_unknown_and_with_403_is_failed() {
+    let mut s = settings();
+    s.delete_timeout = Duration::from_millis(200);
+    let (fake, backend) = kube_backend_with(s).await;
+    assert_eq!(
+        backend.create(worker(1), &image(), None).await,
+        Outcome::Done
+    );
+    fake.lock().expect("fake").fail_delete = Some(("pods".to_owned(), 500));
+    // The pod is still there: nobody may free its capacity (POOL-9).
+    assert_eq!(backend.delete(worker(1)).await, Outcome::Unknown);
+    fake.lock().expect("fake").fail_delete = Some(("pods".to_owned(), 403));
+    assert_eq!(backend.delete(worker(1)).await, Outcome::Failed);
+    assert!(stored(&fake, "pods", "w-ab-1").is_some());
+    fake.lock().expect("fake").fail_delete = None;
+    assert_eq!(backend.delete(worker(1)).await, Outcome::Done);
 }
