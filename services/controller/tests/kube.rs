@@ -819,3 +819,119 @@ async fn delete_answered_with_500_is_unknown_and_with_403_is_failed() {
     fake.lock().expect("fake").fail_delete = None;
     assert_eq!(backend.delete(worker(1)).await, Outcome::Done);
 }
+
+// ---- the reconciler on these backends, with a real Valkey ----
+
+mod with_reconciler {
+    use super::*;
+    use corral_controller::{Reconciler, WorkerControl};
+    use corral_core::ids::OpToken;
+    use corral_core::pool::{PoolConfig, PoolDoc, PoolMode};
+    use corral_core::reset::ResetEvidence;
+    use corral_core::store::Loaded;
+    use corral_store::ValkeyStore;
+    use corral_store::valkey_server::ValkeyServer;
+
+    struct Clean;
+
+    impl WorkerControl for Clean {
+        async fn reset(&self, _worker: WorkerId, token: OpToken) -> Option<ResetEvidence> {
+            Some(ResetEvidence::clean(token))
+        }
+    }
+
+    fn valkey() -> Option<ValkeyServer> {
+        match ValkeyServer::start() {
+            Ok(server) => Some(server),
+            Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
+            Err(why) => {
+                eprintln!("skipping: {why}");
+                None
+            }
+        }
+    }
+
+    async fn doc<B: Backend>(r: &Reconciler<B, Clean>) -> PoolDoc {
+        match r.store().load().await {
+            Ok(Loaded::Found { doc, .. }) => doc,
+            other => panic!("no pool document: {other:?}"),
+        }
+    }
+
+    async fn until_warm<B: Backend>(r: &Reconciler<B, Clean>, warm: usize) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            let _ = r.pass().await;
+            if usize::try_from(doc(r).await.counts().warm).ok() == Some(warm) {
+                return;
+            }
+        }
+        panic!("never warm: {:?}", doc(r).await.counts());
+    }
+
+    fn config(mode: PoolMode) -> PoolConfig {
+        PoolConfig {
+            warm_min: 2,
+            max_allocated: 4,
+            max_concurrent_creates: 1,
+            inventory_stale_ms: 60_000,
+            mode,
+            ..PoolConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_warm_minimum_is_reached_with_worker_pods() {
+        let Some(server) = valkey() else {
+            return;
+        };
+        let store = ValkeyStore::connect(&server.url(), "kube-warm")
+            .await
+            .expect("connects");
+        let (fake, backend) = kube_backend().await;
+        let r = Reconciler::new(store, backend, Clean, config(PoolMode::Controller));
+        until_warm(&r, 2).await;
+        assert_eq!(r.backend().list().await.expect("list").len(), 2);
+        let f = fake.lock().expect("fake");
+        let services = f.objects.keys().filter(|(p, _)| p == "services").count();
+        assert_eq!(services, 2);
+    }
+
+    #[tokio::test]
+    async fn platform_operator_mode_claims_with_the_pools_fixed_deadline() {
+        let Some(server) = valkey() else {
+            return;
+        };
+        let store = ValkeyStore::connect(&server.url(), "claims-warm")
+            .await
+            .expect("connects");
+        let (fake, backend) = claim_backend().await;
+        let lifetime_ms = 3_600_000;
+        let mode = PoolMode::PlatformOperator {
+            claim_lifetime_ms: lifetime_ms,
+        };
+        let before = wall_now_ms();
+        let r = Reconciler::new(store, backend, Clean, config(mode));
+        until_warm(&r, 2).await;
+        let after = wall_now_ms();
+        let f = fake.lock().expect("fake");
+        let claims: Vec<&Value> = f
+            .objects
+            .iter()
+            .filter(|((p, _), _)| p == "sandboxclaims")
+            .map(|(_, o)| o)
+            .collect();
+        assert_eq!(claims.len(), 2);
+        for claim in claims {
+            let text = claim["spec"]["lifecycle"]["shutdownTime"]
+                .as_str()
+                .expect("shutdownTime");
+            let at = parse_rfc3339(text).expect("rfc3339").0;
+            // Fixed at creation: the pool's clock (Valkey's) plus the claim lifetime.
+            assert!(
+                at + 1_000 >= before + lifetime_ms && at <= after + lifetime_ms,
+                "{text}"
+            );
+        }
+    }
+}
