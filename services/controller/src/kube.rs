@@ -13,6 +13,11 @@
 //!
 //! Waiting for readiness uses a watch, and a fresh list is the source of truth whenever a watch
 //! ends or errs, so a closed watch never loses an event.
+//!
+//! The controller's own service account needs, in the workers' namespace only: `create`, `get`,
+//! `list`, `watch` and `delete` on `pods` and `services` (and on `sandboxclaims` of
+//! `extensions.agents.x-k8s.io` for [`crate::claim`]). It never needs `patch`, `update`, secrets
+//! or anything cluster-wide, and it never force-deletes (zero grace).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
