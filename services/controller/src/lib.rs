@@ -17,6 +17,8 @@ use corral_core::time::UnixMillis;
 use corral_store::{ValkeyStore, fresh_epoch};
 
 pub mod http_control;
+pub mod claim;
+pub mod kube;
 pub mod local;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.
