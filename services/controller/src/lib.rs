@@ -16,8 +16,8 @@ use corral_core::store::{Loaded, Transacted, Unavailable};
 use corral_core::time::UnixMillis;
 use corral_store::{ValkeyStore, fresh_epoch};
 
-pub mod http_control;
 pub mod claim;
+pub mod http_control;
 pub mod kube;
 pub mod local;
 

@@ -112,14 +112,16 @@ impl LocalBackend {
     }
 }
 
-/// True when `pid` is a live (not zombie) process whose command line names `worker`.
+/// True when `pid` is a live (not zombie) process that names `worker` in its command line or in
+/// its `CORRAL_WORKER_ID` environment variable (so a reused pid is never taken for a worker).
 fn is_worker_process(pid: i32, worker: WorkerId) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let named = cmdline
-        .split(|b| *b == 0)
-        .any(|arg| arg == worker.to_string().as_bytes());
+    let id = worker.to_string();
+    let in_cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == id.as_bytes()));
+    let marker = format!("CORRAL_WORKER_ID={id}");
+    let in_environ = std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == marker.as_bytes()));
+    let named = in_cmdline || in_environ;
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
     };

@@ -1,0 +1,147 @@
+//! The controller with real workers: `corral worker serve` processes started by the local backend,
+//! reset through their control API, with the pool in a real Valkey. Needs root (the worker's jail
+//! does) and a Valkey server; without them it says why and skips, and CI requires both.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use corral_controller::http_control::HttpControl;
+use corral_controller::local::LocalBackend;
+use corral_controller::{Backend, Pass, Reconciler};
+use corral_core::ids::{ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, TicketId};
+use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateKind};
+use corral_core::store::Loaded;
+use corral_store::harness::commit;
+use corral_store::valkey_server::ValkeyServer;
+use corral_store::{ValkeyStore, fresh_epoch};
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    })
+}
+
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("CORRAL_REQUIRE_SERVICES").is_none(),
+        "{why}"
+    );
+    eprintln!("skipping: {why}");
+}
+
+async fn doc(store: &ValkeyStore) -> PoolDoc {
+    match store.load().await {
+        Ok(Loaded::Found { doc, .. }) => doc,
+        other => panic!("no pool document: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_published_warm() {
+    if !is_root() {
+        return skip("the worker's jail needs root");
+    }
+    let server = match ValkeyServer::start() {
+        Ok(server) => server,
+        Err(why) => return skip(&why.0),
+    };
+    let state = std::env::temp_dir().join(format!("corral-workers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    let credential = "test-credential-0123456789abcdef";
+    let corral = Path::new(env!("CARGO_BIN_EXE_corral"));
+    let backend = LocalBackend::new(
+        &state,
+        corral,
+        &["worker", "serve", "--listen", "127.0.0.1:{port}"],
+        &[Path::new("/usr/bin/python3")],
+    )
+    .expect("backend")
+    .with_env("CORRAL_WORKER_TOKEN", credential);
+    let control = HttpControl::new(state.clone(), credential.to_string());
+    let config = PoolConfig {
+        warm_min: 2,
+        max_allocated: 3,
+        max_concurrent_creates: 2,
+        inventory_stale_ms: 60_000,
+        ..PoolConfig::default()
+    };
+    let store = ValkeyStore::connect(&server.url(), "workers")
+        .await
+        .expect("connects");
+    let reconciler = Reconciler::new(store, backend, control, config.clone());
+
+    let started = Instant::now();
+    assert!(
+        reconciler.pass().await.published,
+        "the first pass publishes the image"
+    );
+    while doc(reconciler.store()).await.counts().warm < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the warm minimum was never reached"
+        );
+        let _ = reconciler.pass().await;
+    }
+    let workers = reconciler.backend().list().await.expect("lists");
+    assert_eq!(workers.len(), 2, "two real worker processes");
+
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: ActorId("a".into()),
+        conversation: ConversationId("c".into()),
+    };
+    let acquire = Command::Acquire {
+        ticket: TicketId(1),
+        member: MemberId("m".into()),
+        scope,
+        wait_ms: 5_000,
+    };
+    let applied = commit(reconciler.store(), &acquire, &config, fresh_epoch())
+        .await
+        .expect("store up");
+    let Some(Event::Granted { worker, token, .. }) = applied
+        .events
+        .iter()
+        .find(|e| matches!(e, Event::Granted { .. }))
+        .cloned()
+    else {
+        panic!("a warm pool grants at once: {applied:?}")
+    };
+    let release = Command::Release {
+        worker,
+        lease: TicketId(1),
+        token,
+        disposition: Disposition::Reset,
+    };
+    let applied = commit(reconciler.store(), &release, &config, fresh_epoch())
+        .await
+        .expect("store up");
+    let mut pass = Pass::default();
+    reconciler.perform(applied.effects, &mut pass).await;
+    assert_eq!(pass.resets, 1);
+    let after = doc(reconciler.store()).await;
+    assert_eq!(
+        after.workers()[&worker].state.kind(),
+        StateKind::Warm,
+        "the real worker proved itself clean and is warm again"
+    );
+    assert!(
+        after.workers()[&worker].token != token,
+        "under a new operation token"
+    );
+
+    for id in workers {
+        let outcome = reconciler.backend().delete(id).await;
+        assert_eq!(
+            outcome,
+            corral_core::pool::Outcome::Done,
+            "deleted and confirmed absent"
+        );
+    }
+    assert!(
+        reconciler.backend().list().await.expect("lists").is_empty(),
+        "no worker process left"
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}
