@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 
 mod config_cmd;
+mod controller_cmd;
 mod egress_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]
@@ -15,6 +16,7 @@ commands:
   egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
   egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
   worker serve     the worker's authenticated control API (see `corral worker help`)
+  controller       keep the warm pool with local worker processes (--valkey URL; see the crate docs)
   help             this text
 ";
 
@@ -32,6 +34,7 @@ fn main() -> ExitCode {
     let rest = &args[1..];
     match command.as_str() {
         "config" => config_cmd::run(rest),
+        "controller" => controller_cmd::run(rest),
         // `["jail"]` re-executes this binary into the jail's hidden stages.
         "jail" => corral_worker::cli::main(rest, &["jail"]),
         "egress" => egress_cmd::run(rest),
