@@ -841,14 +841,7 @@ mod with_reconciler {
     }
 
     fn valkey() -> Option<ValkeyServer> {
-        match ValkeyServer::start() {
-            Ok(server) => Some(server),
-            Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
-            Err(why) => {
-                eprintln!("skipping: {why}");
-                None
-            }
-        }
+        ValkeyServer::start_or_skip()
     }
 
     async fn doc<B: Backend>(r: &Reconciler<B, Clean>) -> PoolDoc {

@@ -67,13 +67,9 @@ fn backend(state: &Path) -> LocalBackend {
 }
 
 async fn fixture(name: &str, config: PoolConfig) -> Option<Fixture> {
-    let server = match ValkeyServer::start() {
-        Ok(server) => server,
-        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return None;
-        }
+    let server = match ValkeyServer::start_or_skip() {
+        Some(server) => server,
+        None => return None,
     };
     let state = tempdir::Dir::new(name);
     let store = ValkeyStore::connect(&server.url(), name)

@@ -151,13 +151,9 @@ async fn pool_05_the_model_keeps_the_store_contract() {
 
 #[tokio::test]
 async fn pool_05_valkey_keeps_the_store_contract() {
-    let server = match ValkeyServer::start() {
-        Ok(server) => server,
-        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
+    let server = match ValkeyServer::start_or_skip() {
+        Some(server) => server,
+        None => return,
     };
     let store = ValkeyStore::connect(&server.url(), "contract")
         .await

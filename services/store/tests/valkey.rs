@@ -16,15 +16,7 @@ use corral_store::valkey_server::ValkeyServer;
 use corral_store::{ValkeyStore, fresh_epoch};
 
 fn server() -> Option<ValkeyServer> {
-    match ValkeyServer::start() {
-        Ok(server) => Some(server),
-        // CI installs a server and sets CORRAL_REQUIRE_SERVICES: there, a missing one is a failure.
-        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => panic!("{why}"),
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            None
-        }
-    }
+    ValkeyServer::start_or_skip()
 }
 
 async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
