@@ -1,9 +1,10 @@
 //! Reading a jail's stdout and stderr: the stages' protocol lines first, then the code's output,
 //! each stream capped, with reading bounded by the wall limit.
 
+use std::io::Write;
 use std::io::{ErrorKind, Read};
 use std::os::fd::{AsFd, OwnedFd};
-use std::process::{ChildStderr, ChildStdout};
+use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::time::{Duration, Instant};
 
 use corral_core::jail::CappedOutput;
@@ -255,4 +256,27 @@ pub fn drain_after_kill(streams: Streams, captured: &mut Captured, grace: Durati
     }
     captured.stdout = out.output;
     captured.stderr = err.output;
+}
+
+/// Writes `code` to a prepared jail's program pipe and closes it (the interpreter's end of
+/// input), giving up at `deadline`: an interpreter that stops reading cannot hold the supervisor.
+pub fn deliver(mut program: ChildStdin, code: &[u8], deadline: Instant) -> Result<(), String> {
+    nonblocking(&program).map_err(|e| format!("pipe: {e}"))?;
+    let mut rest = code;
+    while !rest.is_empty() {
+        match program.write(rest) {
+            Ok(0) => return Err("the pipe closed".to_owned()),
+            Ok(written) => rest = &rest[written..],
+            Err(error) if error.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err("the interpreter did not read the code in time".to_owned());
+                }
+                let mut fds = [PollFd::new(program.as_fd(), PollFlags::POLLOUT)];
+                let _ = poll(&mut fds, timeout_until(deadline));
+            }
+            Err(error) if error.kind() == ErrorKind::Interrupted => {}
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    Ok(())
 }

@@ -125,6 +125,9 @@ pub struct RunResult {
     pub isolation: IsolationResult,
     /// Bounded notes: skipped files, invalid documents, waived primitives, failed steps.
     pub diagnostics: Vec<String>,
+    /// Whether the code ran in the jail prepared before the request (its interpreter already
+    /// started), rather than one built for it.
+    pub warm: bool,
     /// Timings.
     pub durations: Durations,
     /// The workspace packed after the run, when the request asked for it (the control API encodes

@@ -82,11 +82,77 @@ pub fn body_max_bytes(workspace_max_bytes: u64) -> u64 {
         .saturating_add(BODY_MARGIN_BYTES)
 }
 
+/// One operation on the worker, run on its thread.
+type Job = Box<dyn FnOnce(&mut Worker) + Send>;
+
+/// The one thread that owns the worker and runs every operation on it. One thread, because a
+/// jail dies with the thread that started it (the parent-death signal follows the thread), and a
+/// prepared jail must outlive the request that prepared it: the runtime's blocking threads come
+/// and go.
+struct JailThread {
+    jobs: std::sync::mpsc::SyncSender<Job>,
+}
+
+/// Jobs that may wait for the thread: the one of the request holding the lock, and the
+/// preparation that follows a reset.
+const JOBS_QUEUED_MAX: usize = 2;
+
+impl JailThread {
+    /// Starts the thread, which prepares the first jail before it takes any job.
+    fn start(mut worker: Worker) -> Result<Self, String> {
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(JOBS_QUEUED_MAX);
+        std::thread::Builder::new()
+            .name("corral-jail".to_owned())
+            .spawn(move || {
+                prepare_next(&mut worker);
+                while let Ok(job) = queue.recv() {
+                    job(&mut worker);
+                }
+            })
+            .map_err(|e| format!("start the jail thread: {e}"))?;
+        Ok(Self { jobs })
+    }
+
+    /// Runs `job` on the thread and waits for its answer.
+    async fn run<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Worker) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        self.jobs
+            .try_send(Box::new(move |worker| {
+                let _ = answer.send(job(worker));
+            }))
+            .map_err(|e| format!("the jail thread: {e}"))?;
+        answered
+            .await
+            .map_err(|_| "the jail thread ended".to_owned())
+    }
+
+    /// Queues `job` without waiting for it.
+    fn queue(&self, job: Job) -> Result<(), String> {
+        self.jobs
+            .try_send(job)
+            .map_err(|e| format!("the jail thread: {e}"))
+    }
+}
+
+/// Prepares the next jail (Python's interpreter started in it) where the posture allows runs at
+/// all. A failure is reported by the next run, which goes cold.
+fn prepare_next(worker: &mut Worker) {
+    if worker.posture().is_ok()
+        && let Err(why) = worker.prepare(corral_core::jail::Language::Python)
+    {
+        eprintln!("corral worker: no prepared jail, runs go cold: {why}");
+    }
+}
+
 /// What every handler shares.
 struct AppState {
     token: Vec<u8>,
-    /// The one worker; held for the whole of a run or reset, so that a second one gets 409.
-    worker: Arc<Mutex<Worker>>,
+    /// The one worker's thread; held for the whole of a run or reset, so that a second one gets
+    /// 409.
+    worker: Arc<Mutex<JailThread>>,
     bounds: ExecutionBounds,
     posture: &'static str,
     staging: PathBuf,
@@ -190,6 +256,8 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
     };
     let bounds = settings.bounds.clone();
     let staging = prepare_staging(Path::new(STAGING_DIR), bounds.workspace_max_bytes)?;
+    // After the staging mount, so that the thread shares the mount namespace as it is now.
+    let worker = JailThread::start(worker)?;
     let state = Arc::new(AppState {
         token,
         worker: Arc::new(Mutex::new(worker)),
@@ -391,14 +459,15 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         bounds: Some(bounds.clone()),
         pack_workspace: true,
     };
-    let ran = tokio::task::spawn_blocking(move || {
-        let mut worker = worker;
-        let ran = run_staged(&mut worker, &run, &request_dir, archive.as_deref(), &bounds);
-        // The staged copy is the request's alone; it is removed whatever happened.
-        let _ = std::fs::remove_dir_all(&request_dir);
-        ran
-    })
-    .await;
+    let ran = worker
+        .run(move |worker| {
+            let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
+            // The staged copy is the request's alone; it is removed whatever happened.
+            let _ = std::fs::remove_dir_all(&request_dir);
+            ran
+        })
+        .await;
+    drop(worker);
     match ran {
         Ok(Ok(result)) => execute_response(result, has_grant),
         Ok(Err(Refusal::Archive(e))) => error(
@@ -544,19 +613,26 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
     };
     let staging = state.staging.clone();
-    let done = tokio::task::spawn_blocking(move || {
-        let mut worker = worker;
-        let mut diagnostics = Vec::new();
-        let mut evidence = worker.reset_all(OpToken(request.token), &mut diagnostics);
-        // Staged workspaces are removed after every request; any left are wiped and counted.
-        let left = wipe_staging(&staging, &mut diagnostics);
-        evidence.workspace_entries = match (evidence.workspace_entries, left) {
-            (Some(a), Some(b)) => Some(a.saturating_add(b)),
-            _ => None,
-        };
-        (evidence, diagnostics)
-    })
-    .await;
+    let done = worker
+        .run(move |worker| {
+            let mut diagnostics = Vec::new();
+            let mut evidence = worker.reset_all(OpToken(request.token), &mut diagnostics);
+            // Staged workspaces are removed after every request; any left are wiped and counted.
+            let left = wipe_staging(&staging, &mut diagnostics);
+            evidence.workspace_entries = match (evidence.workspace_entries, left) {
+                (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                _ => None,
+            };
+            (evidence, diagnostics)
+        })
+        .await;
+    // The next jail is prepared once the evidence is measured (it would count as the run's
+    // processes otherwise), while the answer goes out; a request arriving meanwhile waits for it
+    // on the thread.
+    if let Err(e) = worker.queue(Box::new(prepare_next)) {
+        eprintln!("corral worker: no prepared jail: {e}");
+    }
+    drop(worker);
     match done {
         Ok((evidence, diagnostics)) => axum::Json(json!({
             "reset_evidence": EvidenceResult::judged(&evidence),

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use corral_core::config::{ExecutionBounds, Settings};
@@ -110,11 +110,27 @@ pub struct RunRequest {
 
 /// What one run has created, for the reset.
 struct ActiveRun {
+    number: u32,
     dirs: Option<RunDirs>,
     run_dir: PathBuf,
     cgroups: RunCgroups,
     uids: [u32; 2],
     stage1: Option<Child>,
+}
+
+/// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
+/// gets, with its interpreter already started and blocked reading the program from stdin. It
+/// serves exactly one run and is torn down by that run's reset, or by the next reset between
+/// leases if no run took it.
+struct Prepared {
+    run: ActiveRun,
+    language: Language,
+    /// The bounds it was built for: the cgroup's and the rlimits' values depend on them.
+    memory_bytes: u64,
+    processes: u32,
+    started: Started,
+    /// The write end the code is delivered through; closing it is the code's end of input.
+    program: ChildStdin,
 }
 
 /// The worker's supervisor.
@@ -124,6 +140,9 @@ pub struct Worker {
     base: PathBuf,
     missing: Missing,
     runs: u32,
+    prepared: Option<Prepared>,
+    /// Why the last preparation failed, reported by the next run (which runs cold).
+    prepare_failure: Option<String>,
 }
 
 impl Worker {
@@ -154,6 +173,177 @@ impl Worker {
             base,
             missing,
             runs: 0,
+            prepared: None,
+            prepare_failure: None,
+        }
+    }
+
+    /// Whether a prepared jail is waiting for a run.
+    #[must_use]
+    pub fn is_prepared(&self) -> bool {
+        self.prepared.is_some()
+    }
+
+    /// Builds the next run's jail now, with the interpreter of `language` started in it and
+    /// waiting for the code, so that a run costs less than starting the interpreter. Any jail
+    /// already prepared is torn down first (it is never handed on). On failure nothing is left
+    /// and the next run goes the cold way, saying why in its diagnostics. The jail dies with the
+    /// thread that calls this (the parent-death signal follows the thread): call it from the
+    /// thread that will call [`Worker::run`].
+    pub fn prepare(&mut self, language: Language) -> Result<(), String> {
+        let mut notes = Vec::new();
+        self.discard_prepared(&mut notes);
+        let mut run = self.new_run();
+        let mut scratch = RunResult::default();
+        let prepared = self.build_prepared(language, &mut run, &mut scratch);
+        match prepared {
+            Ok((started, program)) => {
+                self.prepared = Some(Prepared {
+                    run,
+                    language,
+                    memory_bytes: self.settings.bounds.max_memory_bytes,
+                    processes: self.settings.bounds.max_processes,
+                    started,
+                    program,
+                });
+                self.prepare_failure = None;
+                Ok(())
+            }
+            Err(reason) => {
+                let mut why = format!("{}: {}", reason.code(), scratch.diagnostics.join("; "));
+                let evidence = self.reset(&mut run, OpToken(0), &mut notes);
+                if !matches!(
+                    corral_core::reset::judge(&evidence, evidence.token),
+                    corral_core::reset::Verdict::Clean
+                ) {
+                    why.push_str(&format!("; its teardown left {evidence:?}"));
+                }
+                self.prepare_failure = Some(why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// Tears down a prepared jail no run took; notes a teardown that did not come out clean
+    /// (the reset between leases measures everything again either way).
+    fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) {
+        if let Some(mut prepared) = self.prepared.take() {
+            drop(prepared.program);
+            let evidence = self.reset(&mut prepared.run, OpToken(0), diagnostics);
+            if !matches!(
+                corral_core::reset::judge(&evidence, evidence.token),
+                corral_core::reset::Verdict::Clean
+            ) {
+                note(
+                    diagnostics,
+                    format!("the unused prepared jail's teardown left {evidence:?}"),
+                );
+            }
+        }
+    }
+
+    /// The directories, cgroups and jail of a prepared run, up to the interpreter waiting.
+    fn build_prepared(
+        &self,
+        language: Language,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+    ) -> Result<(Started, ChildStdin), NotRun> {
+        let posture = self.decide_posture(result)?;
+        self.create_run(run, &posture, result)?;
+        let plan = self.plan(
+            language,
+            run,
+            &posture,
+            self.settings.bounds.max_wall_seconds,
+            true,
+        );
+        let (started, program) = self.start_jail(&plan, run, &mut result.diagnostics, true)?;
+        let Some(program) = program else {
+            note(
+                &mut result.diagnostics,
+                "the jail's program pipe is missing",
+            );
+            return Err(NotRun::JailSetupFailed);
+        };
+        Ok((started, program))
+    }
+
+    /// A new run's number, directory and uids. A number a prepared jail holds is skipped.
+    fn new_run(&mut self) -> ActiveRun {
+        let mut number = self.runs % RUNS_PER_SUPERVISOR;
+        self.runs = self.runs.wrapping_add(1);
+        if self
+            .prepared
+            .as_ref()
+            .is_some_and(|p| p.run.number == number)
+        {
+            number = self.runs % RUNS_PER_SUPERVISOR;
+            self.runs = self.runs.wrapping_add(1);
+        }
+        let pair = std::process::id()
+            .saturating_mul(RUNS_PER_SUPERVISOR)
+            .saturating_add(number)
+            .saturating_mul(2);
+        let root_uid = HOST_UID_BASE.saturating_add(pair);
+        // Both uids of the run lie in the jails' range and are ordinary ids (u32::MAX is "none").
+        assert!(
+            (HOST_UID_BASE..u32::MAX - 2).contains(&root_uid),
+            "run uid {root_uid} out of range"
+        );
+        ActiveRun {
+            number,
+            dirs: None,
+            run_dir: self.base.join(format!("run-{number}")),
+            cgroups: RunCgroups::default(),
+            uids: [root_uid, root_uid.saturating_add(1)],
+            stage1: None,
+        }
+    }
+
+    /// The prepared jail, if there is one that can take `request` (same language, built for the
+    /// same memory and process bounds) and it is still alive. A jail that cannot take it stays
+    /// prepared, untouched by anyone; a dead one is torn down. Says in `diagnostics` why a run
+    /// goes cold.
+    fn take_prepared(
+        &mut self,
+        request: &RunRequest,
+        diagnostics: &mut Vec<String>,
+    ) -> Option<Prepared> {
+        let Some(prepared) = self.prepared.take() else {
+            if let Some(why) = &self.prepare_failure {
+                note(
+                    diagnostics,
+                    format!("no prepared jail (its preparation failed: {why}); ran cold"),
+                );
+            }
+            return None;
+        };
+        let bounds = request.bounds.as_ref().unwrap_or(&self.settings.bounds);
+        let fits = Language::parse(&request.language).ok() == Some(prepared.language)
+            && bounds.max_memory_bytes == prepared.memory_bytes
+            && bounds.max_processes == prepared.processes;
+        if !fits {
+            self.prepared = Some(prepared);
+            return None;
+        }
+        let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
+        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => Some(prepared),
+            other => {
+                let mut prepared = prepared;
+                // Reaped (or not ours): its pid must not be signalled again.
+                if let Some(child) = prepared.run.stage1.take() {
+                    drop(child);
+                }
+                note(
+                    diagnostics,
+                    format!("the prepared jail had ended ({other:?}); ran cold"),
+                );
+                drop(prepared.program);
+                let _ = self.reset(&mut prepared.run, OpToken(0), diagnostics);
+                None
+            }
         }
     }
 
@@ -176,33 +366,32 @@ impl Worker {
     /// that calls this (the parent-death signal follows the thread), which this call outlives.
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
-        let number = self.runs % RUNS_PER_SUPERVISOR;
-        self.runs = self.runs.wrapping_add(1);
-        let pair = std::process::id()
-            .saturating_mul(RUNS_PER_SUPERVISOR)
-            .saturating_add(number)
-            .saturating_mul(2);
-        let root_uid = HOST_UID_BASE.saturating_add(pair);
-        // Both uids of the run lie in the jails' range and are ordinary ids (u32::MAX is "none").
-        assert!(
-            (HOST_UID_BASE..u32::MAX - 2).contains(&root_uid),
-            "run uid {root_uid} out of range"
-        );
-        let mut run = ActiveRun {
-            dirs: None,
-            run_dir: self.base.join(format!("run-{number}")),
-            cgroups: RunCgroups::default(),
-            uids: [root_uid, root_uid.saturating_add(1)],
-            stage1: None,
-        };
         let mut result = RunResult::default();
+        let prepared = self.take_prepared(request, &mut result.diagnostics);
         // The run's bounds stand in for the configured ones until it is over; every step reads
         // them from the settings, so this is the one place that has to know.
         let configured = request
             .bounds
             .clone()
             .map(|bounds| std::mem::replace(&mut self.settings.bounds, bounds));
-        let executed = self.execute(request, &mut run, &mut result);
+        let (mut run, executed) = match prepared {
+            Some(prepared) => {
+                result.warm = true;
+                let Prepared {
+                    mut run,
+                    started: jail,
+                    program,
+                    ..
+                } = prepared;
+                let executed = self.execute_warm(request, &mut run, jail, program, &mut result);
+                (run, executed)
+            }
+            None => {
+                let mut run = self.new_run();
+                let executed = self.execute(request, &mut run, &mut result);
+                (run, executed)
+            }
+        };
         if let Some(configured) = configured {
             self.settings.bounds = configured;
         }
@@ -223,6 +412,8 @@ impl Worker {
     /// resets itself; this proves it again, under the caller's token, and cleans up after a run
     /// whose own reset failed.
     pub fn reset_all(&mut self, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
+        // The prepared jail goes too: the next tenant gets one prepared after this reset.
+        self.discard_prepared(diagnostics);
         let pair_base = std::process::id().saturating_mul(RUNS_PER_SUPERVISOR);
         let uids: Vec<u32> = (0..RUNS_PER_SUPERVISOR * 2)
             .map(|offset| {
@@ -282,7 +473,70 @@ impl Worker {
             );
             return Err(NotRun::CodeTooLarge);
         }
-        let waived = |primitive| matches!(&posture, Posture::Weaker { waived } if waived.contains(&primitive));
+        let dirs = self.create_run(run, &posture, result)?;
+        let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
+        let plan = self.plan(language, run, &posture, wall_seconds, false);
+        let (started, _) = self.start_jail(&plan, run, &mut result.diagnostics, false)?;
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+
+    /// Everything before the reset of a run in the prepared jail: the same refusals and the same
+    /// workspace as a cold run, then the code is delivered to the waiting interpreter. The wall
+    /// limit runs from the delivery.
+    fn execute_warm(
+        &self,
+        request: &RunRequest,
+        run: &mut ActiveRun,
+        jail: Started,
+        program: ChildStdin,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
+        self.decide_posture(result)?;
+        let language = Language::parse(&request.language)?;
+        let bounds = &self.settings.bounds;
+        if request.code.len() as u64 > bounds.workspace_max_bytes {
+            note(
+                &mut result.diagnostics,
+                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+            );
+            return Err(NotRun::CodeTooLarge);
+        }
+        let dirs = RunDirs {
+            run_dir: run.run_dir.clone(),
+        };
+        let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
+        let go_at = Instant::now();
+        if let Err(error) = capture::deliver(
+            program,
+            &request.code,
+            go_at + Duration::from_secs(wall_seconds),
+        ) {
+            // The interpreter stopped reading: what it did is reported like any run's end.
+            note(
+                &mut result.diagnostics,
+                format!("deliver the code: {error}"),
+            );
+        }
+        let started = Started { go_at, ..jail };
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+
+    /// Creates the run's directories and cgroups (recorded in `run` even when half-made, so that
+    /// the reset removes what was made).
+    fn create_run(
+        &self,
+        run: &mut ActiveRun,
+        posture: &Posture,
+        result: &mut RunResult,
+    ) -> Result<RunDirs, NotRun> {
+        let bounds = &self.settings.bounds;
+        let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
         let setup_failed = |diagnostics: &mut Vec<String>, error: String| {
             note(diagnostics, error);
             NotRun::JailSetupFailed
@@ -293,11 +547,42 @@ impl Worker {
             bounds.workspace_max_bytes,
             bounds.tmp_max_bytes,
         );
-        // Recorded even when half-made, so that the reset removes what was made.
         run.dirs = Some(RunDirs {
             run_dir: run.run_dir.clone(),
         });
         let dirs = dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        let memory_cgroup = !waived(Primitive::CgroupMemory);
+        let pids_cgroup = !waived(Primitive::CgroupPids);
+        run.cgroups = RunCgroups::create(
+            Path::new(&self.settings.jail.cgroup_root),
+            &format!("run-{}-{}", std::process::id(), run.uids[0]),
+            memory_cgroup.then_some(bounds.max_memory_bytes),
+            pids_cgroup.then_some(bounds.max_processes),
+        )
+        .map_err(|(primitive, e)| {
+            setup_failed(
+                &mut result.diagnostics,
+                format!("{}: {e}", primitive.code()),
+            )
+        })?;
+        Ok(dirs)
+    }
+
+    /// Copies the request's workspace in and writes the code file; returns the workspace as it
+    /// was before the code ran.
+    fn fill_workspace(
+        &self,
+        request: &RunRequest,
+        language: Language,
+        run: &ActiveRun,
+        dirs: &RunDirs,
+        result: &mut RunResult,
+    ) -> Result<downloads::Snapshot, NotRun> {
+        let bounds = &self.settings.bounds;
+        let setup_failed = |diagnostics: &mut Vec<String>, error: String| {
+            note(diagnostics, error);
+            NotRun::JailSetupFailed
+        };
         if let Some(source) = &request.workspace {
             match workspace::copy_in(
                 source,
@@ -319,31 +604,14 @@ impl Worker {
                 }
             }
         }
+        // Also in a warm run, though the code arrives on the pipe: the code may read its own
+        // file, as it can in a cold run.
         let code_name = format!("main.{}", language.extension());
         dirs.write_code(&code_name, &request.code)
             .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
         let (before, _, _) = workspace::snapshot(&dirs.workspace())
             .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
-        let memory_cgroup = !waived(Primitive::CgroupMemory);
-        let pids_cgroup = !waived(Primitive::CgroupPids);
-        run.cgroups = RunCgroups::create(
-            Path::new(&self.settings.jail.cgroup_root),
-            &format!("run-{}-{}", std::process::id(), run.uids[0]),
-            memory_cgroup.then_some(bounds.max_memory_bytes),
-            pids_cgroup.then_some(bounds.max_processes),
-        )
-        .map_err(|(primitive, e)| {
-            setup_failed(
-                &mut result.diagnostics,
-                format!("{}: {e}", primitive.code()),
-            )
-        })?;
-        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
-        let plan = self.plan(language, run, &posture, wall_seconds);
-        let started = self.start_jail(&plan, run, &mut result.diagnostics)?;
-        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
-        self.collect(request, &before, &dirs, observed, all_dead, result);
-        Ok(())
+        Ok(before)
     }
 
     /// What the stages need to build this run's jail.
@@ -353,6 +621,7 @@ impl Worker {
         run: &ActiveRun,
         posture: &Posture,
         wall_seconds: u64,
+        warm: bool,
     ) -> JailPlan {
         let bounds = &self.settings.bounds;
         let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
@@ -372,7 +641,11 @@ impl Worker {
             inner_uid,
             inner_gid,
             seccomp_waivable: waived(Primitive::Seccomp),
-            argv: interpreter(language, &format!("/run/corral/{code_name}")),
+            argv: if warm {
+                bootstrap(language, &format!("/run/corral/{code_name}"))
+            } else {
+                interpreter(language, &format!("/run/corral/{code_name}"))
+            },
             env: environment(),
             limits: Limits {
                 processes: u64::from(bounds.max_processes)
@@ -434,7 +707,8 @@ impl Worker {
         plan: &JailPlan,
         run: &mut ActiveRun,
         diagnostics: &mut Vec<String>,
-    ) -> Result<Started, NotRun> {
+        keep_stdin: bool,
+    ) -> Result<(Started, Option<ChildStdin>), NotRun> {
         let failed = |diagnostics: &mut Vec<String>, error: String| {
             note(diagnostics, error);
             NotRun::JailSetupFailed
@@ -487,7 +761,14 @@ impl Worker {
         stdin
             .write_all(&[GO_BYTE])
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
-        drop(stdin);
+        // The interpreter inherits this pipe as its stdin: closed now, a cold run's code reads
+        // end of input; kept, a prepared jail's bootstrap reads the code from it.
+        let program = if keep_stdin {
+            Some(stdin)
+        } else {
+            drop(stdin);
+            None
+        };
         let (went, lines) =
             capture::read_until_go(&mut stdout, deadline).map_err(|e| failed(diagnostics, e))?;
         if !went {
@@ -498,12 +779,15 @@ impl Worker {
                 note(diagnostics, format!("waived at run time:{rest}"));
             }
         }
-        Ok(Started {
-            pid,
-            stdout,
-            stderr,
-            go_at: Instant::now(),
-        })
+        Ok((
+            Started {
+                pid,
+                stdout,
+                stderr,
+                go_at: Instant::now(),
+            },
+            program,
+        ))
     }
 
     /// The refusal for a jail that ended before `G`.
@@ -789,6 +1073,46 @@ fn interpreter(language: Language, path: &str) -> Vec<String> {
         Language::Node => "/usr/bin/node",
     };
     vec![program.to_owned(), path.to_owned()]
+}
+
+/// The interpreter's command line in a prepared jail: a bootstrap that blocks reading the code
+/// from stdin (the supervisor's pipe) until the supervisor closes it, puts /dev/null in its place
+/// so the code reads end of input as a cold run does, and runs the code as the main program
+/// under `path`'s name. It is visible to the code (pid 1's children are), and holds nothing secret.
+fn bootstrap(language: Language, path: &str) -> Vec<String> {
+    match language {
+        Language::Python => {
+            // The bootstrap's own names are removed from __main__ before the code runs in it.
+            let source = format!(
+                "import sys, os, __main__ as m\n\
+                 def _corral():\n\
+                 \x20   src = sys.stdin.buffer.read()\n\
+                 \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
+                 \x20   os.dup2(fd, 0)\n\
+                 \x20   os.close(fd)\n\
+                 \x20   sys.argv = [{path:?}]\n\
+                 \x20   sys.path[0] = {dir:?}\n\
+                 \x20   g = m.__dict__\n\
+                 \x20   for k in [k for k in g if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__')]:\n\
+                 \x20       del g[k]\n\
+                 \x20   g['__file__'] = {path:?}\n\
+                 \x20   return compile(src, {path:?}, 'exec'), g\n\
+                 exec(*_corral())\n",
+                dir = "/run/corral",
+            );
+            vec!["/usr/bin/python3".to_owned(), "-c".to_owned(), source]
+        }
+        Language::Node => {
+            let source = format!(
+                "(() => {{ const fs = require('fs'), M = require('module'); \
+                 const src = fs.readFileSync(0, 'utf8'); fs.closeSync(0); fs.openSync('/dev/null', 'r'); \
+                 const f = {path:?}; const m = new M('.', null); m.filename = f; \
+                 m.paths = M._nodeModulePaths('/run/corral'); process.argv[1] = f; \
+                 process.mainModule = m; m._compile(src, f); }})()"
+            );
+            vec!["/usr/bin/node".to_owned(), "-e".to_owned(), source]
+        }
+    }
 }
 
 /// The code's whole environment: nothing of the supervisor's.
