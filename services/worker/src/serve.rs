@@ -5,11 +5,20 @@
 //! credential only the controller and the API hold (`CORRAL_WORKER_TOKEN_FILE` or
 //! `CORRAL_WORKER_TOKEN`); the server refuses to start without one and compares in constant time.
 //!
-//! - `GET /health`: the posture and whether a run is in progress.
+//! - `GET /health`: the posture, whether a run is in progress, and whether a prepared jail (its
+//!   interpreter started) waits for the next execute.
 //! - `POST /v1/execute`: runs code in the jail exactly as `corral jail run` does, with an optional
 //!   workspace archive (base64 tar) unpacked first and the workspace packed after; returns the same
 //!   result object plus `workspace_archive`.
-//! - `POST /v1/reset`: kills anything left, wipes, returns the reset evidence under the token given.
+//! - `POST /v1/reset`: kills anything left (the prepared jail too), wipes, returns the reset
+//!   evidence under the token given, then prepares the next jail.
+//!
+//! A warm worker keeps one jail prepared (ARCHITECTURE.md, "Running code"): built at start-up and
+//! after every reset exactly as a cold run's, with Python's interpreter started in it and waiting
+//! for the code on its stdin. An execute it fits (Python, the configured memory and process
+//! bounds) runs there; any other, or one that finds no prepared jail, builds its own, and says
+//! why in `diagnostics` when preparation failed. A prepared jail serves one run and goes with its
+//! reset. Every operation runs on one thread that owns the worker (see `JailThread`).
 //!
 //! One operation at a time: a second one while a run or reset is in progress gets 409. The worker
 //! never checks operation tokens against anything (the pool does, POOL-9); it echoes them. What
@@ -22,7 +31,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -99,14 +108,17 @@ const JOBS_QUEUED_MAX: usize = 2;
 
 impl JailThread {
     /// Starts the thread, which prepares the first jail before it takes any job.
-    fn start(mut worker: Worker) -> Result<Self, String> {
+    /// `prepared` tells whether a prepared jail waits, after each job (for `/health`).
+    fn start(mut worker: Worker, prepared: Arc<AtomicBool>) -> Result<Self, String> {
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(JOBS_QUEUED_MAX);
         std::thread::Builder::new()
             .name("corral-jail".to_owned())
             .spawn(move || {
                 prepare_next(&mut worker);
+                prepared.store(worker.is_prepared(), Ordering::Relaxed);
                 while let Ok(job) = queue.recv() {
                     job(&mut worker);
+                    prepared.store(worker.is_prepared(), Ordering::Relaxed);
                 }
             })
             .map_err(|e| format!("start the jail thread: {e}"))?;
@@ -153,6 +165,8 @@ struct AppState {
     /// The one worker's thread; held for the whole of a run or reset, so that a second one gets
     /// 409.
     worker: Arc<Mutex<JailThread>>,
+    /// Whether a prepared jail waits for the next execute.
+    prepared: Arc<AtomicBool>,
     bounds: ExecutionBounds,
     posture: &'static str,
     staging: PathBuf,
@@ -257,9 +271,11 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
     let bounds = settings.bounds.clone();
     let staging = prepare_staging(Path::new(STAGING_DIR), bounds.workspace_max_bytes)?;
     // After the staging mount, so that the thread shares the mount namespace as it is now.
-    let worker = JailThread::start(worker)?;
+    let prepared = Arc::new(AtomicBool::new(false));
+    let worker = JailThread::start(worker, prepared.clone())?;
     let state = Arc::new(AppState {
         token,
+        prepared,
         worker: Arc::new(Mutex::new(worker)),
         body_max_bytes: body_max_bytes(bounds.workspace_max_bytes),
         bounds,
@@ -374,10 +390,12 @@ async fn not_found() -> Response {
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let prepared = state.prepared.load(Ordering::Relaxed);
     axum::Json(json!({
         "status": "ok",
         "posture": state.posture,
         "busy": state.worker.try_lock().is_err(),
+        "prepared": prepared,
         "body_max_bytes": state.body_max_bytes,
     }))
     .into_response()

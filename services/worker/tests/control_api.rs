@@ -367,3 +367,89 @@ fn api_reads_the_credential_from_its_file_first() {
     assert_eq!(server.request("GET", "/health", Some(TOKEN), b"").0, 200);
     assert_eq!(server.request("GET", "/health", Some(other), b"").0, 401);
 }
+
+/// Waits until the worker has prepared its next jail: `/health` says so. A check of its state,
+/// repeated until a deadline that only a hung server reaches.
+fn wait_prepared(server: &Server) {
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+    while std::time::Instant::now() < deadline {
+        let (_, health) = server.request("GET", "/health", Some(TOKEN), b"");
+        if health["prepared"] == true {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the worker never prepared a jail");
+}
+
+#[test]
+fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
+    if !root_or_skip("api_warm") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    let code = "import os\nprint(sorted(os.listdir('/tmp')), os.readlink('/proc/self/ns/pid'))\nopen('/tmp/left-by-first', 'w').write('x')\nimport sys\nprint(repr(sys.stdin.read()), sys.argv[0], __name__)\n";
+    wait_prepared(&server);
+    let (status, first) =
+        server.execute(&json!({ "language": "python", "code": code, "token": 1 }));
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["warm"], true, "{first}");
+    assert_eq!(first["exit_code"], 0, "{first}");
+    assert_clean(&first);
+    let first_lines: Vec<String> = first["stdout"]["text"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert!(first_lines[0].starts_with("[] pid:["), "{first}");
+    // The code reads end of input, as in a cold run, and runs as the main program.
+    assert_eq!(first_lines[1], "'' /run/corral/main.py __main__", "{first}");
+    // The prepared jail served one run: the next one, without a reset, is built for it.
+    let (_, again) = server.execute(&json!({ "language": "python", "code": "print(1)" }));
+    assert_eq!(again["warm"], false, "{again}");
+    assert_eq!(again["stdout"]["text"], "1\n", "{again}");
+    let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 2}"#);
+    assert_eq!(status, 200, "{reset}");
+    assert_clean(&reset);
+    wait_prepared(&server);
+    let (status, second) =
+        server.execute(&json!({ "language": "python", "code": code, "token": 3 }));
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["warm"], true, "{second}");
+    assert_clean(&second);
+    let second_first_line = second["stdout"]["text"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_owned();
+    // Nothing the first tenant left in /tmp, and another pid namespace: a fresh jail.
+    assert!(second_first_line.starts_with("[] pid:["), "{second}");
+    assert_ne!(second_first_line, first_lines[0], "{first} {second}");
+}
+
+#[test]
+fn bound_1_warm_infinite_loop_is_killed_at_the_wall_limit() {
+    if !root_or_skip("api_warm_wall") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    wait_prepared(&server);
+    let (status, json) = server.execute(&json!({
+        "language": "python",
+        "code": "while True:\n    pass\n",
+        "bounds": { "wall_seconds": 2 },
+    }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["bound"], "SANDBOX_MAX_WALL_SECONDS", "{json}");
+    assert_eq!(json["exit_code"], Value::Null, "{json}");
+    assert_clean(&json);
+    let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 4}"#);
+    assert_eq!(status, 200, "{reset}");
+    assert_clean(&reset);
+}
