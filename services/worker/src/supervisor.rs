@@ -1147,3 +1147,65 @@ pub fn refusal_text(result: &IsolationResult, diagnostics: &[String]) -> String 
         diagnostics.join("; ")
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a bootstrap outside any jail (it needs none): the code arrives on stdin, and the code
+    /// itself then reads end of input and sees itself as the main program at `path`.
+    fn bootstrapped(language: Language, code: &str) -> (i32, String, String) {
+        let path = format!("/run/corral/main.{}", language.extension());
+        let argv = bootstrap(language, &path);
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(code.as_bytes()).unwrap();
+        drop(stdin);
+        let output = child.wait_with_output().unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    #[test]
+    fn the_python_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
+        if !Path::new("/usr/bin/python3").exists() {
+            eprintln!("skipped: no /usr/bin/python3");
+            return;
+        }
+        let (code, stdout, stderr) = bootstrapped(
+            Language::Python,
+            "import sys\nprint(__name__, __file__, sys.argv, repr(sys.stdin.read()))\nprint(sorted(k for k in globals() if not k.startswith('__')))\nsys.exit(3)\n",
+        );
+        assert_eq!(code, 3, "{stderr}");
+        assert_eq!(
+            stdout, "__main__ /run/corral/main.py ['/run/corral/main.py'] ''\n['sys']\n",
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn the_node_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
+        if !Path::new("/usr/bin/node").exists() {
+            eprintln!("skipped: no /usr/bin/node");
+            return;
+        }
+        let (code, stdout, stderr) = bootstrapped(
+            Language::Node,
+            "const fs = require('fs');\nconsole.log(__filename, require.main === module, process.argv[1], JSON.stringify(fs.readFileSync(0, 'utf8')));\nprocess.exit(4);\n",
+        );
+        assert_eq!(code, 4, "{stderr}");
+        assert_eq!(
+            stdout, "/run/corral/main.js true /run/corral/main.js \"\"\n",
+            "{stderr}"
+        );
+    }
+}
