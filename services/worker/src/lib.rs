@@ -23,6 +23,14 @@
 //!   namespace. At the wall limit the supervisor kills stage 1, every process in the run's cgroup
 //!   and every process of the run's uids.
 //!
+//! A warm worker (`corral worker serve`) keeps the next run's jail prepared: built exactly as
+//! above, but the interpreter it starts is a small bootstrap that blocks reading the program from
+//! its stdin, a pipe only the supervisor writes. A run that takes it copies the workspace in,
+//! writes the code down the pipe and closes it (the wall limit counts from there), and is then
+//! supervised, collected and reset like any other; the jail serves that one run. The reset
+//! between leases kills an untaken one with everything else, and the next is prepared after it.
+//! `corral jail run` never prepares one.
+//!
 //! The network namespace has only loopback. The relay that will carry a run's granted egress to
 //! the proxy is not built yet; with no grant (EGR-8) it would refuse everything, which is what a
 //! namespace with no route already does, so there is no listener yet.

@@ -320,6 +320,9 @@ impl Worker {
             return None;
         };
         let bounds = request.bounds.as_ref().unwrap_or(&self.settings.bounds);
+        // Memory and processes are in the jail's cgroup and rlimits, fixed when it was built; the
+        // wall limit is the supervisor's, counted from the delivery, so a lowered one still fits
+        // (only the CPU-time rlimit, a backstop behind it, stays the configured wall's).
         let fits = Language::parse(&request.language).ok() == Some(prepared.language)
             && bounds.max_memory_bytes == prepared.memory_bytes
             && bounds.max_processes == prepared.processes;
