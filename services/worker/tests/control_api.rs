@@ -453,3 +453,95 @@ fn bound_1_warm_infinite_loop_is_killed_at_the_wall_limit() {
     assert_eq!(status, 200, "{reset}");
     assert_clean(&reset);
 }
+
+/// The parent of process `pid`, from /proc.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: the fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The processes descended from `ancestor` running `program` with `needle` in their arguments
+/// (the jail's stages carry the interpreter's arguments in their plan, but run another program).
+fn descendants_running(ancestor: u32, program: &str, needle: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if !(cmdline.starts_with(&format!("{program}\0")) && cmdline.contains(needle)) {
+            continue;
+        }
+        let mut at = pid;
+        // Bounded: a chain of parents ends at pid 1 well before this.
+        for _ in 0..64 {
+            match parent_of(at) {
+                Some(parent) if parent == ancestor => {
+                    found.push(pid);
+                    break;
+                }
+                Some(parent) if parent > 1 => at = parent,
+                _ => break,
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
+    if !root_or_skip("api_warm_dead") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    wait_prepared(&server);
+    // The waiting bootstrap of this server's prepared jail (and only this server's).
+    let waiting = descendants_running(server.child.id(), "/usr/bin/python3", "_corral()");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    // The interpreter's parent is pid 1 of the jail, whose parent is stage 1.
+    let stage1 = parent_of(waiting[0]).and_then(parent_of).unwrap();
+    assert_eq!(parent_of(stage1), Some(server.child.id()));
+    let _ = Command::new("kill")
+        .args(["-KILL", &waiting[0].to_string()])
+        .status()
+        .unwrap();
+    // The jail has ended once its stage 1 has (a zombie until the worker reaps it): checked until
+    // a deadline only a hung jail reaches.
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+    while std::fs::read_to_string(format!("/proc/{stage1}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the jail outlived its interpreter"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(5)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], false, "{json}");
+    assert_eq!(json["stdout"]["text"], "5\n", "{json}");
+    assert!(
+        json["diagnostics"]
+            .to_string()
+            .contains("the prepared jail had ended"),
+        "{json}"
+    );
+    assert_clean(&json);
+    let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 6}"#);
+    assert_eq!(status, 200, "{reset}");
+    assert_clean(&reset);
+}
