@@ -331,23 +331,32 @@ impl Worker {
             return None;
         }
         let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
-        match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
-            Ok(WaitStatus::StillAlive) => Some(prepared),
-            other => {
-                let mut prepared = prepared;
+        let mut prepared = prepared;
+        let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        match status {
+            // /proc that cannot tell is taken for a live interpreter: if it is not, the run
+            // reports how it ended, as any run does.
+            Ok(WaitStatus::StillAlive)
+                if interpreter_alive(prepared.started.pid) != Some(false) =>
+            {
+                return Some(prepared);
+            }
+            // The interpreter is gone and the jail is ending: the reset kills what is left.
+            Ok(WaitStatus::StillAlive) => {}
+            _ => {
                 // Reaped (or not ours): its pid must not be signalled again.
                 if let Some(child) = prepared.run.stage1.take() {
                     drop(child);
                 }
-                note(
-                    diagnostics,
-                    format!("the prepared jail had ended ({other:?}); ran cold"),
-                );
-                drop(prepared.program);
-                let _ = self.reset(&mut prepared.run, OpToken(0), diagnostics);
-                None
             }
         }
+        note(
+            diagnostics,
+            format!("the prepared jail had ended ({status:?}); ran cold"),
+        );
+        drop(prepared.program);
+        let _ = self.reset(&mut prepared.run, OpToken(0), diagnostics);
+        None
     }
 
     /// The primitives found missing at start, with why.
@@ -1024,6 +1033,36 @@ struct Started {
     stdout: std::process::ChildStdout,
     stderr: std::process::ChildStderr,
     go_at: Instant,
+}
+
+/// Whether the interpreter of a prepared jail whose stage 1 is `stage1` still runs: stage 1's
+/// child (pid 1 of the jail) has a child that is not a zombie. Stage 1 outlives the interpreter
+/// by the moments the jail takes to end, and a jail in those moments must not take a run. `None`
+/// when /proc does not say (a kernel without `/proc/PID/task/TID/children`).
+fn interpreter_alive(stage1: u32) -> Option<bool> {
+    let children = |pid: u32| -> Option<Vec<u32>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        )
+    };
+    let Some(&init) = children(stage1)?.first() else {
+        return Some(false);
+    };
+    let live = children(init)?.into_iter().any(|child| {
+        std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+            // The state follows the command name, which may hold ')'.
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    });
+    Some(live)
 }
 
 /// Waits for process `pid` to exit, polling, until `deadline`; `None` if it has not by then.
