@@ -250,7 +250,8 @@ impl Worker {
         result: &mut RunResult,
     ) -> Result<(Started, ChildStdin), NotRun> {
         let posture = self.decide_posture(result)?;
-        self.create_run(run, &posture, result)?;
+        self.create_dirs(run, result)?;
+        self.create_cgroups(run, &posture, result)?;
         let plan = self.plan(
             language,
             run,
@@ -485,8 +486,10 @@ impl Worker {
             );
             return Err(NotRun::CodeTooLarge);
         }
-        let dirs = self.create_run(run, &posture, result)?;
+        // In the order a run has always had: the cgroups once the workspace is accepted.
+        let dirs = self.create_dirs(run, result)?;
         let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        self.create_cgroups(run, &posture, result)?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
         let (started, _) = self.start_jail(&plan, run, &mut result.diagnostics, false)?;
@@ -539,16 +542,10 @@ impl Worker {
         Ok(())
     }
 
-    /// Creates the run's directories and cgroups (recorded in `run` even when half-made, so that
-    /// the reset removes what was made).
-    fn create_run(
-        &self,
-        run: &mut ActiveRun,
-        posture: &Posture,
-        result: &mut RunResult,
-    ) -> Result<RunDirs, NotRun> {
+    /// Creates the run's directories (recorded in `run` even when half-made, so that the reset
+    /// removes what was made).
+    fn create_dirs(&self, run: &mut ActiveRun, result: &mut RunResult) -> Result<RunDirs, NotRun> {
         let bounds = &self.settings.bounds;
-        let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
         let setup_failed = |diagnostics: &mut Vec<String>, error: String| {
             note(diagnostics, error);
             NotRun::JailSetupFailed
@@ -562,7 +559,18 @@ impl Worker {
         run.dirs = Some(RunDirs {
             run_dir: run.run_dir.clone(),
         });
-        let dirs = dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+        dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))
+    }
+
+    /// Creates the run's cgroups (recorded in `run`, for the reset).
+    fn create_cgroups(
+        &self,
+        run: &mut ActiveRun,
+        posture: &Posture,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
+        let bounds = &self.settings.bounds;
+        let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
         let memory_cgroup = !waived(Primitive::CgroupMemory);
         let pids_cgroup = !waived(Primitive::CgroupPids);
         run.cgroups = RunCgroups::create(
@@ -572,12 +580,13 @@ impl Worker {
             pids_cgroup.then_some(bounds.max_processes),
         )
         .map_err(|(primitive, e)| {
-            setup_failed(
+            note(
                 &mut result.diagnostics,
                 format!("{}: {e}", primitive.code()),
-            )
+            );
+            NotRun::JailSetupFailed
         })?;
-        Ok(dirs)
+        Ok(())
     }
 
     /// Copies the request's workspace in and writes the code file; returns the workspace as it
