@@ -551,3 +551,48 @@ fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
     assert_eq!(status, 200, "{reset}");
     assert_clean(&reset);
 }
+
+#[test]
+fn bound_1_warm_memory_and_fork_bombs_hit_their_bounds() {
+    if !root_or_skip("api_warm_bombs") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[
+        ("SANDBOX_MAX_MEMORY_BYTES", "134217728"),
+        ("SANDBOX_MAX_PROCESSES", "16"),
+    ]);
+    for (token, code, setting) in [
+        (
+            7,
+            "x = []\nwhile True:\n    x.append(bytearray(16 << 20))\n",
+            "SANDBOX_MAX_MEMORY_BYTES",
+        ),
+        (
+            8,
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+            "SANDBOX_MAX_PROCESSES",
+        ),
+    ] {
+        wait_prepared(&server);
+        let (status, json) = server.execute(&json!({
+            "language": "python",
+            "code": code,
+            "bounds": { "wall_seconds": 3 },
+        }));
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["warm"], true, "{json}");
+        assert!(
+            json["bounds"]
+                .as_array()
+                .unwrap()
+                .contains(&Value::from(setting)),
+            "{json}"
+        );
+        assert_clean(&json);
+        let body = format!(r#"{{"token": {token}}}"#);
+        let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), body.as_bytes());
+        assert_eq!(status, 200, "{reset}");
+        assert_clean(&reset);
+    }
+}
