@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use corral_controller::local::LocalBackend;
 use corral_controller::{Backend, Reconciler, WorkerControl};
-use corral_core::ids::{
-    ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId, WorkerId,
-};
+use corral_core::ids::{OpToken, TicketId, WorkerId};
 use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, Refusal, StateKind};
 use corral_core::reset::ResetEvidence;
 use corral_core::store::Loaded;
@@ -132,17 +130,7 @@ async fn until(f: &Fixture, what: &str, done: impl Fn(&PoolDoc) -> bool) {
 }
 
 fn acquire(ticket: u64, member: &str) -> Command {
-    let scope = LeaseScope {
-        namespace: LeaseNamespace::Code,
-        actor: ActorId(member.into()),
-        conversation: ConversationId("c".into()),
-    };
-    Command::Acquire {
-        ticket: TicketId(ticket),
-        member: MemberId(member.into()),
-        scope,
-        wait_ms: 5_000,
-    }
+    corral_store::harness::code_acquire(ticket, member, 5_000)
 }
 
 async fn grant(f: &Fixture, ticket: u64, config: &PoolConfig) -> (WorkerId, OpToken) {

@@ -356,3 +356,18 @@ pub fn bench_pool_config() -> PoolConfig {
         ..test_pool_config()
     }
 }
+
+/// A code-lease acquire for `member` in conversation `c`, for tests and tools.
+pub fn code_acquire(ticket: u64, member: &str, wait_ms: u64) -> Command {
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: ActorId(member.into()),
+        conversation: ConversationId("c".into()),
+    };
+    Command::Acquire {
+        ticket: TicketId(ticket),
+        member: MemberId(member.into()),
+        scope,
+        wait_ms,
+    }
+}

@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use corral_core::ids::{
-    ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, TicketId,
-};
+use corral_core::ids::{ImageId, TicketId};
 use corral_core::pool::{Command, Event, PoolDoc, Refusal};
 use corral_core::store::{CasOutcome, Loaded, Transacted, Version};
 use corral_core::time::UnixMillis;
@@ -33,17 +31,7 @@ async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
 }
 
 fn acquire(ticket: u64, member: &str) -> Command {
-    let scope = LeaseScope {
-        namespace: LeaseNamespace::Code,
-        actor: ActorId(member.into()),
-        conversation: ConversationId("c".into()),
-    };
-    Command::Acquire {
-        ticket: TicketId(ticket),
-        member: MemberId(member.into()),
-        scope,
-        wait_ms: 1_000,
-    }
+    corral_store::harness::code_acquire(ticket, member, 1_000)
 }
 
 #[tokio::test]
