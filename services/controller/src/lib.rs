@@ -12,9 +12,9 @@ use std::future::Future;
 use corral_core::ids::{ImageId, OpToken, WorkerId};
 use corral_core::pool::{Applied, Command, Effect, Outcome, PoolConfig};
 use corral_core::reset::ResetEvidence;
-use corral_core::store::{Loaded, Transacted, Unavailable};
+use corral_core::store::{Loaded, Unavailable};
 use corral_core::time::UnixMillis;
-use corral_store::{ValkeyStore, fresh_epoch};
+use corral_store::ValkeyStore;
 
 pub mod claim;
 pub mod http_control;
@@ -102,18 +102,7 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
     }
 
     async fn commit(&self, command: &Command) -> Option<Applied> {
-        for _ in 0..RETRIES {
-            match self
-                .store
-                .transact(command, &self.config, fresh_epoch(), 8)
-                .await
-            {
-                Transacted::Committed { applied, .. } => return Some(applied),
-                Transacted::Unavailable => return None,
-                Transacted::Unknown | Transacted::Contended => tokio::task::yield_now().await,
-            }
-        }
-        None
+        self.store.commit(command, &self.config, RETRIES).await
     }
 
     /// One pass: publish, observe, tick, perform.

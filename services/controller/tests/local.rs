@@ -16,7 +16,7 @@ use corral_core::reset::ResetEvidence;
 use corral_core::store::Loaded;
 use corral_store::harness::commit;
 use corral_store::valkey_server::ValkeyServer;
-use corral_store::{ValkeyStore, fresh_epoch};
+use corral_store::ValkeyStore;
 
 const STAND_IN: &str = "import socket, sys\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', int(sys.argv[1])))\ns.listen(16)\nwhile True:\n    c, _ = s.accept()\n    c.close()\n";
 
@@ -134,14 +134,9 @@ fn acquire(ticket: u64, member: &str) -> Command {
 }
 
 async fn grant(f: &Fixture, ticket: u64, config: &PoolConfig) -> (WorkerId, OpToken) {
-    let applied = commit(
-        f.reconciler.store(),
-        &acquire(ticket, "m"),
-        config,
-        fresh_epoch(),
-    )
-    .await
-    .expect("store up");
+    let applied = commit(f.reconciler.store(), &acquire(ticket, "m"), config)
+        .await
+        .expect("store up");
     match applied
         .events
         .iter()
@@ -219,7 +214,7 @@ async fn pool_09_a_worker_killed_while_leased_is_detected_deleted_and_replaced()
         lease: TicketId(1),
         token,
     };
-    let answer = commit(f.reconciler.store(), &heartbeat, &config, fresh_epoch())
+    let answer = commit(f.reconciler.store(), &heartbeat, &config)
         .await
         .expect("store up");
     assert!(
@@ -251,7 +246,7 @@ async fn pool_04_a_reset_with_unproven_evidence_discards_the_worker() {
         token,
         disposition: Disposition::Reset,
     };
-    let applied = commit(f.reconciler.store(), &release, &config, fresh_epoch())
+    let applied = commit(f.reconciler.store(), &release, &config)
         .await
         .expect("store up");
     let mut pass = corral_controller::Pass::default();
@@ -282,14 +277,9 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
     until(&f, "warm minimum", |d| d.counts().warm == 1).await;
     let mut leases = Vec::new();
     for ticket in 1..=3 {
-        let applied = commit(
-            f.reconciler.store(),
-            &acquire(ticket, "m"),
-            &config,
-            fresh_epoch(),
-        )
-        .await
-        .expect("store up");
+        let applied = commit(f.reconciler.store(), &acquire(ticket, "m"), &config)
+            .await
+            .expect("store up");
         let _ = applied;
         until(&f, "a worker for the burst", |d| {
             matches!(
@@ -316,7 +306,7 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
             token,
             disposition: Disposition::Reset,
         };
-        let applied = commit(f.reconciler.store(), &release, &config, fresh_epoch())
+        let applied = commit(f.reconciler.store(), &release, &config)
             .await
             .expect("store up");
         let mut pass = corral_controller::Pass::default();

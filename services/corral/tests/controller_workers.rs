@@ -13,7 +13,7 @@ use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateK
 use corral_core::store::Loaded;
 use corral_store::harness::commit;
 use corral_store::valkey_server::ValkeyServer;
-use corral_store::{ValkeyStore, fresh_epoch};
+use corral_store::ValkeyStore;
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
@@ -97,7 +97,7 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
         scope,
         wait_ms: 5_000,
     };
-    let applied = commit(reconciler.store(), &acquire, &config, fresh_epoch())
+    let applied = commit(reconciler.store(), &acquire, &config)
         .await
         .expect("store up");
     let Some(Event::Granted { worker, token, .. }) = applied
@@ -114,7 +114,7 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
         token,
         disposition: Disposition::Reset,
     };
-    let applied = commit(reconciler.store(), &release, &config, fresh_epoch())
+    let applied = commit(reconciler.store(), &release, &config)
         .await
         .expect("store up");
     let mut pass = Pass::default();

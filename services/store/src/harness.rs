@@ -12,7 +12,7 @@ use corral_core::ids::{
 };
 use corral_core::pool::{Command, Disposition, Effect, Event, Outcome, PoolConfig, TicketStatus};
 use corral_core::reset::ResetEvidence;
-use corral_core::store::{Loaded, Transacted};
+use corral_core::store::Loaded;
 use corral_core::time::UnixMillis;
 
 use crate::ValkeyStore;
@@ -26,18 +26,8 @@ pub async fn commit(
     store: &ValkeyStore,
     command: &Command,
     config: &PoolConfig,
-    epoch: u64,
 ) -> Option<corral_core::pool::Applied> {
-    for _ in 0..RETRIES {
-        match store.transact(command, config, epoch, 8).await {
-            Transacted::Committed { applied, .. } => return Some(applied),
-            Transacted::Unavailable => return None,
-            Transacted::Unknown | Transacted::Contended => {
-                tokio::time::sleep(Duration::from_millis(2)).await
-            }
-        }
-    }
-    None
+    store.commit(command, config, RETRIES).await
 }
 
 /// A controller whose workers exist only as records: it publishes its image, observes its own
@@ -46,7 +36,6 @@ pub struct PaperController {
     /// The workers that "exist".
     pub workers: BTreeSet<WorkerId>,
     image: ImageId,
-    epoch: u64,
 }
 
 impl PaperController {
@@ -55,7 +44,6 @@ impl PaperController {
         Self {
             workers: BTreeSet::new(),
             image: ImageId(image.into()),
-            epoch: crate::fresh_epoch(),
         }
     }
 
@@ -73,7 +61,6 @@ impl PaperController {
                     image: self.image.clone(),
                 },
                 config,
-                self.epoch,
             )
             .await
             .is_none()
@@ -88,7 +75,6 @@ impl PaperController {
             store,
             &Command::InventoryObserved { as_of, present },
             config,
-            self.epoch,
         )
         .await
         else {
@@ -100,7 +86,6 @@ impl PaperController {
                 image: self.image.clone(),
             },
             config,
-            self.epoch,
         )
         .await
         else {
@@ -142,7 +127,7 @@ impl PaperController {
                     evidence: ResetEvidence::clean(token),
                 },
             };
-            let Some(applied) = commit(store, &report, config, self.epoch).await else {
+            let Some(applied) = commit(store, &report, config).await else {
                 return false;
             };
             pending.extend(applied.effects);
@@ -219,7 +204,7 @@ pub async fn run_client(
             token,
             disposition: Disposition::Reset,
         };
-        let Some(applied) = commit(store, &release, config, crate::fresh_epoch()).await else {
+        let Some(applied) = commit(store, &release, config).await else {
             break;
         };
         if applied
@@ -243,7 +228,7 @@ pub async fn run_client(
                     token,
                     evidence: ResetEvidence::clean(token),
                 };
-                let _ = commit(store, &reset, config, crate::fresh_epoch()).await;
+                let _ = commit(store, &reset, config).await;
             }
         }
     }
@@ -269,7 +254,7 @@ async fn acquire(
         scope,
         wait_ms: config.acquire_wait_ms,
     };
-    let Some(applied) = commit(store, &command, config, crate::fresh_epoch()).await else {
+    let Some(applied) = commit(store, &command, config).await else {
         report
             .refused
             .push(String::from("coordination_unavailable"));
@@ -318,13 +303,7 @@ async fn acquire(
             None => tokio::time::sleep(Duration::from_millis(10)).await,
         }
     }
-    let _ = commit(
-        store,
-        &Command::Cancel { ticket },
-        config,
-        crate::fresh_epoch(),
-    )
-    .await;
+    let _ = commit(store, &Command::Cancel { ticket }, config).await;
     report.refused.push(String::from("wait_timeout"));
     None
 }

@@ -189,6 +189,27 @@ impl ValkeyStore {
         Transacted::Contended
     }
 
+    /// Applies `command` until it commits: an unknown or contended outcome is applied again (every
+    /// pool command is idempotent), at most `retries` times. `None` when the store is unavailable,
+    /// which the caller treats as fail-closed.
+    pub async fn commit(
+        &self,
+        command: &Command,
+        config: &PoolConfig,
+        retries: u32,
+    ) -> Option<corral_core::pool::Applied> {
+        for _ in 0..retries {
+            match self.transact(command, config, fresh_epoch(), 8).await {
+                Transacted::Committed { applied, .. } => return Some(applied),
+                Transacted::Unavailable => return None,
+                Transacted::Unknown | Transacted::Contended => {
+                    tokio::time::sleep(Duration::from_millis(1)).await
+                }
+            }
+        }
+        None
+    }
+
     /// A subscription to version announcements, for waiters woken by notification (with polling
     /// as the fallback: a lost message only delays a waiter until its next poll).
     pub async fn subscribe(&self) -> Result<VersionWatch, Unavailable> {

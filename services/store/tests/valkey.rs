@@ -90,7 +90,7 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
     let config = test_pool_config();
     let mut controller = PaperController::new("img-1");
     warm_pool(&store, &mut controller).await;
-    let granted = commit(&store, &acquire(1, "m"), &config, fresh_epoch())
+    let granted = commit(&store, &acquire(1, "m"), &config)
         .await
         .expect("grants");
     let Some(Event::Granted { worker, token, .. }) = granted
@@ -136,7 +136,7 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
         lease: TicketId(1),
         token,
     };
-    let answer = commit(&reconnected, &heartbeat, &config, fresh_epoch())
+    let answer = commit(&reconnected, &heartbeat, &config)
         .await
         .expect("answers");
     assert!(
@@ -156,7 +156,7 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
             "{old} was deleted, not adopted"
         );
     }
-    let regrant = commit(&reconnected, &acquire(3, "m"), &config, fresh_epoch())
+    let regrant = commit(&reconnected, &acquire(3, "m"), &config)
         .await
         .expect("grants");
     let Some(Event::Granted { worker: fresh, .. }) = regrant
