@@ -13,7 +13,8 @@ use crate::supervisor::{Reexec, RunRequest, Worker, refusal_text};
 
 /// Usage of `corral jail`.
 pub const USAGE: &str =
-    "usage: corral jail run --language python|node [--workspace DIR] [--wall-seconds N] FILE
+    "usage: corral jail run --language python|node [--workspace DIR] [--wall-seconds N]
+                      [--grant-file FILE] FILE
        corral jail probe
 
 run     runs FILE in a fresh jail and prints one JSON object: exit_code, stdout, stderr, bound,
@@ -22,6 +23,8 @@ run     runs FILE in a fresh jail and prints one JSON object: exit_code, stdout,
         2 for unusable arguments or settings.
         --workspace DIR  the code sees a copy of DIR's files; validated downloads are copied back
         --wall-seconds N the wall limit for this run, in place of SANDBOX_MAX_WALL_SECONDS
+        --grant-file F   the run's egress grant, which the jail's relay adds to every connection
+                         it carries to SANDBOX_EGRESS_PROXY_URL (without one it refuses them all)
 probe   prints which isolation primitives this machine offers, as JSON.
 
 Settings come from the environment (SANDBOX_*, CORRAL_JAIL_*); see `corral config check`.
@@ -70,6 +73,7 @@ struct RunArgs {
     language: String,
     workspace: Option<PathBuf>,
     wall_seconds: Option<u64>,
+    grant_file: Option<PathBuf>,
     file: PathBuf,
 }
 
@@ -77,6 +81,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
     let mut language = None;
     let mut workspace = None;
     let mut wall_seconds = None;
+    let mut grant_file = None;
     let mut file = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
@@ -93,6 +98,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         match flag {
             "--language" => language = Some(value("--language")?),
             "--workspace" => workspace = Some(PathBuf::from(value("--workspace")?)),
+            "--grant-file" => grant_file = Some(PathBuf::from(value("--grant-file")?)),
             "--wall-seconds" => {
                 let text = value("--wall-seconds")?;
                 let seconds: u64 = text
@@ -120,6 +126,7 @@ fn parse_run(args: &[String]) -> Result<RunArgs, String> {
         language: language.ok_or("--language is required")?,
         workspace,
         wall_seconds,
+        grant_file,
         file: file.ok_or("FILE is required")?,
     })
 }
@@ -136,6 +143,22 @@ fn read_code(path: &PathBuf, max_bytes: u64) -> Result<Vec<u8>, String> {
         .read_to_end(&mut code)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(code)
+}
+
+/// Reads a grant file: its one token, surrounding whitespace (a final newline) not part of it.
+fn read_grant(path: &PathBuf) -> Result<String, String> {
+    let max_bytes = crate::serve::GRANT_MAX_BYTES as u64;
+    let raw = read_code(path, max_bytes)?;
+    let grant = String::from_utf8(raw)
+        .map_err(|_| format!("--grant-file {}: not UTF-8", path.display()))?;
+    let grant = grant.trim();
+    if grant.len() as u64 > max_bytes || !crate::relay::grant_is_sendable(grant) {
+        return Err(format!(
+            "--grant-file {}: expected one token of printable ASCII, at most {max_bytes} bytes",
+            path.display()
+        ));
+    }
+    Ok(grant.to_owned())
 }
 
 fn run(args: &[String], prefix: &[&str]) -> ExitCode {
@@ -156,6 +179,10 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
     {
         return usage_error(&format!("--workspace {}: not a directory", dir.display()));
     }
+    let grant = match args.grant_file.as_ref().map(read_grant).transpose() {
+        Ok(grant) => grant,
+        Err(message) => return usage_error(&message),
+    };
     let mut worker = Worker::start(settings, Reexec::this_binary(prefix));
     let result = worker.run(&RunRequest {
         language: args.language,
@@ -166,6 +193,7 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
         token: OpToken(0),
         bounds: None,
         pack_workspace: false,
+        grant,
     });
     if result.not_run == Some("isolation_unavailable") {
         eprintln!("{}", refusal_text(&result.isolation, &result.diagnostics));
@@ -233,6 +261,16 @@ mod tests {
             ("python", Some(5))
         );
         assert_eq!(parsed.file, PathBuf::from("x.py"));
+        assert_eq!(parsed.grant_file, None);
+        let parsed = parse_run(&strings(&[
+            "--language",
+            "python",
+            "--grant-file",
+            "g",
+            "x.py",
+        ]))
+        .unwrap();
+        assert_eq!(parsed.grant_file, Some(PathBuf::from("g")));
         for bad in [
             &["x.py"][..],
             &["--language", "python"],

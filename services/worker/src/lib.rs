@@ -6,7 +6,8 @@
 //! which posture is acceptable, which bound was hit, which files are downloads, whether a document
 //! is valid and whether a reset is clean are all `corral_core` decisions (`jail`, `downloads`,
 //! `reset`); this crate measures and asks. It also never runs code outside a jail, never hands the
-//! code a credential, and never reuses a jail across runs.
+//! code a credential (a run's egress grant stays in the supervisor), and never reuses a jail
+//! across runs.
 //!
 //! The jail, per run (see `stage` for the order of steps inside it):
 //! - the supervisor (this process, root) creates a run directory in its own private mount
@@ -31,9 +32,16 @@
 //! between leases kills an untaken one with everything else, and the next is prepared after it.
 //! `corral jail run` never prepares one.
 //!
-//! The network namespace has only loopback. The relay that will carry a run's granted egress to
-//! the proxy is not built yet; with no grant (EGR-8) it would refuse everything, which is what a
-//! namespace with no route already does, so there is no listener yet.
+//! The network namespace has only loopback, where the supervisor holds the egress relay (`relay`,
+//! EGR-8): before stage 1 is let go, a short-lived supervisor thread joins the jail's network
+//! namespace, brings loopback up and binds 127.0.0.1:3128 there; the socket stays in that
+//! namespace, and the code's `HTTP_PROXY`, `HTTPS_PROXY`, `http_proxy`, `https_proxy` and
+//! `ALL_PROXY` name it. Each connection is carried, from the supervisor's own namespace, to
+//! `SANDBOX_EGRESS_PROXY_URL` with `Proxy-Authorization: Bearer <the run's grant>` added by the
+//! relay, so the grant is never in the jail; with no grant (or no proxy) every connection gets
+//! 407 `grant_missing` and the proxy is never contacted. A prepared jail's relay listens from its
+//! preparation and gets the grant when a run takes it; the relay closes, with every connection,
+//! at the run's reset. See docs/decisions/0008.
 //!
 //! Around the jail: `archive` unpacks the workspace archive a run is handed (every entry judged by
 //! `corral_core::workspace` before it is written, moved into place only whole) and packs the
@@ -54,6 +62,7 @@ mod mounts;
 mod netlink;
 mod plan;
 mod probe;
+mod relay;
 mod result;
 mod seccomp;
 mod stage;

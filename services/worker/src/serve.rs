@@ -25,6 +25,10 @@
 //! a request may ask is bounded: the body (workspace bound in base64, plus code, plus a margin),
 //! each bound override (never above the configured one, `corral_core::jail::lowered_bounds`), the
 //! grant and the declared names.
+//!
+//! The grant (EGR-8) goes to the run's egress relay, never into the jail: the relay adds it to
+//! every connection it carries to `SANDBOX_EGRESS_PROXY_URL` (read once, at start). The prepared
+//! jail's relay listens from its preparation and gets the grant when an execute takes it.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -466,7 +470,6 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
     let request_dir = state.staging.join(format!("request-{number}"));
-    let has_grant = request.grant.is_some();
     let run = RunRequest {
         language: request.language,
         code: request.code.into_bytes(),
@@ -476,6 +479,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         token: OpToken(request.token),
         bounds: Some(bounds.clone()),
         pack_workspace: true,
+        grant: request.grant,
     };
     let ran = worker
         .run(move |worker| {
@@ -487,7 +491,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         .await;
     drop(worker);
     match ran {
-        Ok(Ok(result)) => execute_response(result, has_grant),
+        Ok(Ok(result)) => execute_response(result),
         Ok(Err(Refusal::Archive(e))) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "workspace_archive_refused",
@@ -520,6 +524,18 @@ fn admit(
             StatusCode::BAD_REQUEST,
             "grant_too_long",
             GRANT_MAX_BYTES,
+        )));
+    }
+    // The relay puts the grant in a header: nothing that could end the header or start another.
+    if request
+        .grant
+        .as_deref()
+        .is_some_and(|g| !crate::relay::grant_is_sendable(g))
+    {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "grant_malformed",
+            "a grant is non-empty printable ASCII without spaces",
         )));
     }
     if request.declared.len() > DECLARED_MAX
@@ -588,14 +604,8 @@ fn run_staged(
 }
 
 /// The run's result as `corral jail run` prints it, plus the packed workspace.
-fn execute_response(mut result: RunResult, has_grant: bool) -> Response {
+fn execute_response(mut result: RunResult) -> Response {
     let packed = result.workspace_archive.take();
-    if has_grant {
-        crate::result::note(
-            &mut result.diagnostics,
-            "a grant was given, but the egress relay is not built: the run had no route out",
-        );
-    }
     let Ok(mut body) = serde_json::to_value(&result) else {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,10 +1,11 @@
 //! The supervisor: one [`Worker`] per worker process, one [`Worker::run`] per piece of code.
 //!
 //! A run goes: refuse early (language, posture, code size) → create the run's directories and
-//! cgroups → start the jail → capture its output until it ends or the wall limit → kill what is
-//! left → measure the bounds → choose and verify the downloads → reset (kill again, wipe, measure)
-//! → the result, with the reset evidence and the core's verdict on it. Every path that created
-//! anything goes through the reset.
+//! cgroups → start the jail, with its egress relay (`crate::relay`) → capture its output until
+//! it ends or the wall limit → kill what is left → measure the bounds → choose and verify the
+//! downloads → reset (close the relay, kill again, wipe, measure) → the result, with the reset
+//! evidence and the core's verdict on it. Every path that created anything goes through the
+//! reset.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -32,6 +33,7 @@ use crate::plan::{
     GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits, SIGNAL_EXIT_BASE,
 };
 use crate::probe::{self, Missing};
+use crate::relay::{self, ProxyAddress, Relay};
 use crate::result::{
     DownloadResult, EvidenceResult, IsolationResult, RunResult, StreamResult, note,
 };
@@ -106,6 +108,9 @@ pub struct RunRequest {
     pub bounds: Option<ExecutionBounds>,
     /// Whether to pack the workspace into a tar after the run (the control API returns it).
     pub pack_workspace: bool,
+    /// The run's egress grant, which the relay adds to each connection it carries to the egress
+    /// proxy (EGR-8); `None`: the relay refuses every connection.
+    pub grant: Option<String>,
 }
 
 /// What one run has created, for the reset.
@@ -116,6 +121,8 @@ struct ActiveRun {
     cgroups: RunCgroups,
     uids: [u32; 2],
     stage1: Option<Child>,
+    /// The egress relay listening in the jail's network namespace; closed by the reset.
+    relay: Option<Relay>,
 }
 
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
@@ -143,6 +150,9 @@ pub struct Worker {
     prepared: Option<Prepared>,
     /// Why the last preparation failed, reported by the next run (which runs cold).
     prepare_failure: Option<String>,
+    /// The egress proxy the relays carry granted connections to (`SANDBOX_EGRESS_PROXY_URL`),
+    /// or why there is none (every relay then refuses everything).
+    egress_proxy: Result<ProxyAddress, String>,
 }
 
 impl Worker {
@@ -167,6 +177,12 @@ impl Worker {
         {
             missing.insert(Primitive::Namespaces, error);
         }
+        // Read once, at start; a value that is not `http://host:port` fails nothing (EGR-5): the
+        // relays refuse every connection, and a run with a grant says why.
+        let egress_proxy = match settings.egress.proxy_url.as_deref() {
+            None => Err("SANDBOX_EGRESS_PROXY_URL is unset".to_owned()),
+            Some(url) => ProxyAddress::parse(url),
+        };
         Self {
             settings,
             reexec,
@@ -175,6 +191,7 @@ impl Worker {
             runs: 0,
             prepared: None,
             prepare_failure: None,
+            egress_proxy,
         }
     }
 
@@ -259,7 +276,9 @@ impl Worker {
             self.settings.bounds.max_wall_seconds,
             true,
         );
-        let (started, program) = self.start_jail(&plan, run, &mut result.diagnostics, true)?;
+        // The grant is not known yet: it is attached when a run takes the jail.
+        let (started, program) =
+            self.start_jail(&plan, run, None, &mut result.diagnostics, true)?;
         let Some(program) = program else {
             note(
                 &mut result.diagnostics,
@@ -299,6 +318,7 @@ impl Worker {
             cgroups: RunCgroups::default(),
             uids: [root_uid, root_uid.saturating_add(1)],
             stage1: None,
+            relay: None,
         }
     }
 
@@ -381,6 +401,22 @@ impl Worker {
         let started = Instant::now();
         let mut result = RunResult::default();
         let prepared = self.take_prepared(request, &mut result.diagnostics);
+        if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
+            note(
+                &mut result.diagnostics,
+                format!("a grant was given, but {why}: the egress relay refused every connection"),
+            );
+        }
+        if request
+            .grant
+            .as_deref()
+            .is_some_and(|grant| !relay::grant_is_sendable(grant))
+        {
+            note(
+                &mut result.diagnostics,
+                "the grant is not a header-safe token: the egress relay refused every connection",
+            );
+        }
         // The run's bounds stand in for the configured ones until it is over; every step reads
         // them from the settings, so this is the one place that has to know.
         let configured = request
@@ -492,7 +528,8 @@ impl Worker {
         self.create_cgroups(run, &posture, result)?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
-        let (started, _) = self.start_jail(&plan, run, &mut result.diagnostics, false)?;
+        let grant = request.grant.as_deref();
+        let (started, _) = self.start_jail(&plan, run, grant, &mut result.diagnostics, false)?;
         let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
@@ -523,6 +560,10 @@ impl Worker {
             run_dir: run.run_dir.clone(),
         };
         let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        // Before the code arrives, so that its first connection already carries the grant.
+        if let Some(relay) = &run.relay {
+            relay.attach_grant(request.grant.as_deref());
+        }
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let go_at = Instant::now();
         if let Err(error) = capture::deliver(
@@ -722,11 +763,13 @@ impl Worker {
         }
     }
 
-    /// Starts stage 1, maps its ids, places it in the cgroups, lets it go and waits for `G`.
+    /// Starts stage 1, maps its ids, places it in the cgroups, opens the egress relay in its
+    /// network namespace (with `grant`), lets it go and waits for `G`.
     fn start_jail(
         &self,
         plan: &JailPlan,
         run: &mut ActiveRun,
+        grant: Option<&str>,
         diagnostics: &mut Vec<String>,
         keep_stdin: bool,
     ) -> Result<(Started, Option<ChildStdin>), NotRun> {
@@ -779,6 +822,11 @@ impl Worker {
                     .map_err(|e| failed(diagnostics, format!("write {path}: {e}")))?;
             }
         }
+        // Before the go byte: the listener exists before any code can try to connect to it.
+        let relay =
+            Relay::open(pid, self.egress_proxy.clone().ok()).map_err(|e| failed(diagnostics, e))?;
+        relay.attach_grant(grant);
+        run.relay = Some(relay);
         stdin
             .write_all(&[GO_BYTE])
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
@@ -1008,6 +1056,10 @@ impl Worker {
         token: OpToken,
         diagnostics: &mut Vec<String>,
     ) -> ResetEvidence {
+        // The relay first: no connection of the run outlives it.
+        if let Some(relay) = run.relay.take() {
+            relay.close();
+        }
         let stage1 = run
             .stage1
             .take()
@@ -1180,6 +1232,12 @@ fn environment() -> Vec<(String, String)> {
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("MPLCONFIGDIR", "/tmp/matplotlib"),
         ("NODE_PATH", "/workspace/node_modules"),
+        // The egress relay (EGR-8); no NO_PROXY, so that nothing is meant to go around it.
+        ("HTTP_PROXY", relay::PROXY_URL),
+        ("HTTPS_PROXY", relay::PROXY_URL),
+        ("http_proxy", relay::PROXY_URL),
+        ("https_proxy", relay::PROXY_URL),
+        ("ALL_PROXY", relay::PROXY_URL),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

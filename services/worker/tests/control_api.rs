@@ -1,104 +1,19 @@
 //! The control API end to end (issue 4 item 5): a real `corral-worker serve` on 127.0.0.1 and a
-//! small HTTP/1.1 client over `TcpStream`. The runs need root (the jail's supervisor mounts, maps
-//! ids and creates cgroups); the tests skip, saying so, without it.
+//! small HTTP/1.1 client over `TcpStream` (`common::api`). The runs need root (the jail's
+//! supervisor mounts, maps ids and creates cgroups); the tests skip, saying so, without it.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::net::TcpStream;
+use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use common::api::{RESPONSE_TIMEOUT, Server, TOKEN, read_response, wait_prepared};
 use common::{TempDir, root_or_skip, serial};
 use serde_json::{Value, json};
-
-const TOKEN: &str = "test-credential-0123456789abcdef";
-/// How long a client waits for a response before the test fails (a hung server, not a timing).
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A running server, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn start(env: &[(&str, &str)]) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_corral-worker"));
-        command
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env_remove("CORRAL_WORKER_TOKEN_FILE")
-            .env("CORRAL_WORKER_TOKEN", TOKEN)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn().unwrap();
-        // The server prints one line once it listens: no guessing when it is ready.
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .parse()
-            .unwrap();
-        Self { child, addr }
-    }
-
-    /// One request on a fresh connection; the status and the JSON body.
-    fn request(&self, method: &str, path: &str, token: Option<&str>, body: &[u8]) -> (u16, Value) {
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: worker\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-            body.len()
-        );
-        if let Some(token) = token {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-        }
-        head.push_str("\r\n");
-        let mut stream = TcpStream::connect(self.addr).unwrap();
-        stream.set_read_timeout(Some(RESPONSE_TIMEOUT)).unwrap();
-        stream.write_all(head.as_bytes()).unwrap();
-        stream.write_all(body).unwrap();
-        read_response(&mut stream)
-    }
-
-    fn execute(&self, body: &Value) -> (u16, Value) {
-        self.request(
-            "POST",
-            "/v1/execute",
-            Some(TOKEN),
-            body.to_string().as_bytes(),
-        )
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Reads a whole `Connection: close` response: the status and the body as JSON.
-fn read_response(stream: &mut TcpStream) -> (u16, Value) {
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").expect("a complete response");
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("a status line");
-    let json = serde_json::from_str(body).unwrap_or(Value::String(body.to_owned()));
-    (status, json)
-}
 
 fn assert_clean(json: &Value) {
     assert_eq!(json["reset_evidence"]["verdict"], "clean", "{json}");
@@ -366,20 +281,6 @@ fn api_reads_the_credential_from_its_file_first() {
     ]);
     assert_eq!(server.request("GET", "/health", Some(TOKEN), b"").0, 200);
     assert_eq!(server.request("GET", "/health", Some(other), b"").0, 401);
-}
-
-/// Waits until the worker has prepared its next jail: `/health` says so. A check of its state,
-/// repeated until a deadline that only a hung server reaches.
-fn wait_prepared(server: &Server) {
-    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
-    while std::time::Instant::now() < deadline {
-        let (_, health) = server.request("GET", "/health", Some(TOKEN), b"");
-        if health["prepared"] == true {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("the worker never prepared a jail");
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! `corral jail run`) on a piece of code and read its one JSON object.
 #![allow(dead_code)]
 
+pub mod api;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
