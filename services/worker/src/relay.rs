@@ -169,7 +169,14 @@ impl Relay {
     /// its loopback up first) and starts accepting. `upstream` is the egress proxy, `None` when
     /// none is configured (every connection is then refused).
     pub fn open(jail_pid: u32, upstream: Option<ProxyAddress>) -> Result<Self, String> {
-        let listener = bind_in_namespace(jail_pid)?;
+        let path = format!("/proc/{jail_pid}/ns/net");
+        let namespace = File::open(&path).map_err(|e| format!("relay: open {path}: {e}"))?;
+        Self::open_in(&namespace, upstream)
+    }
+
+    /// [`Relay::open`] in the network namespace `namespace` (an open `ns/net` file).
+    fn open_in(namespace: &File, upstream: Option<ProxyAddress>) -> Result<Self, String> {
+        let listener = bind_in_namespace(namespace)?;
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("relay listener: {e}"))?;
@@ -233,9 +240,7 @@ impl Drop for Relay {
 
 /// Binds the listener from a short-lived thread that joins the jail's network namespace (a
 /// namespace is per thread, and the socket keeps the one it was made in).
-fn bind_in_namespace(jail_pid: u32) -> Result<TcpListener, String> {
-    let path = format!("/proc/{jail_pid}/ns/net");
-    let namespace = File::open(&path).map_err(|e| format!("relay: open {path}: {e}"))?;
+fn bind_in_namespace(namespace: &File) -> Result<TcpListener, String> {
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("corral-relay-bind".to_owned())
@@ -574,6 +579,159 @@ fn connect(upstream: &ProxyAddress) -> Option<TcpStream> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new network namespace (its `ns/net` file), made by a thread that ends at once; `None`,
+    /// saying why, where this process may not make one (not root).
+    fn new_namespace(test: &str) -> Option<File> {
+        let made = std::thread::spawn(|| {
+            nix::sched::unshare(CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())?;
+            File::open("/proc/thread-self/ns/net").map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap();
+        match made {
+            Ok(namespace) => Some(namespace),
+            Err(why) if std::env::var_os("CORRAL_REQUIRE_NETNS").is_some() => {
+                panic!("{test}: CORRAL_REQUIRE_NETNS is set but unshare(CLONE_NEWNET): {why}")
+            }
+            Err(why) => {
+                eprintln!("{test}: skipped: unshare(CLONE_NEWNET): {why}");
+                None
+            }
+        }
+    }
+
+    /// A connection to the relay, made from inside `namespace` (as the code's would be).
+    fn connect_inside(namespace: &File) -> io::Result<TcpStream> {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    setns(namespace.as_fd(), CloneFlags::CLONE_NEWNET)?;
+                    TcpStream::connect(("127.0.0.1", LISTEN_PORT))
+                })
+                .join()
+                .unwrap()
+        })
+    }
+
+    /// A stand-in for the egress proxy on the host's loopback: answers one `CONNECT` with 200,
+    /// then echoes until its peer ends, then reports the end on the returned channel.
+    fn echoing_proxy() -> (ProxyAddress, std::sync::mpsc::Receiver<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (ended, ends) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap() == 1 {
+                head.push(byte[0]);
+            }
+            stream
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .unwrap();
+            let mut chunk = [0u8; 1024];
+            while let Ok(n @ 1..) = stream.read(&mut chunk) {
+                if stream.write_all(&chunk[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = ended.send(head);
+        });
+        let address = ProxyAddress {
+            host: "127.0.0.1".to_owned(),
+            port,
+        };
+        (address, ends)
+    }
+
+    /// Whether the relay ended `stream`: its next read is the end, or a reset (the relay closed
+    /// with bytes of it unread); not a timeout.
+    fn ended(stream: &mut TcpStream) -> bool {
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() == io::ErrorKind::ConnectionReset,
+        }
+    }
+
+    /// Reads until `n` bytes or the end.
+    fn read_exactly(stream: &mut TcpStream, n: usize) -> Vec<u8> {
+        let mut data = vec![0u8; n];
+        let mut at = 0;
+        while at < n {
+            match stream.read(&mut data[at..]) {
+                Ok(0) | Err(_) => break,
+                Ok(read) => at += read,
+            }
+        }
+        data.truncate(at);
+        data
+    }
+
+    #[test]
+    fn egr_08_closing_the_relay_ends_its_connections_and_its_listener() {
+        let Some(namespace) = new_namespace("relay_close") else {
+            return;
+        };
+        let (proxy, ends) = echoing_proxy();
+        let relay = Relay::open_in(&namespace, Some(proxy)).unwrap();
+        relay.attach_grant(Some("unit-grant"));
+        let mut client = connect_inside(&namespace).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        client
+            .write_all(b"CONNECT example.test:443 HTTP/1.1\r\n\r\nping")
+            .unwrap();
+        let answer = b"HTTP/1.1 200 Connection established\r\n\r\nping";
+        assert_eq!(read_exactly(&mut client, answer.len()), answer);
+        relay.close();
+        // The code's end is closed, the proxy's end too, and nothing listens any more.
+        assert!(ended(&mut client));
+        let head = ends.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(
+            head,
+            b"CONNECT example.test:443 HTTP/1.1\r\nProxy-Authorization: Bearer unit-grant\r\n\r\n"
+        );
+        let refused = connect_inside(&namespace).unwrap_err();
+        assert_eq!(
+            refused.kind(),
+            io::ErrorKind::ConnectionRefused,
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn egr_08_connections_over_the_bound_are_closed_unanswered() {
+        let Some(namespace) = new_namespace("relay_bound") else {
+            return;
+        };
+        // No grant: a connection that sent its head would be answered 407.
+        let relay = Relay::open_in(&namespace, None).unwrap();
+        let idle: Vec<TcpStream> = (0..CONNECTIONS_MAX)
+            .map(|_| connect_inside(&namespace).unwrap())
+            .collect();
+        let mut over = connect_inside(&namespace).unwrap();
+        over.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        over.write_all(b"CONNECT example.test:443 HTTP/1.1\r\n\r\n")
+            .unwrap();
+        // Accepted in order, after the first CONNECTIONS_MAX: closed without an answer.
+        assert!(ended(&mut over));
+        // One of the first is still served.
+        let mut first = idle.into_iter().next().unwrap();
+        first
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        first
+            .write_all(b"CONNECT example.test:443 HTTP/1.1\r\n\r\n")
+            .unwrap();
+        let answer = read_exactly(&mut first, 12);
+        assert_eq!(answer, b"HTTP/1.1 407");
+        relay.close();
+    }
 
     fn rewritten(head: &str) -> Option<String> {
         rewrite_head(head.as_bytes(), "GRANT").map(|b| String::from_utf8(b).unwrap())
