@@ -98,6 +98,16 @@ impl fmt::Display for ImageId {
     }
 }
 
+/// Longest actor, member or conversation id, in bytes.
+pub const IDENTITY_MAX_BYTES: usize = 256;
+
+/// Whether `text` may name an actor, member or conversation: 1 to [`IDENTITY_MAX_BYTES`] bytes, no
+/// control character. The one rule the API admits requests by and the grant minter checks.
+#[must_use]
+pub fn identity_is_valid(text: &str) -> bool {
+    !text.is_empty() && text.len() <= IDENTITY_MAX_BYTES && !text.chars().any(char::is_control)
+}
+
 /// The member (a person) on whose behalf a lease is held; fairness is counted per member.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,

@@ -285,6 +285,40 @@ impl ArchiveJudge {
     }
 }
 
+/// The object-store key of the workspace of `actor` in `conversation` (WS-1): a SHA-256 over both
+/// ids, each length-prefixed, under a context label, in hex. Two actors in one conversation, or one
+/// actor in two, never share a key, and no id (whatever it holds: `/`, `..`, a separator) can
+/// reach outside its own key: the key is 64 hex digits.
+#[must_use]
+pub fn storage_key(actor: &str, conversation: &str) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"corral-workspace-v1\0");
+    for part in [actor, conversation] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    hash.finalize()
+        .iter()
+        .fold(String::with_capacity(64), |mut hex, byte| {
+            use core::fmt::Write as _;
+            let _ = write!(hex, "{byte:02x}");
+            hex
+        })
+}
+
+/// Judges a path `read_workspace` (or an edit) is asked for (WS-4): the archive's own path rule,
+/// so a path is readable exactly when an archive could hold it, and never the workspace root.
+///
+/// # Errors
+/// The archive path refusal: absolute, `..`, empty or dot components, NUL, too long or deep.
+pub fn read_path(path: &str) -> Result<&str, Refused> {
+    match normalise(path.as_bytes())? {
+        "" => Err(Refused::PathEmpty),
+        normalised => Ok(normalised),
+    }
+}
+
 /// Normalises an entry's path: one or more leading `./` and one trailing `/` are dropped; anything
 /// else that is not a plain relative component is refused. Returns `""` for the root.
 pub fn normalise(path: &[u8]) -> Result<&str, Refused> {
@@ -479,5 +513,43 @@ mod tests {
         ];
         let codes: std::collections::BTreeSet<_> = all.iter().map(|r| r.code()).collect();
         assert_eq!(codes.len(), all.len());
+    }
+}
+
+#[cfg(test)]
+mod storage_tests {
+    use super::*;
+
+    #[test]
+    fn ws_01_every_actor_and_conversation_pair_has_its_own_key() {
+        let pairs = [
+            ("alice", "c1"),
+            ("bob", "c1"),
+            ("alice", "c2"),
+            ("alic", "ec1"),
+            ("alice\u{0}c", "1"),
+            ("a/../b", "c"),
+            ("", "alicec1"),
+        ];
+        let keys: std::collections::BTreeSet<String> =
+            pairs.iter().map(|(a, c)| storage_key(a, c)).collect();
+        assert_eq!(keys.len(), pairs.len(), "two pairs share a key");
+        for key in &keys {
+            assert_eq!(key.len(), 64);
+            assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
+        }
+        assert_eq!(storage_key("alice", "c1"), storage_key("alice", "c1"));
+    }
+
+    #[test]
+    fn ws_04_read_paths_are_relative_and_inside() {
+        assert_eq!(read_path("out/report.pdf"), Ok("out/report.pdf"));
+        assert_eq!(read_path("./a.txt"), Ok("a.txt"));
+        assert_eq!(read_path("/etc/passwd"), Err(Refused::PathAbsolute));
+        assert_eq!(read_path("../x"), Err(Refused::PathParent));
+        assert_eq!(read_path("a/../../x"), Err(Refused::PathParent));
+        assert_eq!(read_path(""), Err(Refused::PathEmpty));
+        assert_eq!(read_path("."), Err(Refused::PathEmpty));
+        assert_eq!(read_path("a//b"), Err(Refused::PathDotOrEmptyComponent));
     }
 }

@@ -55,7 +55,7 @@ pub const GRANT_CLOCK_SKEW_MAX_MS: u64 = 30_000;
 /// The longest run id.
 pub const RUN_ID_MAX_BYTES: usize = 128;
 /// The longest actor id.
-pub const ACTOR_MAX_BYTES: usize = 256;
+pub const ACTOR_MAX_BYTES: usize = crate::ids::IDENTITY_MAX_BYTES;
 /// The most provider-hint entries read; later ones are ignored (which can only narrow).
 pub const PROVIDER_HINT_MAX: usize = 256;
 
@@ -534,7 +534,7 @@ fn run_is_valid(run: &str) -> bool {
 }
 
 fn actor_is_valid(actor: &str) -> bool {
-    !actor.is_empty() && actor.len() <= ACTOR_MAX_BYTES && !actor.chars().any(char::is_control)
+    crate::ids::identity_is_valid(actor)
 }
 
 fn signed_message(claims: &[u8]) -> Vec<u8> {

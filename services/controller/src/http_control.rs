@@ -59,6 +59,21 @@ impl HttpControl {
     }
 }
 
+/// The evidence in a worker's `POST /v1/reset` reply body; `None` when it holds none (unproven).
+/// The one reading of a reset reply, for the controller and the API alike.
+pub fn evidence_from_reply(reply: &[u8]) -> Option<ResetEvidence> {
+    let json: serde_json::Value = serde_json::from_slice(reply).ok()?;
+    let evidence = &json["reset_evidence"];
+    Some(ResetEvidence {
+        // The token the worker says it reset under; corral-core compares it with the order's.
+        token: OpToken(evidence["token"].as_u64()?),
+        processes_remaining: count(&evidence["processes_remaining"]),
+        workspace_entries: count(&evidence["workspace_entries"]),
+        scratch_entries: count(&evidence["scratch_entries"]),
+        mounts_remaining: count(&evidence["mounts_remaining"]),
+    })
+}
+
 fn count(value: &serde_json::Value) -> Option<u32> {
     value.as_u64().and_then(|n| u32::try_from(n).ok())
 }
@@ -75,15 +90,6 @@ impl WorkerControl for HttpControl {
         if status != 200 {
             return None;
         }
-        let json: serde_json::Value = serde_json::from_slice(&reply).ok()?;
-        let evidence = &json["reset_evidence"];
-        Some(ResetEvidence {
-            // The token the worker says it reset under; corral-core compares it with the order's.
-            token: OpToken(evidence["token"].as_u64()?),
-            processes_remaining: count(&evidence["processes_remaining"]),
-            workspace_entries: count(&evidence["workspace_entries"]),
-            scratch_entries: count(&evidence["scratch_entries"]),
-            mounts_remaining: count(&evidence["mounts_remaining"]),
-        })
+        evidence_from_reply(&reply)
     }
 }

@@ -39,6 +39,27 @@ pub trait Backend: Send + Sync {
     fn list(&self) -> impl Future<Output = Result<BTreeSet<WorkerId>, Unavailable>> + Send;
 }
 
+/// A backend shared (for example with a shutdown that deletes every worker) is a backend.
+impl<B: Backend> Backend for std::sync::Arc<B> {
+    fn image(&self) -> ImageId {
+        B::image(self)
+    }
+    fn create(
+        &self,
+        worker: WorkerId,
+        image: &ImageId,
+        claim_deadline: Option<UnixMillis>,
+    ) -> impl Future<Output = Outcome> + Send {
+        B::create(self, worker, image, claim_deadline)
+    }
+    fn delete(&self, worker: WorkerId) -> impl Future<Output = Outcome> + Send {
+        B::delete(self, worker)
+    }
+    fn list(&self) -> impl Future<Output = Result<BTreeSet<WorkerId>, Unavailable>> + Send {
+        B::list(self)
+    }
+}
+
 /// How the controller asks a worker to reset.
 pub trait WorkerControl: Send + Sync {
     /// Resets `worker` under `token`; `None` when the worker did not answer (unproven).

@@ -14,9 +14,9 @@ use corral_core::ids::{OpToken, TicketId, WorkerId};
 use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, Refusal, StateKind};
 use corral_core::reset::ResetEvidence;
 use corral_core::store::Loaded;
+use corral_store::ValkeyStore;
 use corral_store::harness::commit;
 use corral_store::valkey_server::ValkeyServer;
-use corral_store::ValkeyStore;
 
 const STAND_IN: &str = "import socket, sys\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\ns.bind(('127.0.0.1', int(sys.argv[1])))\ns.listen(16)\nwhile True:\n    c, _ = s.accept()\n    c.close()\n";
 

@@ -60,8 +60,33 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(parsed)
 }
 
+/// The `local` backend: one `corral worker serve` process per worker on a loopback port, each
+/// given the workers' credential and `env`; its image is this binary and the Python runtime.
+pub fn local_backend(
+    state_dir: &Path,
+    token: &str,
+    env: &[(&str, &str)],
+) -> Result<LocalBackend, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find its own binary: {e}"))?;
+    let runtime: Vec<&Path> = [Path::new("/usr/bin/python3")]
+        .into_iter()
+        .filter(|p| p.exists())
+        .collect();
+    let backend = LocalBackend::new(
+        state_dir,
+        &exe,
+        &["worker", "serve", "--listen", "127.0.0.1:{port}"],
+        &runtime,
+    )
+    .map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    Ok(env.iter().fold(
+        backend.with_env("CORRAL_WORKER_TOKEN", token),
+        |backend, (name, value)| backend.with_env(name, value),
+    ))
+}
+
 /// The workers' credential: from `CORRAL_WORKER_TOKEN_FILE`, or generated once into the state dir.
-fn credential(state_dir: &Path) -> Result<String, String> {
+pub fn credential(state_dir: &Path) -> Result<String, String> {
     if let Some(path) = std::env::var_os("CORRAL_WORKER_TOKEN_FILE") {
         return std::fs::read_to_string(&path)
             .map(|t| t.trim().to_string())
@@ -124,21 +149,8 @@ async fn serve(args: Args, settings: Settings) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let Ok(exe) = std::env::current_exe() else {
-        eprintln!("corral controller: cannot find its own binary");
-        return ExitCode::from(1);
-    };
-    let runtime: Vec<&Path> = [Path::new("/usr/bin/python3")]
-        .into_iter()
-        .filter(|p| p.exists())
-        .collect();
-    let backend = match LocalBackend::new(
-        &args.state_dir,
-        &exe,
-        &["worker", "serve", "--listen", "127.0.0.1:{port}"],
-        &runtime,
-    ) {
-        Ok(backend) => backend.with_env("CORRAL_WORKER_TOKEN", &token),
+    let backend = match local_backend(&args.state_dir, &token, &[]) {
+        Ok(backend) => backend,
         Err(error) => {
             eprintln!("corral controller: {error}");
             return ExitCode::from(1);

@@ -2,9 +2,12 @@
 
 use std::process::ExitCode;
 
+mod api_cmd;
 mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
+mod run_cmd;
+mod up_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]
 
@@ -17,6 +20,9 @@ commands:
   egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
   worker serve     the worker's authenticated control API (see `corral worker help`)
   controller       keep the warm pool with local worker processes (--valkey URL; see the crate docs)
+  up               the embedded default: Valkey, API, controller, warm pool, egress proxy (see `corral up --help`)
+  run FILE         run one file through the API and print the result (`corral run --help`)
+  api              the API service (settings from the environment)
   help             this text
 ";
 
@@ -33,7 +39,10 @@ fn main() -> ExitCode {
     };
     let rest = &args[1..];
     match command.as_str() {
+        "api" => api_cmd::run(rest),
         "config" => config_cmd::run(rest),
+        "run" => run_cmd::run(rest),
+        "up" => up_cmd::run(rest),
         "controller" => controller_cmd::run(rest),
         // `["jail"]` re-executes this binary into the jail's hidden stages.
         "jail" => corral_worker::cli::main(rest, &["jail"]),

@@ -11,9 +11,9 @@ use corral_controller::{Backend, Pass, Reconciler};
 use corral_core::ids::{ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, TicketId};
 use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateKind};
 use corral_core::store::Loaded;
+use corral_store::ValkeyStore;
 use corral_store::harness::commit;
 use corral_store::valkey_server::ValkeyServer;
-use corral_store::ValkeyStore;
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {

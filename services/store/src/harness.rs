@@ -10,7 +10,7 @@ use corral_core::ids::{
     ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId,
     WorkerId,
 };
-use corral_core::pool::{Command, Disposition, Effect, Event, Outcome, PoolConfig, TicketStatus};
+use corral_core::pool::{Command, Disposition, Effect, Event, Outcome, PoolConfig};
 use corral_core::reset::ResetEvidence;
 use corral_core::store::Loaded;
 use corral_core::time::UnixMillis;
@@ -254,58 +254,14 @@ async fn acquire(
         scope,
         wait_ms: config.acquire_wait_ms,
     };
-    let Some(applied) = commit(store, &command, config).await else {
-        report
-            .refused
-            .push(String::from("coordination_unavailable"));
-        return None;
-    };
-    for event in &applied.events {
-        match event {
-            Event::Granted {
-                ticket: t,
-                worker,
-                token,
-                ..
-            } if *t == ticket => return Some((*worker, *token)),
-            Event::Refused { ticket: t, reason } if *t == ticket => {
-                report.refused.push(reason.code().into());
-                return None;
-            }
-            _ => {}
+    let wait = Duration::from_millis(config.acquire_wait_ms);
+    match crate::lease::acquire(store, config, &command, wait, watch).await {
+        Ok(granted) => Some((granted.worker, granted.token)),
+        Err(error) => {
+            report.refused.push(error.code().into());
+            None
         }
     }
-    // Queued: wait for an announcement, polling as the fallback. One subscription serves every
-    // wait of this client.
-    if watch.is_none() {
-        *watch = store.subscribe().await.ok();
-    }
-    let deadline = Instant::now() + Duration::from_millis(config.acquire_wait_ms + 1_000);
-    while Instant::now() < deadline {
-        match store.load().await {
-            Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
-                TicketStatus::Granted { worker, token, .. } => return Some((worker, token)),
-                TicketStatus::Gone => {
-                    report.refused.push(String::from("wait_timeout"));
-                    return None;
-                }
-                TicketStatus::Queued { .. } => {}
-            },
-            Ok(Loaded::Absent) | Err(_) => {
-                report.refused.push(String::from("coordination_lost"));
-                return None;
-            }
-        }
-        match watch.as_mut() {
-            Some(watch) => {
-                let _ = watch.changed(Duration::from_millis(50)).await;
-            }
-            None => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
-    let _ = commit(store, &Command::Cancel { ticket }, config).await;
-    report.refused.push(String::from("wait_timeout"));
-    None
 }
 
 /// The pool settings the multi-process tests and the benchmark share: a small ceiling so that

@@ -20,6 +20,8 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 
 pub mod harness;
+pub mod lease;
+pub mod policy;
 pub mod valkey_server;
 
 /// Compare-and-set, and nothing else: write the document if the version is the expected one

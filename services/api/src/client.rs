@@ -1,0 +1,152 @@
+//! A small client of the API, for `corral run`, the sample run of `corral up`, tests and the load
+//! generator.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A client of one API.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    credential: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// A client of the API at `base` (`http://host:port`) presenting `credential`.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(base: &str, credential: &str) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_owned(),
+            credential: credential.to_owned(),
+            http,
+        })
+    }
+
+    /// `POST /v1/run_code`: the status and the JSON answer.
+    ///
+    /// # Errors
+    /// When the API cannot be reached or answers with something other than JSON.
+    pub async fn run_code(&self, request: &Value) -> Result<(u16, Value), String> {
+        let reply = self
+            .http
+            .post(format!("{}/v1/run_code", self.base))
+            .bearer_auth(&self.credential)
+            .json(request)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let status = reply.status().as_u16();
+        let body = reply
+            .json()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        Ok((status, body))
+    }
+
+    /// `GET path` with the credential: status and body bytes.
+    ///
+    /// # Errors
+    /// When the API cannot be reached.
+    pub async fn get(&self, path_and_query: &str) -> Result<(u16, Vec<u8>), String> {
+        let reply = self
+            .http
+            .get(format!("{}{path_and_query}", self.base))
+            .bearer_auth(&self.credential)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let status = reply.status().as_u16();
+        let body = reply.bytes().await.map_err(|e| e.to_string())?.to_vec();
+        Ok((status, body))
+    }
+
+    /// `PUT path` with a JSON body and the credential: status and JSON answer.
+    ///
+    /// # Errors
+    /// When the API cannot be reached or answers with something other than JSON.
+    pub async fn put(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        let reply = self
+            .http
+            .put(format!("{}{path}", self.base))
+            .bearer_auth(&self.credential)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let status = reply.status().as_u16();
+        let body = reply.json().await.map_err(|e| e.to_string())?;
+        Ok((status, body))
+    }
+}
+
+/// A person-readable rendering of a `run_code` answer.
+#[must_use]
+pub fn render(status: u16, body: &Value) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let outcome = body["outcome"].as_str().unwrap_or("?");
+    if outcome == "refused" {
+        let _ = writeln!(
+            out,
+            "refused ({status}): {} — {}",
+            body["error"]["code"].as_str().unwrap_or("?"),
+            body["error"]["message"].as_str().unwrap_or("")
+        );
+        if let Some(retry) = body["error"]["retry_after_seconds"].as_u64() {
+            let _ = writeln!(out, "retry after {retry} s");
+        }
+        return out;
+    }
+    let model = &body["model"];
+    for (name, stream) in [("stdout", &model["stdout"]), ("stderr", &model["stderr"])] {
+        let text = stream["text"].as_str().unwrap_or("");
+        if !text.is_empty() {
+            let _ = writeln!(out, "--- {name} ---\n{}", text.trim_end_matches('\n'));
+        }
+        if stream["truncated"].as_bool() == Some(true) {
+            let _ = writeln!(
+                out,
+                "({name} truncated: {} of {} bytes dropped)",
+                stream["bytes_dropped"], stream["bytes_total"]
+            );
+        }
+    }
+    for download in model["downloads"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "download: {} ({}, {} bytes)",
+            download["path"].as_str().unwrap_or("?"),
+            download["media_type"].as_str().unwrap_or("?"),
+            download["bytes"]
+        );
+    }
+    let _ = write!(out, "outcome: {outcome}, exit code {}", model["exit_code"]);
+    if let Some(bound) = model["bound"].as_str() {
+        let _ = write!(out, ", bound hit: {bound}");
+    }
+    if let Some(reason) = model["not_run"].as_str() {
+        let _ = write!(out, ", not run: {reason}");
+    }
+    if let Some(code) = body["error"]["code"].as_str() {
+        let _ = write!(
+            out,
+            ", error: {code} — {}",
+            body["error"]["message"].as_str().unwrap_or("")
+        );
+    }
+    let _ = writeln!(
+        out,
+        " (egress: {})",
+        model["egress"]["effective_mode"].as_str().unwrap_or("?")
+    );
+    out
+}

@@ -1,0 +1,289 @@
+//! The routes, authentication and the small handlers.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use corral_core::store::Loaded;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq as _;
+
+use crate::AppState;
+use crate::run::{RunCode, run_code};
+use crate::workspaces::FileLookup;
+
+/// The routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let body_max = usize::try_from(state.settings.bounds.workspace_max_bytes)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(2)
+        .saturating_add(64 * 1024);
+    let caller = Router::new()
+        .route("/v1/run_code", post(run_code_handler))
+        .route("/v1/read_workspace", get(read_workspace))
+        .layer(middleware::from_fn_with_state(state.clone(), caller_auth));
+    let admin = Router::new()
+        .route("/v1/admin/egress_policy", get(policy_get).put(policy_put))
+        .layer(middleware::from_fn_with_state(state.clone(), admin_auth));
+    Router::new()
+        .merge(caller)
+        .merge(admin)
+        .route("/v1/egress/verifying_key", get(verifying_key))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route(
+            "/openapi.json",
+            get(|| async { axum::Json(crate::openapi::document()) }),
+        )
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(DefaultBodyLimit::max(body_max))
+        .with_state(state)
+}
+
+/// A JSON refusal with a stable code.
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(
+            json!({ "outcome": "refused", "error": { "code": code, "message": message.into() } }),
+        ),
+    )
+        .into_response()
+}
+
+fn presented(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+}
+
+fn matches(presented: Option<&str>, expected: &str) -> bool {
+    presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())))
+}
+
+async fn caller_auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if matches(presented(request.headers()), &state.caller_credential) {
+        next.run(request).await
+    } else {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid caller credential is required",
+        )
+    }
+}
+
+async fn admin_auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    if matches(presented(request.headers()), &state.admin_credential) {
+        next.run(request).await
+    } else {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid admin credential is required",
+        )
+    }
+}
+
+async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let request: RunCode = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+    };
+    let (status, body) = run_code(state, request).await;
+    let retry = body["error"]["retry_after_seconds"].as_u64();
+    let mut response = (status, axum::Json(body)).into_response();
+    if let Some(retry) = retry
+        && let Ok(value) = retry.to_string().parse()
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReadQuery {
+    actor: String,
+    conversation: String,
+    path: String,
+}
+
+/// One file of a workspace's authoritative snapshot (WS-4): relative paths inside only.
+async fn read_workspace(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<ReadQuery>,
+) -> Response {
+    for value in [&query.actor, &query.conversation] {
+        if !corral_core::ids::identity_is_valid(value) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_identity",
+                "actor and conversation must be 1 to 256 bytes with no control character",
+            );
+        }
+    }
+    let path = match corral_core::workspace::read_path(&query.path) {
+        Ok(path) => path.to_owned(),
+        Err(refused) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({ "outcome": "refused", "error": {
+                    "code": refused.code(), "path": query.path,
+                    "message": "read_workspace takes a relative path inside the workspace" } })),
+            )
+                .into_response();
+        }
+    };
+    let key = corral_core::workspace::storage_key(&query.actor, &query.conversation);
+    let snapshot = match state.workspaces.latest(&key).await {
+        Ok(Some(snapshot)) => snapshot,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "workspace_not_found",
+                "this actor has no workspace in this conversation",
+            );
+        }
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+    };
+    match crate::workspaces::find_file(&snapshot.archive, &path, state.settings.bounds.workspace_max_bytes) {
+        FileLookup::Found(bytes) => (
+            StatusCode::OK,
+            [
+                (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+                (header::HeaderName::from_static("x-corral-workspace-generation"), snapshot.generation.to_string()),
+            ],
+            bytes,
+        )
+            .into_response(),
+        FileLookup::NotFound => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({ "outcome": "refused", "error": {
+                "code": "workspace_path_not_found", "path": path,
+                "message": "no regular file at this path in the workspace (links are never stored)" } })),
+        )
+            .into_response(),
+        FileLookup::Corrupt(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "workspace_snapshot_corrupt", e),
+    }
+}
+
+async fn policy_get(State(state): State<Arc<AppState>>) -> Response {
+    match state.egress.describe(&state.store).await {
+        Ok(described) => axum::Json(described).into_response(),
+        Err(_) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "coordination_unavailable",
+            "Valkey cannot be reached",
+        ),
+    }
+}
+
+/// Replaces the policy. The body is an object of raw setting values by name (only the egress
+/// policy settings); an absent name is an absent setting. The answer is the policy as resolved.
+async fn policy_put(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+    let fields: BTreeMap<String, Value> = match serde_json::from_slice(&body) {
+        Ok(fields) => fields,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+    };
+    let mut values = BTreeMap::new();
+    for (name, value) in fields {
+        if !corral_store::policy::POLICY_FIELDS.contains(&name.as_str()) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "policy_field_unknown",
+                format!(
+                    "{name} is not an egress policy setting; the settings are {:?}",
+                    corral_store::policy::POLICY_FIELDS
+                ),
+            );
+        }
+        let text = match value {
+            Value::String(s) => s,
+            Value::Bool(b) => b.to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().map_or_else(|| i.to_string(), str::to_owned))
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "policy_value_invalid",
+                    format!("{name}: a string, number, boolean or list"),
+                );
+            }
+        };
+        values.insert(name, text);
+    }
+    if state.store.replace_egress_policy(&values).await.is_err() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "coordination_unavailable",
+            "Valkey cannot be reached",
+        );
+    }
+    policy_get(State(state)).await
+}
+
+async fn verifying_key(State(state): State<Arc<AppState>>) -> Response {
+    match state.egress.verifying_key() {
+        Some(key) => ([(header::CONTENT_TYPE, "text/plain")], key).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "field_key_missing",
+            "no field key is configured: no grant is ever minted (EGR-8)",
+        ),
+    }
+}
+
+/// Ready when coordination and storage are; the proxy and key state are reported, since runs
+/// proceed without them with the network denied (EGR-8).
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    let coordination = state.store.now().await.is_ok();
+    let storage = state
+        .workspaces
+        .latest("0000000000000000000000000000000000000000000000000000000000000000")
+        .await
+        .is_ok();
+    let proxy = state.egress.proxy_reachable().await;
+    let key = state.egress.verifying_key().is_some();
+    let ready = coordination && storage;
+    (
+        if ready {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        },
+        axum::Json(json!({
+            "ready": ready,
+            "coordination": if coordination { "ok" } else { "unavailable" },
+            "storage": if storage { "ok" } else { "unavailable" },
+            "egress_proxy": if proxy { "reachable" } else { "unreachable" },
+            "field_key": if key { "present" } else { "missing" },
+        })),
+    )
+        .into_response()
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    let pool = match state.store.load().await {
+        Ok(Loaded::Found { doc, .. }) => Some((doc.counts(), doc.tickets().count())),
+        _ => None,
+    };
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.metrics.render(pool),
+    )
+        .into_response()
+}

@@ -1,0 +1,132 @@
+//! The API's Prometheus counters (`GET /metrics`): run outcomes, bound hits, admission refusals,
+//! grants by effective mode, acquire latency; pool states and queue depth are read from the pool
+//! document at scrape time. Egress decisions at the wire are the proxy's own counters
+//! (`CORRAL_EGRESS_METRICS_LISTEN`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use corral_core::pool::StateCounts;
+
+/// Upper bounds of the acquire-latency histogram's buckets, in seconds.
+const ACQUIRE_BUCKETS: [f64; 12] = [
+    0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+#[derive(Default)]
+struct Counters {
+    runs: BTreeMap<&'static str, u64>,
+    bounds: BTreeMap<String, u64>,
+    refusals: BTreeMap<&'static str, u64>,
+    grants: BTreeMap<&'static str, u64>,
+    acquire_buckets: [u64; ACQUIRE_BUCKETS.len()],
+    acquire_count: u64,
+    acquire_sum: f64,
+}
+
+/// The counters.
+#[derive(Default)]
+pub struct Metrics {
+    counters: Mutex<Counters>,
+}
+
+impl Metrics {
+    fn with(&self, f: impl FnOnce(&mut Counters)) {
+        if let Ok(mut counters) = self.counters.lock() {
+            f(&mut counters);
+        }
+    }
+
+    /// A run ended with `outcome`.
+    pub fn run(&self, outcome: &'static str) {
+        self.with(|c| *c.runs.entry(outcome).or_default() += 1);
+    }
+
+    /// A run hit the bound named by `setting`.
+    pub fn bound(&self, setting: &str) {
+        self.with(|c| *c.bounds.entry(setting.to_owned()).or_default() += 1);
+    }
+
+    /// Admission refused a run with `code`.
+    pub fn refusal(&self, code: &'static str) {
+        self.with(|c| *c.refusals.entry(code).or_default() += 1);
+    }
+
+    /// A run was dispatched with effective egress `mode` (`isolated`: no grant).
+    pub fn egress(&self, mode: &'static str) {
+        self.with(|c| *c.grants.entry(mode).or_default() += 1);
+    }
+
+    /// A lease was granted after `waited`.
+    pub fn acquired(&self, waited: Duration) {
+        let seconds = waited.as_secs_f64();
+        self.with(|c| {
+            for (bucket, bound) in c.acquire_buckets.iter_mut().zip(ACQUIRE_BUCKETS) {
+                if seconds <= bound {
+                    *bucket += 1;
+                }
+            }
+            c.acquire_count += 1;
+            c.acquire_sum += seconds;
+        });
+    }
+
+    /// The exposition text, with the pool's state counts and queue depth when readable.
+    pub fn render(&self, pool: Option<(StateCounts, usize)>) -> String {
+        let mut out = String::new();
+        let Ok(c) = self.counters.lock() else {
+            return out;
+        };
+        let _ = writeln!(out, "# TYPE corral_runs_total counter");
+        for (outcome, n) in &c.runs {
+            let _ = writeln!(out, "corral_runs_total{{outcome=\"{outcome}\"}} {n}");
+        }
+        let _ = writeln!(out, "# TYPE corral_bound_hits_total counter");
+        for (setting, n) in &c.bounds {
+            let _ = writeln!(out, "corral_bound_hits_total{{setting=\"{setting}\"}} {n}");
+        }
+        let _ = writeln!(out, "# TYPE corral_admission_refusals_total counter");
+        for (code, n) in &c.refusals {
+            let _ = writeln!(
+                out,
+                "corral_admission_refusals_total{{reason=\"{code}\"}} {n}"
+            );
+        }
+        let _ = writeln!(out, "# TYPE corral_egress_dispatch_total counter");
+        for (mode, n) in &c.grants {
+            let _ = writeln!(
+                out,
+                "corral_egress_dispatch_total{{effective_mode=\"{mode}\"}} {n}"
+            );
+        }
+        let _ = writeln!(out, "# TYPE corral_acquire_seconds histogram");
+        for (bound, n) in ACQUIRE_BUCKETS.iter().zip(c.acquire_buckets) {
+            let _ = writeln!(out, "corral_acquire_seconds_bucket{{le=\"{bound}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "corral_acquire_seconds_bucket{{le=\"+Inf\"}} {}\ncorral_acquire_seconds_sum {}\ncorral_acquire_seconds_count {}",
+            c.acquire_count, c.acquire_sum, c.acquire_count
+        );
+        if let Some((counts, queued)) = pool {
+            let _ = writeln!(out, "# TYPE corral_pool_workers gauge");
+            for (state, n) in [
+                ("creating", counts.creating),
+                ("warm", counts.warm),
+                ("leased", counts.leased),
+                ("resetting", counts.resetting),
+                ("retiring", counts.retiring),
+                ("quarantined", counts.quarantined),
+            ] {
+                let _ = writeln!(out, "corral_pool_workers{{state=\"{state}\"}} {n}");
+            }
+            let _ = writeln!(
+                out,
+                "# TYPE corral_pool_queue_depth gauge\ncorral_pool_queue_depth {queued}"
+            );
+        }
+        out
+    }
+}

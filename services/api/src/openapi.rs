@@ -1,0 +1,105 @@
+//! The OpenAPI document the API serves at `/openapi.json`.
+
+use serde_json::{Value, json};
+
+fn refusal() -> Value {
+    json!({ "description": "Refused: `error.code` is stable, `error.message` says why",
+            "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Refusal" } } } })
+}
+
+/// The document.
+#[must_use]
+pub fn document() -> Value {
+    let stream = json!({ "type": "object", "properties": {
+        "text": { "type": "string" }, "truncated": { "type": "boolean" },
+        "bytes_total": { "type": "integer" }, "bytes_dropped": { "type": "integer" } } });
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "Corral API", "version": env!("CARGO_PKG_VERSION"),
+                  "description": "Run untrusted Python and Node code for an actor in a conversation, in a leased, single-tenant worker." },
+        "components": {
+            "securitySchemes": {
+                "caller": { "type": "http", "scheme": "bearer", "description": "The agent platform's service credential" },
+                "admin": { "type": "http", "scheme": "bearer", "description": "The administrator's credential" }
+            },
+            "schemas": {
+                "Refusal": { "type": "object", "required": ["outcome", "error"], "properties": {
+                    "outcome": { "const": "refused" },
+                    "error": { "type": "object", "required": ["code", "message"], "properties": {
+                        "code": { "type": "string" }, "message": { "type": "string" },
+                        "retry_after_seconds": { "type": "integer" }, "setting": { "type": "string" },
+                        "field": { "type": "string" }, "path": { "type": "string" } } } } },
+                "RunCode": { "type": "object", "required": ["actor", "conversation", "member", "language", "code"],
+                    "additionalProperties": false, "properties": {
+                    "actor": { "type": "string", "maxLength": 256 },
+                    "conversation": { "type": "string", "maxLength": 256 },
+                    "member": { "type": "string", "maxLength": 256 },
+                    "language": { "enum": ["python", "node"] },
+                    "code": { "type": "string" },
+                    "declared_outputs": { "type": "array", "items": { "type": "string" } },
+                    "provider_hint": { "type": "array", "items": { "type": "string" } },
+                    "kernel": { "enum": ["ephemeral", "persistent"], "default": "ephemeral" },
+                    "bounds": { "type": "object", "properties": {
+                        "wall_seconds": { "type": "integer" }, "output_bytes": { "type": "integer" },
+                        "artifact_bytes": { "type": "integer" }, "memory_bytes": { "type": "integer" },
+                        "processes": { "type": "integer" } } },
+                    "wait_seconds": { "type": "integer" } } },
+                "RunResult": { "type": "object", "properties": {
+                    "run_id": { "type": "string" },
+                    "outcome": { "enum": ["succeeded", "failed", "bound_exceeded", "not_run", "error"] },
+                    "error": { "type": ["object", "null"] },
+                    "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
+                        "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
+                        "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },
+                        "not_run": { "type": ["string", "null"] },
+                        "diagnostics": { "type": "array", "items": { "type": "string" } },
+                        "downloads": { "type": "array", "items": { "type": "object", "properties": {
+                            "path": { "type": "string" }, "bytes": { "type": "integer" }, "media_type": { "type": "string" },
+                            "reference": { "type": ["string", "null"] } } } },
+                        "egress": { "type": "object" },
+                        "workspace": { "type": "object", "properties": { "generation": { "type": ["integer", "null"] }, "saved": { "type": "boolean" } } } } },
+                    "member": { "type": "object", "description": "For members: outcome, exit state and references only", "properties": {
+                        "outcome": { "type": "string" }, "exit_code": { "type": ["integer", "null"] },
+                        "references": { "type": "array", "items": { "type": "object" } } } } } }
+            }
+        },
+        "paths": {
+            "/v1/run_code": { "post": {
+                "summary": "Run code in a leased worker, with the actor-and-conversation workspace",
+                "security": [{ "caller": [] }],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunCode" } } } },
+                "responses": {
+                    "200": { "description": "The run's result (whatever the code's own exit code)",
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunResult" } } } },
+                    "400": refusal(), "401": refusal(), "409": refusal(), "413": refusal(), "422": refusal(),
+                    "429": refusal(), "502": refusal(), "503": refusal() } } },
+            "/v1/read_workspace": { "get": {
+                "summary": "Read one file of a workspace by relative path",
+                "security": [{ "caller": [] }],
+                "parameters": [
+                    { "name": "actor", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "conversation", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "path", "in": "query", "required": true, "schema": { "type": "string" } } ],
+                "responses": { "200": { "description": "The file's bytes",
+                                        "content": { "application/octet-stream": {} } },
+                               "400": refusal(), "401": refusal(), "404": refusal() } } },
+            "/v1/admin/egress_policy": {
+                "get": { "summary": "The egress policy: values, configured and effective mode, notes, revision",
+                         "security": [{ "admin": [] }], "responses": { "200": { "description": "The policy" }, "401": refusal() } },
+                "put": { "summary": "Replace the egress policy; applies to the next run",
+                         "security": [{ "admin": [] }],
+                         "requestBody": { "content": { "application/json": { "schema": { "type": "object", "properties": {
+                             "SANDBOX_EGRESS_ENABLED": {}, "SANDBOX_EGRESS_MODE": {}, "SANDBOX_EGRESS_ALLOWED_PORTS": {},
+                             "SANDBOX_EGRESS_PRIVATE_CIDRS": {}, "SANDBOX_EGRESS_ALLOWED_HOSTS": {},
+                             "SANDBOX_EGRESS_TOKEN_TTL_SECONDS": {} }, "additionalProperties": false } } } },
+                         "responses": { "200": { "description": "The policy as now in force" }, "400": refusal(), "401": refusal() } } },
+            "/v1/egress/verifying_key": { "get": { "summary": "The grant verifying key (public), for the egress proxy",
+                "responses": { "200": { "description": "base64url key text", "content": { "text/plain": {} } }, "404": refusal() } } },
+            "/healthz": { "get": { "summary": "Liveness", "responses": { "200": { "description": "Alive" } } } },
+            "/readyz": { "get": { "summary": "Ready when coordination and storage are; proxy and key state reported",
+                "responses": { "200": { "description": "Ready" }, "503": { "description": "Not ready" } } } },
+            "/metrics": { "get": { "summary": "Prometheus counters", "responses": { "200": { "description": "Exposition text" } } } },
+            "/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1" } } } }
+        }
+    })
+}

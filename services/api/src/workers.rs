@@ -1,0 +1,129 @@
+//! Talking to a leased worker's control API: execute, and the reset after the lease. The API
+//! holds the workers' credential (as the controller does); workers hold nothing of the API's.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_controller::http_control::evidence_from_reply;
+use corral_controller::local::LocalBackend;
+use corral_core::ids::{OpToken, WorkerId};
+use corral_core::reset::ResetEvidence;
+use serde_json::Value;
+
+/// How long a reset may take before it counts as unanswered (unproven).
+const RESET_TIMEOUT: Duration = Duration::from_secs(20);
+/// Time an execute may take beyond its wall bound: staging, packing, the reply.
+const EXECUTE_MARGIN: Duration = Duration::from_secs(30);
+
+/// Where a worker's control API is.
+#[derive(Clone, Debug)]
+pub enum Locator {
+    /// The `local` backend's records: `<dir>/<worker>.worker` holds its port on 127.0.0.1.
+    StateDir(PathBuf),
+    /// A URL template with `{id}` for the worker id (the `kube` backend's per-worker Service,
+    /// e.g. `http://corral-worker-{id}.corral.svc:8091`).
+    Template(String),
+}
+
+impl Locator {
+    /// The base URL of `worker`'s control API, if it can be found.
+    #[must_use]
+    pub fn base_url(&self, worker: WorkerId) -> Option<String> {
+        match self {
+            Self::StateDir(dir) => LocalBackend::read_record(dir, worker)
+                .map(|record| format!("http://127.0.0.1:{}", record.port)),
+            Self::Template(template) => Some(template.replace("{id}", &worker.to_string())),
+        }
+    }
+}
+
+/// Why an execute produced no result. Codes are stable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecuteError {
+    /// The worker could not be found, did not answer, or its connection broke mid-run.
+    WorkerLost(String),
+    /// The worker refused the request: its status, code and details.
+    Refused {
+        /// HTTP status.
+        status: u16,
+        /// The worker's error body.
+        body: Value,
+    },
+}
+
+/// The client.
+#[derive(Clone)]
+pub struct Workers {
+    locator: Locator,
+    credential: String,
+    http: reqwest::Client,
+}
+
+impl Workers {
+    /// A client presenting `credential` to workers found through `locator`.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(locator: Locator, credential: String) -> Result<Self, String> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            locator,
+            credential,
+            http,
+        })
+    }
+
+    /// Runs `request` (the worker's execute body) on `worker`, waiting at most `wall` plus a margin.
+    pub async fn execute(
+        &self,
+        worker: WorkerId,
+        request: &Value,
+        wall: Duration,
+    ) -> Result<Value, ExecuteError> {
+        let base = self
+            .locator
+            .base_url(worker)
+            .ok_or_else(|| ExecuteError::WorkerLost(format!("worker {worker} has no address")))?;
+        let sent = self
+            .http
+            .post(format!("{base}/v1/execute"))
+            .bearer_auth(&self.credential)
+            .timeout(wall + EXECUTE_MARGIN)
+            .json(request)
+            .send()
+            .await
+            .map_err(|e| ExecuteError::WorkerLost(format!("worker {worker}: {e}")))?;
+        let status = sent.status().as_u16();
+        let body: Value = sent
+            .json()
+            .await
+            .map_err(|e| ExecuteError::WorkerLost(format!("worker {worker}: reply: {e}")))?;
+        if status == 200 {
+            Ok(body)
+        } else {
+            Err(ExecuteError::Refused { status, body })
+        }
+    }
+
+    /// Resets `worker` under `token`; `None` when it did not answer with evidence (unproven).
+    pub async fn reset(&self, worker: WorkerId, token: OpToken) -> Option<ResetEvidence> {
+        let base = self.locator.base_url(worker)?;
+        let reply = self
+            .http
+            .post(format!("{base}/v1/reset"))
+            .bearer_auth(&self.credential)
+            .timeout(RESET_TIMEOUT)
+            .json(&serde_json::json!({ "token": token.0 }))
+            .send()
+            .await
+            .ok()?;
+        if !reply.status().is_success() {
+            return None;
+        }
+        evidence_from_reply(&reply.bytes().await.ok()?)
+    }
+}

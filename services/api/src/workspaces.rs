@@ -1,0 +1,276 @@
+//! Workspace snapshots in an object store (WS-1, WS-2, WS-5), through `object_store`: the local
+//! filesystem by default, S3-compatible by configuration, one code path for both.
+//!
+//! A workspace is keyed by actor and conversation (`corral_core::workspace::storage_key`, 64 hex
+//! digits, so no id can reach another's key). Its snapshots are numbered generations,
+//! `<root>/ws/<key>/g<20 digits>.tar`, each written once and create-only: a save names the
+//! generation it started from and writes the next one only if nobody has (`PutMode::Create`: an
+//! atomic no-replace link on the filesystem, `If-None-Match: *` on S3). Of two concurrent runs of
+//! one workspace, the second save finds its generation taken and is refused, never silently
+//! overwriting the first. The newest generation is authoritative; a failed run or a failed save
+//! writes nothing, so the earlier snapshot stays authoritative. Generations older than the one a
+//! save started from are pruned after it commits (best effort; a leftover is never read).
+//!
+//! Workers never see this store or its credentials: the API hands a worker the archive bytes and
+//! takes the packed workspace back.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+
+/// A snapshot as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Its generation (the first save writes generation 1).
+    pub generation: u64,
+    /// The tar.
+    pub archive: Bytes,
+}
+
+/// Why storage failed. Codes are stable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StorageError {
+    /// Another save of the same workspace committed `generation` first: this save is refused.
+    Conflict {
+        /// The generation that was taken.
+        generation: u64,
+    },
+    /// The store could not be read or written.
+    Unavailable(String),
+}
+
+impl StorageError {
+    /// The stable code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Conflict { .. } => "workspace_conflict",
+            Self::Unavailable(_) => "workspace_storage_unavailable",
+        }
+    }
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Conflict { generation } => write!(
+                f,
+                "another run saved generation {generation} of this workspace first; this run's \
+                 changes were not saved and the other run's snapshot is authoritative"
+            ),
+            Self::Unavailable(message) => write!(f, "workspace storage: {message}"),
+        }
+    }
+}
+
+fn unavailable(error: &object_store::Error) -> StorageError {
+    StorageError::Unavailable(error.to_string())
+}
+
+/// The workspace store.
+#[derive(Clone, Debug)]
+pub struct Workspaces {
+    store: Arc<dyn ObjectStore>,
+    root: Path,
+}
+
+impl Workspaces {
+    /// Workspaces in `store` under `root`.
+    pub fn new(store: Arc<dyn ObjectStore>, root: &str) -> Self {
+        Self {
+            store,
+            root: Path::from(root),
+        }
+    }
+
+    /// Opens the store a URL names: `file:///abs/dir` (created if missing) or `s3://bucket[/prefix]`
+    /// with the standard `AWS_*` environment (`AWS_ENDPOINT`, `AWS_ALLOW_HTTP`, credentials, ...).
+    ///
+    /// # Errors
+    /// An unsupported scheme or a store that cannot be configured.
+    pub fn open(url: &str) -> Result<Self, String> {
+        if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(format!("{url:?}: a file:// URL needs an absolute path"));
+            }
+            std::fs::create_dir_all(dir).map_err(|e| format!("{dir}: {e}"))?;
+            let store = object_store::local::LocalFileSystem::new_with_prefix(dir)
+                .map_err(|e| format!("{url:?}: {e}"))?;
+            return Ok(Self::new(Arc::new(store), ""));
+        }
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(format!("{url:?}: no bucket"));
+            }
+            let store = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .build()
+                .map_err(|e| format!("{url:?}: {e}"))?;
+            return Ok(Self::new(Arc::new(store), prefix.trim_matches('/')));
+        }
+        Err(format!(
+            "{url:?}: workspace storage must be file:///dir or s3://bucket[/prefix]"
+        ))
+    }
+
+    fn dir(&self, key: &str) -> Path {
+        self.root.clone().join("ws").join(key)
+    }
+
+    fn generation_path(&self, key: &str, generation: u64) -> Path {
+        self.dir(key).join(format!("g{generation:020}.tar"))
+    }
+
+    /// The generations stored for `key`, ascending.
+    async fn generations(&self, key: &str) -> Result<Vec<u64>, StorageError> {
+        let dir = self.dir(key);
+        let listed: Vec<_> = self
+            .store
+            .list(Some(&dir))
+            .try_collect()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let mut generations: Vec<u64> = listed
+            .iter()
+            .filter_map(|meta| parse_generation(meta.location.filename()?))
+            .collect();
+        generations.sort_unstable();
+        Ok(generations)
+    }
+
+    /// The authoritative (newest) snapshot of `key`, if any.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when it cannot be read.
+    pub async fn latest(&self, key: &str) -> Result<Option<Snapshot>, StorageError> {
+        // A concurrent save may prune the generation just listed: list again, once.
+        for _ in 0..2 {
+            let Some(&generation) = self.generations(key).await?.last() else {
+                return Ok(None);
+            };
+            match self.store.get(&self.generation_path(key, generation)).await {
+                Ok(found) => {
+                    let archive = found.bytes().await.map_err(|e| unavailable(&e))?;
+                    return Ok(Some(Snapshot {
+                        generation,
+                        archive,
+                    }));
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(unavailable(&e)),
+            }
+        }
+        Err(StorageError::Unavailable(String::from(
+            "the newest snapshot vanished twice while being read",
+        )))
+    }
+
+    /// Saves `archive` as the generation after `base` (0 when the run started from no snapshot),
+    /// only if nobody has; returns the new generation.
+    ///
+    /// # Errors
+    /// [`StorageError::Conflict`] when that generation is taken (nothing is written),
+    /// [`StorageError::Unavailable`] when the store failed (the earlier snapshot stays newest).
+    pub async fn save(&self, key: &str, base: u64, archive: Bytes) -> Result<u64, StorageError> {
+        let generation = base + 1;
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(
+                &self.generation_path(key, generation),
+                PutPayload::from_bytes(archive),
+                options,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(
+                object_store::Error::AlreadyExists { .. }
+                | object_store::Error::Precondition { .. },
+            ) => {
+                return Err(StorageError::Conflict { generation });
+            }
+            Err(e) => return Err(unavailable(&e)),
+        }
+        // Keep the generation this save started from (a reader may be on it); older ones go.
+        if let Ok(generations) = self.generations(key).await {
+            for old in generations.into_iter().filter(|g| *g < base) {
+                let _ = self.store.delete(&self.generation_path(key, old)).await;
+            }
+        }
+        Ok(generation)
+    }
+}
+
+/// `g<20 digits>.tar` to its generation.
+fn parse_generation(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix('g')?.strip_suffix(".tar")?;
+    if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// One regular file from a snapshot's tar, by its normalised relative path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileLookup {
+    /// The file's bytes.
+    Found(Vec<u8>),
+    /// No regular file at that path (absent, a directory, or anything else).
+    NotFound,
+    /// The tar could not be read.
+    Corrupt(String),
+}
+
+/// Finds the regular file `path` in `archive` (the worker packs regular files and directories
+/// only; links never enter a snapshot, so nothing here can be followed).
+#[must_use]
+pub fn find_file(archive: &[u8], path: &str, max_bytes: u64) -> FileLookup {
+    let mut reader = tar::Archive::new(archive);
+    let entries = match reader.entries() {
+        Ok(entries) => entries,
+        Err(e) => return FileLookup::Corrupt(e.to_string()),
+    };
+    for entry in entries {
+        let mut entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => return FileLookup::Corrupt(e.to_string()),
+        };
+        let raw = entry.path_bytes().into_owned();
+        let Ok(name) = corral_core::workspace::normalise(&raw) else {
+            continue;
+        };
+        if name != path || entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let mut content = Vec::new();
+        return match std::io::Read::read_to_end(
+            &mut std::io::Read::take(&mut entry, max_bytes),
+            &mut content,
+        ) {
+            Ok(_) => FileLookup::Found(content),
+            Err(e) => FileLookup::Corrupt(e.to_string()),
+        };
+    }
+    FileLookup::NotFound
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_names_round_trip_and_nothing_else_parses() {
+        assert_eq!(parse_generation("g00000000000000000007.tar"), Some(7));
+        assert_eq!(parse_generation("g7.tar"), None);
+        assert_eq!(parse_generation("g0000000000000000000x.tar"), None);
+        assert_eq!(parse_generation("x00000000000000000007.tar"), None);
+    }
+}

@@ -1,0 +1,374 @@
+//! `corral up`: the embedded default, everything on this machine in one command.
+//!
+//! Valkey (started unless `--valkey URL` or `CORRAL_VALKEY_URL` names one), a field key (generated
+//! into the state directory unless `SANDBOX_FIELD_KEY[_FILE]` gives one), the API, the controller
+//! with the `local` backend and its warm pool, and the egress proxy; workspaces on the local
+//! filesystem under the state directory. It shows progress while coming up, prints one ready line
+//! with the API's URL and where the caller credential is stored, optionally makes a sample run
+//! (`--sample`), and serves until SIGINT or SIGTERM, when it stops everything it started: the API,
+//! the controller, every worker, the proxy and Valkey.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use corral_api::workers::Locator;
+use corral_controller::Backend as _;
+use corral_controller::Reconciler;
+use corral_controller::http_control::HttpControl;
+use corral_core::config::Settings;
+use corral_core::store::Loaded;
+use corral_store::valkey_server::ValkeyServer;
+
+use crate::api_cmd::{ApiParts, field_key_bytes, secret_file};
+
+const USAGE: &str = "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample]
+
+  --state-dir DIR  credentials, worker records, workspaces and logs (default ./.corral)
+  --listen ADDR    the API's address (default 127.0.0.1:8000; port 0 picks a free one)
+  --valkey URL     use this Valkey instead of starting one (also CORRAL_VALKEY_URL)
+  --sample         once ready, run a sample run_code and print its result
+";
+
+/// The sample `--sample` runs.
+const SAMPLE: &str = r#"import os, platform
+print("hello from a Corral worker, Python", platform.python_version())
+with open("hello.txt", "w") as f:
+    f.write("kept in this actor's workspace for this conversation\n")
+print("workspace:", sorted(os.listdir(".")))
+"#;
+
+/// How long the warm pool may take to come up.
+const WARM_TIMEOUT: Duration = Duration::from_secs(240);
+
+struct Args {
+    state_dir: PathBuf,
+    listen: SocketAddr,
+    valkey: Option<String>,
+    sample: bool,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut parsed = Args {
+        state_dir: PathBuf::from(".corral"),
+        listen: corral_api::DEFAULT_LISTEN,
+        valkey: std::env::var("CORRAL_VALKEY_URL")
+            .ok()
+            .filter(|v| !v.is_empty()),
+        sample: false,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        match flag.as_str() {
+            "--state-dir" => parsed.state_dir = PathBuf::from(value()?),
+            "--listen" => {
+                let text = value()?;
+                parsed.listen = text
+                    .parse()
+                    .map_err(|_| format!("--listen {text:?}: not host:port"))?;
+            }
+            "--valkey" => parsed.valkey = Some(value()?),
+            "--sample" => parsed.sample = true,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+fn say(line: &str) {
+    eprintln!("corral up: {line}");
+}
+
+/// `corral up`.
+pub fn run(args: &[String]) -> ExitCode {
+    let args = match parse(args) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("corral up: {error}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let settings = match Settings::from_lookup(|name| std::env::var(name).ok()) {
+        Ok(settings) => settings,
+        Err(error) => {
+            eprintln!("corral up: {error} ({})", error.code());
+            return ExitCode::from(1);
+        }
+    };
+    let Ok(runtime) = tokio::runtime::Runtime::new() else {
+        eprintln!("corral up: no runtime");
+        return ExitCode::from(1);
+    };
+    let mut started = Started::default();
+    let code = runtime.block_on(up(args, settings, &mut started));
+    runtime.block_on(started.stop());
+    say("stopped everything it started");
+    code
+}
+
+/// What `corral up` started, stopped in reverse.
+#[derive(Default)]
+struct Started {
+    valkey: Option<ValkeyServer>,
+    proxy: Option<Child>,
+    backend: Option<Arc<corral_controller::local::LocalBackend>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Started {
+    async fn stop(&mut self) {
+        if let Some(stop) = &self.stop {
+            let _ = stop.send(true);
+        }
+        for task in self.tasks.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+        if let Some(backend) = self.backend.take()
+            && let Ok(workers) = backend.list().await
+        {
+            for worker in workers {
+                let _ = backend.delete(worker).await;
+            }
+        }
+        if let Some(mut proxy) = self.proxy.take() {
+            let _ = proxy.kill();
+            let _ = proxy.wait();
+        }
+        if let Some(mut valkey) = self.valkey.take() {
+            valkey.kill();
+        }
+    }
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+async fn up(args: Args, mut settings: Settings, started: &mut Started) -> ExitCode {
+    match try_up(args, &mut settings, started).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("corral up: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> Result<(), String> {
+    std::fs::create_dir_all(&args.state_dir)
+        .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
+    let state_dir = args
+        .state_dir
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
+    // Coordination.
+    let valkey = match args.valkey {
+        Some(url) => url,
+        None => {
+            say("starting Valkey");
+            let server = tokio::task::spawn_blocking(ValkeyServer::start)
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("{e} (the README's first command installs it)"))?;
+            let url = server.url();
+            started.valkey = Some(server);
+            url
+        }
+    };
+    say(&format!("coordination: {valkey}"));
+    // Keys and credentials.
+    let field_key = match field_key_bytes(settings)? {
+        Some(key) => key,
+        None => {
+            let path = state_dir.join("field-key");
+            let key = secret_file(&path)?;
+            say(&format!("generated a field key in {}", path.display()));
+            key.into_bytes()
+        }
+    };
+    let caller = secret_file(&state_dir.join("api-token"))?;
+    let admin = secret_file(&state_dir.join("admin-token"))?;
+    let worker_token = secret_file(&state_dir.join("worker-token"))?;
+    // The API's socket first: the proxy reads the verifying key from it.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("{}: {e} (pass --listen ADDR to use another)", args.listen))?;
+    let api_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let api_url = format!("http://{api_addr}");
+    // The egress proxy.
+    let proxy_port = free_port()?;
+    let proxy_url = format!("http://127.0.0.1:{proxy_port}");
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let log =
+        std::fs::File::create(state_dir.join("egress-proxy.log")).map_err(|e| e.to_string())?;
+    let proxy = std::process::Command::new(&exe)
+        .arg("egress-proxy")
+        .env("CORRAL_EGRESS_LISTEN", format!("127.0.0.1:{proxy_port}"))
+        .env(
+            "CORRAL_EGRESS_VERIFYING_KEY_URL",
+            format!("{api_url}/v1/egress/verifying_key"),
+        )
+        .env_remove("CORRAL_EGRESS_VERIFYING_KEY_FILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("start the egress proxy: {e}"))?;
+    started.proxy = Some(proxy);
+    // `corral up` is the package: it writes the packaged default mode (ISO-4) explicitly, since the
+    // core resolves a missing mode to `isolated` (EGR-5). An operator's own value wins.
+    if settings.egress.mode.is_none() {
+        settings.egress.mode = Some(corral_core::config::EgressSettings::DEFAULT_MODE.to_owned());
+    }
+    if settings.egress.proxy_url.is_none() {
+        settings.egress.proxy_url = Some(proxy_url.clone());
+    }
+    let proxy_url = settings.egress.proxy_url.clone().unwrap_or(proxy_url);
+    say(&format!(
+        "egress proxy: {proxy_url} (log in {})",
+        state_dir.join("egress-proxy.log").display()
+    ));
+    // The API.
+    let workers_dir = state_dir.join("workers");
+    let parts = ApiParts {
+        valkey: valkey.clone(),
+        pool: String::from("default"),
+        workspace_url: std::env::var("CORRAL_WORKSPACE_URL")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| format!("file://{}", state_dir.join("workspaces").display())),
+        locator: Locator::StateDir(workers_dir.clone()),
+        caller: caller.clone(),
+        admin,
+        worker: worker_token.clone(),
+        field_key: Some(field_key),
+    };
+    let state = crate::api_cmd::build(settings.clone(), parts).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    started.stop = Some(stop);
+    let mut api_stopped = stopped.clone();
+    started.tasks.push(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = api_stopped.changed().await;
+        };
+        if let Err(e) = corral_api::serve(state, listener, shutdown).await {
+            say(&format!("API: {e}"));
+        }
+    }));
+    say(&format!("API: {api_url}"));
+    // The controller and its warm pool.
+    let backend = Arc::new(crate::controller_cmd::local_backend(
+        &workers_dir,
+        &worker_token,
+        &[("SANDBOX_EGRESS_PROXY_URL", &proxy_url)],
+    )?);
+    started.backend = Some(backend.clone());
+    let store = corral_store::ValkeyStore::connect(&valkey, "default")
+        .await
+        .map_err(|e| e.to_string())?;
+    let control = HttpControl::new(workers_dir.clone(), worker_token);
+    let reconciler = Reconciler::new(store, backend, control, settings.pool());
+    let mut controller_stopped = stopped.clone();
+    started.tasks.push(tokio::spawn(async move {
+        let mut interval = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                _ = controller_stopped.changed() => return,
+                _ = interval.tick() => { let _ = reconciler.pass().await; }
+            }
+        }
+    }));
+    wait_warm(&valkey, settings.warm_pool_min).await?;
+    let token_path = state_dir.join("api-token");
+    println!(
+        "corral is ready: API {api_url} (caller credential in {}, admin credential in {})",
+        token_path.display(),
+        state_dir.join("admin-token").display()
+    );
+    if args.sample {
+        sample(&api_url, &caller).await;
+    }
+    say("serving until Ctrl-C");
+    stop_signal().await;
+    say("stopping");
+    Ok(())
+}
+
+/// Waits until the warm pool has its minimum, printing progress as it grows.
+async fn wait_warm(valkey: &str, minimum: u32) -> Result<(), String> {
+    let store = corral_store::ValkeyStore::connect(valkey, "default")
+        .await
+        .map_err(|e| e.to_string())?;
+    let wanted = minimum.max(1);
+    let began = Instant::now();
+    let mut shown = None;
+    let mut watch = store.subscribe().await.ok();
+    loop {
+        let warm = match store.load().await {
+            Ok(Loaded::Found { doc, .. }) => doc.counts().warm,
+            _ => 0,
+        };
+        if shown != Some(warm) {
+            say(&format!("warm pool: {warm}/{wanted} workers ready"));
+            shown = Some(warm);
+        }
+        if warm >= wanted {
+            return Ok(());
+        }
+        if began.elapsed() > WARM_TIMEOUT {
+            return Err(format!(
+                "the warm pool did not come up within {} s; see `corral jail probe`",
+                WARM_TIMEOUT.as_secs()
+            ));
+        }
+        match watch.as_mut() {
+            Some(watch) => {
+                let _ = watch.changed(Duration::from_millis(500)).await;
+            }
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn sample(api_url: &str, caller: &str) {
+    say("sample run: python, actor \"demo\", conversation \"quickstart\"");
+    let request = serde_json::json!({
+        "actor": "demo", "conversation": "quickstart", "member": "demo",
+        "language": "python", "code": SAMPLE,
+    });
+    match Client::new(api_url, caller) {
+        Ok(client) => match client.run_code(&request).await {
+            Ok((status, body)) => print!("{}", corral_api::client::render(status, &body)),
+            Err(e) => say(&format!("sample run failed: {e}")),
+        },
+        Err(e) => say(&format!("sample run failed: {e}")),
+    }
+}

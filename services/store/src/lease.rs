@@ -1,0 +1,133 @@
+//! Taking a lease: one FIFO ticket, granted at once, queued, or refused (POOL-3).
+//!
+//! The one acquire every holder uses (the API for `run_code`, the test harness and the allocation
+//! benchmark). A queued ticket waits for a version announcement, polling as the fallback, and is
+//! withdrawn when the caller stops waiting, so an abandoned ticket never receives a worker.
+
+use std::time::{Duration, Instant};
+
+use corral_core::ids::{OpToken, TicketId, WorkerId};
+use corral_core::pool::{Command, Event, PoolConfig, TicketStatus};
+use corral_core::store::Loaded;
+use corral_core::time::UnixMillis;
+
+use crate::{ValkeyStore, VersionWatch};
+
+/// How many times one command whose outcome is unknown or contended is applied again.
+pub const RETRIES: u32 = 50;
+/// The longest a waiter sleeps between two reads when no announcement comes.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A lease the pool granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// The ticket (and lease) id.
+    pub ticket: TicketId,
+    /// The leased worker.
+    pub worker: WorkerId,
+    /// The token every heartbeat and the release must carry.
+    pub token: OpToken,
+    /// When the lease expires unless renewed, on the deployment clock.
+    pub expires_at: UnixMillis,
+}
+
+/// Why no lease was granted. Codes are stable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The pool refused the ticket (queue full, member limit, admission closed, ...): the core's
+    /// refusal code.
+    Refused(&'static str),
+    /// The ticket waited its whole wait and was withdrawn.
+    WaitTimeout,
+    /// The coordination store could not be reached, or lost the ticket: fail closed (POOL-11).
+    CoordinationUnavailable,
+}
+
+impl AcquireError {
+    /// The stable code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Refused(code) => code,
+            Self::WaitTimeout => "wait_timeout",
+            Self::CoordinationUnavailable => "coordination_unavailable",
+        }
+    }
+}
+
+/// Applies `acquire` (a [`Command::Acquire`]) and waits for its grant at most `wait` (plus a second
+/// for the pool's own deadline to fire first). `watch` is the caller's subscription to version
+/// announcements, opened here on first need and kept for later waits.
+pub async fn acquire(
+    store: &ValkeyStore,
+    config: &PoolConfig,
+    acquire: &Command,
+    wait: Duration,
+    watch: &mut Option<VersionWatch>,
+) -> Result<Granted, AcquireError> {
+    let Command::Acquire { ticket, .. } = acquire else {
+        return Err(AcquireError::Refused("not_an_acquire"));
+    };
+    let ticket = *ticket;
+    let applied = store
+        .commit(acquire, config, RETRIES)
+        .await
+        .ok_or(AcquireError::CoordinationUnavailable)?;
+    for event in &applied.events {
+        match event {
+            Event::Granted {
+                ticket: t,
+                worker,
+                token,
+                expires_at,
+            } if *t == ticket => {
+                return Ok(Granted {
+                    ticket,
+                    worker: *worker,
+                    token: *token,
+                    expires_at: *expires_at,
+                });
+            }
+            Event::Refused { ticket: t, reason } if *t == ticket => {
+                return Err(AcquireError::Refused(reason.code()));
+            }
+            _ => {}
+        }
+    }
+    if watch.is_none() {
+        *watch = store.subscribe().await.ok();
+    }
+    let deadline = Instant::now() + wait + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match store.load().await {
+            Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
+                TicketStatus::Granted {
+                    worker,
+                    token,
+                    expires_at,
+                } => {
+                    return Ok(Granted {
+                        ticket,
+                        worker,
+                        token,
+                        expires_at,
+                    });
+                }
+                TicketStatus::Gone => return Err(AcquireError::WaitTimeout),
+                TicketStatus::Queued { .. } => {}
+            },
+            Ok(Loaded::Absent) | Err(_) => return Err(AcquireError::CoordinationUnavailable),
+        }
+        match watch.as_mut() {
+            Some(watch) => {
+                let _ = watch.changed(POLL).await;
+            }
+            None => tokio::time::sleep(POLL / 5).await,
+        }
+    }
+    // Withdraw it, so that a grant arriving now goes back to the pool rather than to nobody.
+    let _ = store
+        .commit(&Command::Cancel { ticket }, config, RETRIES)
+        .await;
+    Err(AcquireError::WaitTimeout)
+}
