@@ -356,7 +356,7 @@ async fn leased(
         }
     };
     (
-        finish(state, run_id, &key, base, request, result, egress.report).await,
+        finish(state, run_id, &key, base, request, result, egress.report, granted).await,
         Disposition::Reset,
     )
 }
@@ -375,6 +375,7 @@ fn storage_refusal(error: &StorageError, run_id: &str) -> Reply {
 }
 
 /// Saves what the run left and builds the projections.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     state: &AppState,
     run_id: &str,
@@ -383,6 +384,7 @@ async fn finish(
     request: &RunCode,
     mut result: Value,
     egress: Value,
+    granted: Granted,
 ) -> Reply {
     let exit_code = result["exit_code"].as_i64();
     let not_run = result["not_run"].as_str().map(str::to_owned);
@@ -470,6 +472,7 @@ async fn finish(
         "egress": egress,
         "workspace": { "generation": generation, "saved": saved },
         "warm": result["warm"],
+        "worker": granted.worker.to_string(),
         "durations": result["durations"],
     });
     (

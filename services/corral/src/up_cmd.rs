@@ -31,6 +31,7 @@ const USAGE: &str = "usage: corral up [--state-dir DIR] [--listen ADDR] [--valke
   --listen ADDR    the API's address (default 127.0.0.1:8000; port 0 picks a free one)
   --valkey URL     use this Valkey instead of starting one (also CORRAL_VALKEY_URL)
   --sample         once ready, run a sample run_code and print its result
+  --no-field-key   mint no grants: every run proceeds with the network denied (EGR-8)
 ";
 
 /// The sample `--sample` runs.
@@ -49,6 +50,7 @@ struct Args {
     listen: SocketAddr,
     valkey: Option<String>,
     sample: bool,
+    no_field_key: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -59,6 +61,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             .ok()
             .filter(|v| !v.is_empty()),
         sample: false,
+        no_field_key: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -77,6 +80,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             }
             "--valkey" => parsed.valkey = Some(value()?),
             "--sample" => parsed.sample = true,
+            "--no-field-key" => parsed.no_field_key = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -206,12 +210,16 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
     say(&format!("coordination: {valkey}"));
     // Keys and credentials.
     let field_key = match field_key_bytes(settings)? {
-        Some(key) => key,
+        _ if args.no_field_key => {
+            say("no field key (--no-field-key): runs proceed with the network denied");
+            None
+        }
+        Some(key) => Some(key),
         None => {
             let path = state_dir.join("field-key");
             let key = secret_file(&path)?;
             say(&format!("generated a field key in {}", path.display()));
-            key.into_bytes()
+            Some(key.into_bytes())
         }
     };
     let caller = secret_file(&state_dir.join("api-token"))?;
@@ -269,7 +277,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
         caller: caller.clone(),
         admin,
         worker: worker_token.clone(),
-        field_key: Some(field_key),
+        field_key,
     };
     let state = crate::api_cmd::build(settings.clone(), parts).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);

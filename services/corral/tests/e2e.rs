@@ -1,0 +1,432 @@
+//! The whole stack through real processes: `corral up` (Valkey, API, controller with the `local`
+//! backend, `corral worker serve` workers, the egress proxy) driven over HTTP as an agent
+//! platform would (issue 6). Needs root (the jail) and a Valkey server; without them each test
+//! says why and skips, and CI (`CORRAL_REQUIRE_SERVICES`) requires both.
+
+#[path = "../../egress-proxy/tests/support/netns.rs"]
+#[allow(dead_code)]
+mod netns;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use corral_core::pool::PoolDoc;
+use corral_core::store::Loaded;
+use corral_store::ValkeyStore;
+use corral_store::valkey_server::ValkeyServer;
+use serde_json::{Value, json};
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    })
+}
+
+fn skip(why: &str) {
+    assert!(
+        std::env::var_os("CORRAL_REQUIRE_SERVICES").is_none(),
+        "CORRAL_REQUIRE_SERVICES is set: {why}"
+    );
+    eprintln!("skipping: {why}");
+}
+
+/// A running `corral up`, stopped with SIGTERM when dropped.
+struct Stack {
+    child: Child,
+    api: String,
+    caller: Client,
+    admin: Client,
+    state: PathBuf,
+    valkey: String,
+    _server: ValkeyServer,
+}
+
+impl Stack {
+    /// Starts `corral up` with `env` and `args`, or says why it cannot.
+    fn start(test: &str, env: &[(&str, &str)], args: &[&str]) -> Option<Stack> {
+        if !is_root() {
+            skip("the worker's jail needs root");
+            return None;
+        }
+        let server = match ValkeyServer::start() {
+            Ok(server) => server,
+            Err(why) => {
+                skip(&why.0);
+                return None;
+            }
+        };
+        let state = std::env::temp_dir().join(format!("corral-e2e-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
+        command
+            .args(["up", "--listen", "127.0.0.1:0", "--valkey", &server.url(), "--state-dir"])
+            .arg(&state)
+            .args(args)
+            .env("SANDBOX_WARM_POOL_MIN", "2")
+            .env("SANDBOX_POOL_TARGET_IDLE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("corral up starts");
+        let stdout = child.stdout.take().expect("stdout");
+        // The ready line, read on a thread so that a stack that never comes up fails in time.
+        let (lines, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let api = loop {
+            let line = ready
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("{test}: corral up printed no ready line"));
+            if let Some(rest) = line.strip_prefix("corral is ready: API ") {
+                break rest.split_whitespace().next().expect("url").to_owned();
+            }
+        };
+        let read = |name: &str| std::fs::read_to_string(state.join(name)).expect(name).trim().to_owned();
+        Some(Stack {
+            caller: Client::new(&api, &read("api-token")).expect("client"),
+            admin: Client::new(&api, &read("admin-token")).expect("client"),
+            child,
+            api,
+            state,
+            valkey: server.url(),
+            _server: server,
+        })
+    }
+
+    async fn run(&self, body: Value) -> (u16, Value) {
+        self.caller.run_code(&body).await.expect("the API answers")
+    }
+
+    async fn doc(&self) -> PoolDoc {
+        let store = ValkeyStore::connect(&self.valkey, "default").await.expect("valkey");
+        match store.load().await {
+            Ok(Loaded::Found { doc, .. }) => doc,
+            other => panic!("no pool document: {other:?}"),
+        }
+    }
+
+    /// Waits until no worker is leased or resetting and none is leaving (every lease ended, every
+    /// worker reset or gone).
+    async fn settled(&self) -> PoolDoc {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let doc = self.doc().await;
+            let counts = doc.counts();
+            if counts.leased == 0 && counts.resetting == 0 && counts.retiring == 0 && counts.quarantined == 0 {
+                return doc;
+            }
+            assert!(Instant::now() < deadline, "the pool did not settle: {counts:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn read(&self, actor: &str, conversation: &str, path: &str) -> (u16, Vec<u8>) {
+        let query = format!(
+            "/v1/read_workspace?actor={}&conversation={}&path={}",
+            encode(actor),
+            encode(conversation),
+            encode(path)
+        );
+        self.caller.get(&query).await.expect("the API answers")
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = nix_kill(self.child.id(), "TERM");
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+fn nix_kill(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status()
+}
+
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn python(actor: &str, conversation: &str, code: &str) -> Value {
+    json!({ "actor": actor, "conversation": conversation, "member": actor, "language": "python", "code": code })
+}
+
+fn stdout(body: &Value) -> &str {
+    body["model"]["stdout"]["text"].as_str().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn front_door_python_node_workspaces_isolation_and_reads() {
+    let Some(stack) = Stack::start("basic", &[], &[]) else {
+        return;
+    };
+    // The API describes itself and is ready.
+    let (status, _) = stack.caller.get("/readyz").await.expect("readyz");
+    assert_eq!(status, 200);
+    let (status, openapi) = stack.caller.get("/openapi.json").await.expect("openapi");
+    assert_eq!(status, 200);
+    let openapi: Value = serde_json::from_slice(&openapi).expect("json");
+    for path in ["/v1/run_code", "/v1/read_workspace", "/v1/admin/egress_policy", "/v1/egress/verifying_key"] {
+        assert!(openapi["paths"][path].is_object(), "{path} is documented");
+    }
+
+    // Python and Node.
+    let (status, body) = stack
+        .run(python("alice", "room", "print(6 * 7)\nopen('notes.txt', 'w').write('alice was here')"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["outcome"], "succeeded");
+    assert_eq!(stdout(&body), "42\n");
+    let first_worker = body["model"]["worker"].as_str().expect("worker").to_owned();
+    let (status, body) = stack
+        .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "node",
+                      "code": "const fs = require('fs'); console.log(fs.readFileSync('notes.txt', 'utf8'), 1 + 1)" }))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stdout(&body), "alice was here 2\n", "{body}");
+
+    // The member's projection carries no diagnostics, streams or sandbox details (OUT-2).
+    let member = body["member"].as_object().expect("member");
+    let keys: Vec<&str> = member.keys().map(String::as_str).collect();
+    assert_eq!(keys, ["exit_code", "outcome", "references"]);
+
+    // Another actor in the same conversation never sees alice's files (WS-1).
+    let (_, body) = stack
+        .run(python("bob", "room", "import os\nprint(sorted(os.listdir('.')))"))
+        .await;
+    assert_eq!(stdout(&body), "[]\n", "{body}");
+    let (status, _) = stack.read("bob", "room", "notes.txt").await;
+    assert_eq!(status, 404, "bob has no notes.txt");
+    let (status, bytes) = stack.read("alice", "room", "notes.txt").await;
+    assert_eq!((status, bytes.as_slice()), (200, b"alice was here".as_slice()));
+
+    // read_workspace refuses anything but a relative path inside (WS-4), and links never resolve.
+    let (_, body) = stack
+        .run(python("alice", "room", "import os\nos.symlink('/etc/passwd', 'passwd')\nos.symlink('..', 'up')"))
+        .await;
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+    for (path, code) in [
+        ("/etc/passwd", "archive_path_absolute"),
+        ("../x", "archive_path_parent"),
+        ("a/../../x", "archive_path_parent"),
+        ("", "archive_path_empty"),
+    ] {
+        let (status, reply) = stack.read("alice", "room", path).await;
+        let reply: Value = serde_json::from_slice(&reply).expect("json");
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert_eq!(reply["error"]["code"], code, "{path}");
+    }
+    for path in ["passwd", "up/etc/passwd", "up"] {
+        let (status, reply) = stack.read("alice", "room", path).await;
+        assert_eq!(status, 404, "{path} must not resolve: {}", String::from_utf8_lossy(&reply));
+    }
+
+    // The workspace survives on another worker: the one that served the first run is killed.
+    let record = std::fs::read_to_string(stack.state.join("workers").join(format!("{first_worker}.worker")));
+    if let Ok(record) = record {
+        let pid = record.split_whitespace().next().expect("pid");
+        let _ = Command::new("kill").args(["-KILL", pid]).status();
+    }
+    let (status, body) = stack
+        .run(python("alice", "room", "print(open('notes.txt').read())"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stdout(&body), "alice was here\n");
+    assert_ne!(body["model"]["worker"].as_str(), Some(first_worker.as_str()));
+
+    // Unsupported language and a persistent kernel: not run, beside a nonzero exit (PKG-6, KER-1).
+    let (status, body) = stack
+        .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "ruby", "code": "puts 1" }))
+        .await;
+    assert_eq!((status, body["outcome"].as_str(), body["model"]["not_run"].as_str()), (200, Some("not_run"), Some("unsupported_language")));
+    assert_ne!(body["model"]["exit_code"], 0);
+    let (_, body) = stack
+        .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "python",
+                      "code": "print(1)", "kernel": "persistent" }))
+        .await;
+    assert_eq!(body["model"]["not_run"], "persistent_kernel_unavailable");
+
+    // Bad input gets a specific error.
+    let (status, body) = stack.run(python("", "room", "print(1)")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_identity")));
+    let unauthenticated = Client::new(&stack.api, "wrong-credential-0123456789").expect("client");
+    let (status, body) = unauthenticated.run_code(&python("a", "b", "print(1)")).await.expect("answer");
+    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+
+    // Nothing leaked: every lease ended and every used worker was reset or replaced.
+    stack.settled().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn front_door_bounds_each_return_their_own_error() {
+    let Some(stack) = Stack::start(
+        "bounds",
+        &[("SANDBOX_TMP_MAX_BYTES", "4194304"), ("SANDBOX_WORKSPACE_MAX_BYTES", "4194304")],
+        &[],
+    ) else {
+        return;
+    };
+    let cases: [(&str, Value, &str); 6] = [
+        ("while True: pass", json!({ "wall_seconds": 1 }), "SANDBOX_MAX_WALL_SECONDS"),
+        ("import sys\nsys.stdout.write('x' * 100000)", json!({ "output_bytes": 1000 }), "SANDBOX_MAX_OUTPUT_BYTES"),
+        ("b = bytearray(256 * 1024 * 1024)\nprint(len(b))", json!({ "memory_bytes": 64 * 1024 * 1024 }), "SANDBOX_MAX_MEMORY_BYTES"),
+        ("import os, time\nfor _ in range(40):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)", json!({ "processes": 8 }), "SANDBOX_MAX_PROCESSES"),
+        ("open('/tmp/fill', 'wb').write(b'x' * 8 * 1024 * 1024)", json!({}), "SANDBOX_TMP_MAX_BYTES"),
+        ("open('big', 'wb').write(b'x' * 8 * 1024 * 1024)", json!({}), "SANDBOX_WORKSPACE_MAX_BYTES"),
+    ];
+    for (code, bounds, setting) in cases {
+        let mut request = python("bounded", "b", code);
+        request["bounds"] = bounds;
+        let (status, body) = stack.run(request).await;
+        assert_eq!(status, 200, "{setting}: {body}");
+        assert_eq!(body["outcome"], "bound_exceeded", "{setting}: {body}");
+        assert_eq!(body["model"]["bound"], setting, "{setting}: {body}");
+        assert_eq!(body["member"]["outcome"], "bound_exceeded");
+    }
+    stack.settled().await;
+}
+
+/// Polls the pool until `ready` holds of it.
+async fn until(stack: &Stack, what: &str, ready: impl Fn(&PoolDoc) -> bool) -> PoolDoc {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let doc = stack.doc().await;
+        if ready(&doc) {
+            return doc;
+        }
+        assert!(Instant::now() < deadline, "never saw: {what}: {:?}", doc.counts());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn sleeper(actor: &str, member: &str, seconds: f64) -> Value {
+    json!({ "actor": actor, "conversation": "q", "member": member, "language": "python",
+            "code": format!("import time\ntime.sleep({seconds})\nprint('done')") })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker() {
+    let Some(stack) = Stack::start(
+        "queue",
+        &[
+            ("SANDBOX_WARM_POOL_MIN", "3"),
+            ("SANDBOX_POOL_MAX_ALLOCATED", "3"),
+            ("SANDBOX_MAX_CONCURRENT_PER_MEMBER", "2"),
+            ("SANDBOX_ACQUIRE_QUEUE_MAX", "2"),
+        ],
+        &[],
+    ) else {
+        return;
+    };
+    let stack = std::sync::Arc::new(stack);
+    let spawn = |body: Value| {
+        let stack = stack.clone();
+        tokio::spawn(async move { stack.run(body).await })
+    };
+
+    // A third concurrent run for one member waits in the queue, then is served (POOL-3).
+    let runs: Vec<_> = (0..3).map(|i| spawn(sleeper(&format!("m-{i}"), "m", 1.5))).collect();
+    until(&stack, "two leases for m and one queued ticket", |doc| {
+        doc.counts().leased == 2 && doc.tickets().count() == 1
+    })
+    .await;
+    for run in runs {
+        let (status, body) = run.await.expect("run");
+        assert_eq!((status, body["outcome"].as_str()), (200, Some("succeeded")), "{body}");
+    }
+    stack.settled().await;
+
+    // With every worker busy: a short wait times out, and beyond the queue bound a run is refused
+    // at once, each with when to retry.
+    let busy: Vec<_> = (0..3).map(|i| spawn(sleeper(&format!("b-{i}"), &format!("busy-{i}"), 4.0))).collect();
+    until(&stack, "three leases", |doc| doc.counts().leased == 3).await;
+    let mut short = sleeper("w", "waiter", 0.1);
+    short["wait_seconds"] = json!(1);
+    let (status, body) = stack.run(short).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("wait_timeout")), "{body}");
+    assert!(body["error"]["retry_after_seconds"].as_u64().is_some());
+    let queued: Vec<_> = (0..2).map(|i| spawn(sleeper(&format!("q-{i}"), &format!("queued-{i}"), 0.1))).collect();
+    until(&stack, "two queued tickets", |doc| doc.tickets().count() == 2).await;
+    let (status, body) = stack.run(sleeper("full", "full", 0.1)).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("queue_full")), "{body}");
+    for run in busy.into_iter().chain(queued) {
+        let (status, body) = run.await.expect("run");
+        assert_eq!(status, 200, "{body}");
+    }
+    stack.settled().await;
+
+    // Two concurrent runs of one workspace: one save commits, the other is refused, not lost.
+    let racer = |member: &str| {
+        json!({ "actor": "shared", "conversation": "ws", "member": member, "language": "python",
+                "code": format!("import time\ntime.sleep(1)\nopen('who', 'w').write('{member}')") })
+    };
+    let (a, b) = tokio::join!(stack.run(racer("first")), stack.run(racer("second")));
+    let statuses = [a.0, b.0];
+    assert!(statuses.contains(&200) && statuses.contains(&409), "{a:?} {b:?}");
+    let (winner, loser) = if a.0 == 200 { (&a.1, &b.1) } else { (&b.1, &a.1) };
+    assert_eq!(loser["error"]["code"], "workspace_conflict", "{loser}");
+    assert_eq!(loser["model"]["workspace"]["saved"], false);
+    let (_, who) = stack.read("shared", "ws", "who").await;
+    let winner_member = if a.0 == 200 { "first" } else { "second" };
+    assert_eq!(String::from_utf8_lossy(&who), winner_member, "{winner}");
+
+    // A failed save leaves the earlier snapshot authoritative (WS-5): the workspace's directory is
+    // made immutable (even root cannot add to it) for one run.
+    let (status, _) = stack.run(python("saver", "s", "open('v', 'w').write('one')")).await;
+    assert_eq!(status, 200);
+    let key = corral_core::workspace::storage_key("saver", "s");
+    let dir = stack.state.join("workspaces").join("ws").join(key);
+    let immutable = Command::new("chattr").arg("+i").arg(&dir).status().is_ok_and(|s| s.success());
+    if immutable {
+        let (status, body) = stack.run(python("saver", "s", "open('v', 'w').write('two')")).await;
+        let _ = Command::new("chattr").arg("-i").arg(&dir).status();
+        assert_eq!((status, body["error"]["code"].as_str()), (503, Some("workspace_storage_unavailable")), "{body}");
+        assert_eq!(body["outcome"], "error");
+        let (_, v) = stack.read("saver", "s", "v").await;
+        assert_eq!(v, b"one");
+    } else {
+        eprintln!("skipping the failed-save check: chattr +i is not available on {}", dir.display());
+    }
+
+    // A worker killed mid-run: a clear error, no leaked lease, and the member may run again.
+    let killed = spawn(sleeper("victim", "victim", 30.0));
+    let doc = until(&stack, "the victim's lease", |doc| {
+        doc.workers().values().any(|w| matches!(&w.state, corral_core::pool::WorkerState::Leased(l) if l.member.0 == "victim"))
+    })
+    .await;
+    let (worker, _) = doc
+        .workers()
+        .iter()
+        .find(|(_, w)| matches!(&w.state, corral_core::pool::WorkerState::Leased(l) if l.member.0 == "victim"))
+        .expect("leased");
+    let record = std::fs::read_to_string(stack.state.join("workers").join(format!("{worker}.worker"))).expect("record");
+    let pid = record.split_whitespace().next().expect("pid");
+    assert!(Command::new("kill").args(["-KILL", pid]).status().expect("kill").success());
+    let (status, body) = killed.await.expect("run");
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("worker_lost")), "{body}");
+    let doc = stack.settled().await;
+    assert!(!doc.workers().contains_key(worker), "the killed worker is gone from the pool");
+    assert!(doc.workers().values().all(|w| !matches!(w.state, corral_core::pool::WorkerState::Leased(_))), "no lease leaked");
+    let (status, _) = stack.run(sleeper("victim", "victim", 0.0)).await;
+    assert_eq!(status, 200);
+}
