@@ -430,3 +430,93 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
     let (status, _) = stack.run(sleeper("victim", "victim", 0.0)).await;
     assert_eq!(status, 200);
 }
+
+/// Code that fetches each URL through the jail's proxy variables and prints one line per URL:
+/// `status <code> <X-Corral-Egress-Reason or body>`.
+fn fetcher(urls: &[String]) -> String {
+    format!(
+        r#"import urllib.request, urllib.error
+for url in {urls:?}:
+    try:
+        r = urllib.request.urlopen(url, timeout=10)
+        print("status", r.status, r.read().decode())
+    except urllib.error.HTTPError as e:
+        print("status", e.code, e.headers.get("X-Corral-Egress-Reason"))
+    except Exception as e:
+        print("error", type(e).__name__)
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn front_door_egress_through_the_whole_stack_follows_the_policy() {
+    let Some(mut ns) = netns::netns_or_skip("front_door_egress") else {
+        return;
+    };
+    let upstream = ns.start_echo_server(80).expect("echo server");
+    let Some(stack) = Stack::start("egress", &[], &[]) else {
+        return;
+    };
+    let urls = vec![
+        format!("http://{}/hello", upstream.ip()),
+        String::from("http://127.0.0.1/healthz"),
+        format!("http://{}/other", ns.host_ip),
+    ];
+    let code = fetcher(&urls);
+
+    // The packaged default, public_internet: a private upstream is refused at the proxy.
+    let (_, body) = stack.run(python("net", "e", &code)).await;
+    assert_eq!(body["model"]["egress"]["effective_mode"], "public_internet", "{body}");
+    let lines: Vec<&str> = stdout(&body).lines().collect();
+    assert_eq!(lines.len(), 3, "{body}");
+    assert!(lines.iter().all(|l| l.starts_with("status 403 ")), "{body}");
+
+    // The administrator opens the upstream's address: the next run reaches it (EGR-9), while
+    // loopback and a private address outside the configured ranges stay refused.
+    let policy = json!({
+        "SANDBOX_EGRESS_MODE": "private_network",
+        "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{}/32", upstream.ip()),
+        "SANDBOX_EGRESS_ALLOWED_PORTS": "80,443",
+    });
+    let (status, described) = stack.admin.put("/v1/admin/egress_policy", &policy).await.expect("admin");
+    assert_eq!(status, 200, "{described}");
+    assert_eq!(described["effective_mode"], "private_network", "{described}");
+    assert_eq!(described["configured_mode"], "private_network");
+    let revision = described["revision"].as_u64().expect("revision");
+    let (status, _) = stack.caller.put("/v1/admin/egress_policy", &policy).await.expect("answer");
+    assert_eq!(status, 401, "the caller credential is not an admin credential");
+
+    let (_, body) = stack.run(python("net", "e", &code)).await;
+    assert_eq!(body["model"]["egress"]["effective_mode"], "private_network", "{body}");
+    assert_eq!(body["model"]["egress"]["policy_revision"], revision);
+    let lines: Vec<&str> = stdout(&body).lines().collect();
+    assert!(lines[0].starts_with("status 200 method=GET path=/hello"), "{body}");
+    assert!(lines[0].contains("auth=None"), "the grant never reaches the upstream: {body}");
+    assert_eq!(lines[1], "status 403 address_always_denied", "{body}");
+    assert_eq!(lines[2], "status 403 address_private_not_configured", "{body}");
+
+    // Isolated: the run gets no grant and the relay refuses everything.
+    let (status, _) = stack
+        .admin
+        .put("/v1/admin/egress_policy", &json!({ "SANDBOX_EGRESS_MODE": "isolated" }))
+        .await
+        .expect("admin");
+    assert_eq!(status, 200);
+    let (_, body) = stack.run(python("net", "e", &code)).await;
+    assert_eq!(body["model"]["egress"]["effective_mode"], "isolated", "{body}");
+    assert!(stdout(&body).lines().all(|l| l == "status 407 grant_missing"), "{body}");
+    drop(stack);
+
+    // No field key: runs proceed, with the network denied (EGR-8).
+    let Some(keyless) = Stack::start("keyless", &[], &["--no-field-key"]) else {
+        return;
+    };
+    let (status, body) = keyless.run(python("net", "e", &code)).await;
+    assert_eq!((status, body["outcome"].as_str()), (200, Some("succeeded")), "{body}");
+    assert_eq!(body["model"]["egress"]["effective_mode"], "isolated");
+    let notes = body["model"]["egress"]["notes"].to_string();
+    assert!(notes.contains("field_key_missing"), "{body}");
+    assert!(stdout(&body).lines().all(|l| l == "status 407 grant_missing"), "{body}");
+    let (status, _) = keyless.caller.get("/v1/egress/verifying_key").await.expect("answer");
+    assert_eq!(status, 404);
+}
