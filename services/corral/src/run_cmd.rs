@@ -77,6 +77,10 @@ fn credential() -> Result<String, String> {
 
 /// `corral run`.
 pub fn run(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let args = match parse(args) {
         Ok(args) => args,
         Err(error) => {

@@ -25,7 +25,7 @@ use corral_store::valkey_server::ValkeyServer;
 
 use crate::api_cmd::{ApiParts, field_key_bytes, secret_file};
 
-const USAGE: &str = "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample]
+const USAGE: &str = "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample] [--no-field-key]
 
   --state-dir DIR  credentials, worker records, workspaces and logs (default ./.corral)
   --listen ADDR    the API's address (default 127.0.0.1:8000; port 0 picks a free one)
@@ -109,6 +109,10 @@ fn say(line: &str) {
 
 /// `corral up`.
 pub fn run(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let args = match parse(args) {
         Ok(args) => args,
         Err(error) => {
