@@ -42,7 +42,12 @@ pub struct Egress {
     signer: Option<GrantSigner>,
     proxy: Option<SocketAddr>,
     key_problem: Option<String>,
+    /// The last probe of the proxy and when it was made.
+    probed: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
 }
+
+/// How long one probe of the proxy stands for.
+const PROXY_PROBE_VALID: Duration = Duration::from_secs(1);
 
 impl Egress {
     /// From the deployment's egress settings and field key bytes (none when no key is configured).
@@ -58,6 +63,7 @@ impl Egress {
             signer,
             proxy,
             key_problem,
+            probed: std::sync::Mutex::new(None),
         }
     }
 
@@ -68,16 +74,26 @@ impl Egress {
             .map(|signer| signer.verifier().public_key_text())
     }
 
-    /// Whether the proxy accepts a connection now.
+    /// Whether the proxy accepted a connection within the last second (probed again when older).
     pub async fn proxy_reachable(&self) -> bool {
         let Some(address) = self.proxy else {
             return false;
         };
-        matches!(
+        if let Ok(probed) = self.probed.lock()
+            && let Some((at, reachable)) = *probed
+            && at.elapsed() < PROXY_PROBE_VALID
+        {
+            return reachable;
+        }
+        let reachable = matches!(
             tokio::time::timeout(PROXY_PROBE_TIMEOUT, tokio::net::TcpStream::connect(address))
                 .await,
             Ok(Ok(_))
-        )
+        );
+        if let Ok(mut probed) = self.probed.lock() {
+            *probed = Some((std::time::Instant::now(), reachable));
+        }
+        reachable
     }
 
     /// The values in force: the administrator's, else the deployment's.

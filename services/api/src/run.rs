@@ -194,9 +194,12 @@ async fn run(state: Arc<AppState>, request: RunCode) -> Reply {
         Ok(granted) => granted,
         Err(error) => return admission_refused(&state, &error, wait_ms),
     };
-    state.metrics.acquired(started.elapsed());
+    let acquired = started.elapsed();
+    state.metrics.acquired(acquired);
     let heartbeat = tokio::spawn(heartbeats(state.clone(), granted));
-    let ran = leased(&state, &request, language, &run_id, granted).await;
+    let mut phases = Phases::default();
+    phases.mark("acquire_us", acquired);
+    let ran = leased(&state, &request, language, &run_id, granted, phases).await;
     heartbeat.abort();
     let (reply, disposition) = ran;
     release(state, granted, disposition).await;
@@ -279,6 +282,27 @@ async fn release(state: Arc<AppState>, granted: Granted, disposition: Dispositio
     });
 }
 
+/// Where a run's time went, in microseconds, reported as `model.durations.api`.
+#[derive(Default)]
+struct Phases {
+    marks: serde_json::Map<String, Value>,
+    since: Option<Instant>,
+}
+
+impl Phases {
+    fn mark(&mut self, name: &str, took: Duration) {
+        self.marks
+            .insert(name.to_owned(), json!(took.as_micros() as u64));
+        self.since = Some(Instant::now());
+    }
+
+    /// Marks the time since the last mark.
+    fn lap(&mut self, name: &str) {
+        let took = self.since.map_or(Duration::ZERO, |s| s.elapsed());
+        self.mark(name, took);
+    }
+}
+
 /// The part of a run that holds the lease. Returns the answer and how the lease should end.
 async fn leased(
     state: &AppState,
@@ -286,30 +310,41 @@ async fn leased(
     language: Language,
     run_id: &str,
     granted: Granted,
+    mut phases: Phases,
 ) -> (Reply, Disposition) {
     let settings = &state.settings;
     let key = corral_core::workspace::storage_key(&request.actor, &request.conversation);
-    let now = state.store.now().await.unwrap_or(granted.expires_at);
-    let egress = state
-        .egress
-        .for_run(
+    // Deployment time at the grant, from the lease itself: no extra round trip.
+    let now = corral_core::time::UnixMillis(
+        granted
+            .expires_at
+            .0
+            .saturating_sub(settings.lease_ttl_seconds.saturating_mul(1_000)),
+    );
+    let actor = ActorId(request.actor.clone());
+    // The policy and the snapshot are independent: read both at once.
+    let (egress, snapshot) = tokio::join!(
+        state.egress.for_run(
             &state.store,
             run_id,
-            &ActorId(request.actor.clone()),
+            &actor,
             request.provider_hint.as_deref(),
             now,
-        )
-        .await;
-    state.metrics.egress(egress.effective_mode);
-    let snapshot = if settings.workspace_persist {
-        match state.workspaces.latest(&key).await {
-            Ok(snapshot) => snapshot,
-            Err(e) => return (storage_refusal(&e, run_id), Disposition::Reset),
+        ),
+        async {
+            if settings.workspace_persist {
+                state.workspaces.latest(&key).await
+            } else {
+                Ok(None)
+            }
         }
-    } else {
-        None
+    );
+    state.metrics.egress(egress.effective_mode);
+    let snapshot = match snapshot {
+        Ok(snapshot) => snapshot,
+        Err(e) => return (storage_refusal(&e, run_id), Disposition::Reset),
     };
-    let base = snapshot.as_ref().map_or(0, |s| s.generation);
+    phases.lap("egress_and_restore_us");
     let mut body = json!({
         "language": language.as_str(),
         "code": request.code,
@@ -323,7 +358,10 @@ async fn leased(
     }
     let wall = Duration::from_secs(settings.bounds.max_wall_seconds);
     let result = match state.workers.execute(granted.worker, &body, wall).await {
-        Ok(result) => result,
+        Ok(result) => {
+            phases.lap("execute_us");
+            result
+        }
         Err(ExecuteError::WorkerLost(message)) => {
             state.metrics.run("worker_lost");
             // Nobody can vouch for a worker that vanished mid-run: discard it.
@@ -356,9 +394,31 @@ async fn leased(
         }
     };
     (
-        finish(state, run_id, &key, base, request, result, egress.report, granted).await,
+        finish(
+            state,
+            run_id,
+            &key,
+            snapshot.map(|s| (s.generation, s.archive)),
+            request,
+            result,
+            egress.report,
+            granted,
+            phases,
+        )
+        .await,
         Disposition::Reset,
     )
+}
+
+/// Whether `archive` is what was restored: the same bytes, or (with nothing restored) no entry.
+/// An unchanged workspace is not written again.
+fn unchanged(restored: Option<&Bytes>, archive: &[u8]) -> bool {
+    match restored {
+        Some(bytes) => bytes.as_ref() == archive,
+        None => tar::Archive::new(archive)
+            .entries()
+            .is_ok_and(|mut entries| entries.next().is_none()),
+    }
 }
 
 fn storage_refusal(error: &StorageError, run_id: &str) -> Reply {
@@ -380,12 +440,14 @@ async fn finish(
     state: &AppState,
     run_id: &str,
     key: &str,
-    base: u64,
+    restored: Option<(u64, Bytes)>,
     request: &RunCode,
     mut result: Value,
     egress: Value,
     granted: Granted,
+    mut phases: Phases,
 ) -> Reply {
+    let base = restored.as_ref().map_or(0, |(generation, _)| *generation);
     let exit_code = result["exit_code"].as_i64();
     let not_run = result["not_run"].as_str().map(str::to_owned);
     let bound = result["bound"].as_str().map(str::to_owned);
@@ -399,6 +461,8 @@ async fn finish(
     let mut error = Value::Null;
     let mut generation = (base > 0).then_some(base);
     let mut saved = false;
+    // Whether the stored snapshot (if any) already holds exactly what the run left.
+    let mut kept = false;
     if let Some(setting) = &bound {
         state.metrics.bound(setting);
     }
@@ -407,6 +471,9 @@ async fn finish(
                         "message": "the worker reported not_run beside a zero exit; the prior snapshot stays authoritative" });
     } else if not_run.is_none() && state.settings.workspace_persist {
         match archive {
+            Some(archive) if unchanged(restored.as_ref().map(|(_, bytes)| bytes), &archive) => {
+                kept = true;
+            }
             Some(archive) => match state.workspaces.save(key, base, Bytes::from(archive)).await {
                 Ok(new) => {
                     generation = Some(new);
@@ -423,13 +490,20 @@ async fn finish(
             }
         }
     }
+    phases.lap("save_us");
+    let mut durations = result["durations"].clone();
+    if durations.is_object() {
+        durations["api"] = Value::Object(phases.marks);
+    }
     let downloads: Vec<Value> = result["downloads"]
         .as_array()
         .cloned()
         .unwrap_or_default()
         .into_iter()
         .map(|mut d| {
-            if let (true, Some(path), Some(generation)) = (saved, d["path"].as_str(), generation) {
+            if let (true, Some(path), Some(generation)) =
+                (saved || kept, d["path"].as_str(), generation)
+            {
                 d["reference"] = json!(format!("workspace:{generation}/{path}"));
             } else {
                 d["reference"] = Value::Null;
@@ -470,10 +544,10 @@ async fn finish(
         "downloads": downloads,
         "declared_outputs": request.declared_outputs,
         "egress": egress,
-        "workspace": { "generation": generation, "saved": saved },
+        "workspace": { "generation": generation, "saved": saved, "unchanged": kept },
         "warm": result["warm"],
         "worker": granted.worker.to_string(),
-        "durations": result["durations"],
+        "durations": durations,
     });
     (
         status,

@@ -25,7 +25,8 @@ use corral_store::valkey_server::ValkeyServer;
 
 use crate::api_cmd::{ApiParts, field_key_bytes, secret_file};
 
-const USAGE: &str = "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample] [--no-field-key]
+const USAGE: &str =
+    "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample] [--no-field-key]
 
   --state-dir DIR  credentials, worker records, workspaces and logs (default ./.corral)
   --listen ADDR    the API's address (default 127.0.0.1:8000; port 0 picks a free one)

@@ -63,7 +63,14 @@ impl Stack {
         let _ = std::fs::remove_dir_all(&state);
         let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
         command
-            .args(["up", "--listen", "127.0.0.1:0", "--valkey", &server.url(), "--state-dir"])
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--valkey",
+                &server.url(),
+                "--state-dir",
+            ])
             .arg(&state)
             .args(args)
             .env("SANDBOX_WARM_POOL_MIN", "2")
@@ -93,7 +100,12 @@ impl Stack {
                 break rest.split_whitespace().next().expect("url").to_owned();
             }
         };
-        let read = |name: &str| std::fs::read_to_string(state.join(name)).expect(name).trim().to_owned();
+        let read = |name: &str| {
+            std::fs::read_to_string(state.join(name))
+                .expect(name)
+                .trim()
+                .to_owned()
+        };
         Some(Stack {
             caller: Client::new(&api, &read("api-token")).expect("client"),
             admin: Client::new(&api, &read("admin-token")).expect("client"),
@@ -110,7 +122,9 @@ impl Stack {
     }
 
     async fn doc(&self) -> PoolDoc {
-        let store = ValkeyStore::connect(&self.valkey, "default").await.expect("valkey");
+        let store = ValkeyStore::connect(&self.valkey, "default")
+            .await
+            .expect("valkey");
         match store.load().await {
             Ok(Loaded::Found { doc, .. }) => doc,
             other => panic!("no pool document: {other:?}"),
@@ -124,10 +138,17 @@ impl Stack {
         loop {
             let doc = self.doc().await;
             let counts = doc.counts();
-            if counts.leased == 0 && counts.resetting == 0 && counts.retiring == 0 && counts.quarantined == 0 {
+            if counts.leased == 0
+                && counts.resetting == 0
+                && counts.retiring == 0
+                && counts.quarantined == 0
+            {
                 return doc;
             }
-            assert!(Instant::now() < deadline, "the pool did not settle: {counts:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the pool did not settle: {counts:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -152,7 +173,9 @@ impl Drop for Stack {
 }
 
 fn nix_kill(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatus> {
-    Command::new("kill").args([&format!("-{signal}"), &pid.to_string()]).status()
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
 }
 
 fn encode(text: &str) -> String {
@@ -186,13 +209,22 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
     let (status, openapi) = stack.caller.get("/openapi.json").await.expect("openapi");
     assert_eq!(status, 200);
     let openapi: Value = serde_json::from_slice(&openapi).expect("json");
-    for path in ["/v1/run_code", "/v1/read_workspace", "/v1/admin/egress_policy", "/v1/egress/verifying_key"] {
+    for path in [
+        "/v1/run_code",
+        "/v1/read_workspace",
+        "/v1/admin/egress_policy",
+        "/v1/egress/verifying_key",
+    ] {
         assert!(openapi["paths"][path].is_object(), "{path} is documented");
     }
 
     // Python and Node.
     let (status, body) = stack
-        .run(python("alice", "room", "print(6 * 7)\nopen('notes.txt', 'w').write('alice was here')"))
+        .run(python(
+            "alice",
+            "room",
+            "print(6 * 7)\nopen('notes.txt', 'w').write('alice was here')",
+        ))
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["outcome"], "succeeded");
@@ -212,17 +244,28 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
 
     // Another actor in the same conversation never sees alice's files (WS-1).
     let (_, body) = stack
-        .run(python("bob", "room", "import os\nprint(sorted(os.listdir('.')))"))
+        .run(python(
+            "bob",
+            "room",
+            "import os\nprint(sorted(os.listdir('.')))",
+        ))
         .await;
     assert_eq!(stdout(&body), "[]\n", "{body}");
     let (status, _) = stack.read("bob", "room", "notes.txt").await;
     assert_eq!(status, 404, "bob has no notes.txt");
     let (status, bytes) = stack.read("alice", "room", "notes.txt").await;
-    assert_eq!((status, bytes.as_slice()), (200, b"alice was here".as_slice()));
+    assert_eq!(
+        (status, bytes.as_slice()),
+        (200, b"alice was here".as_slice())
+    );
 
     // read_workspace refuses anything but a relative path inside (WS-4), and links never resolve.
     let (_, body) = stack
-        .run(python("alice", "room", "import os\nos.symlink('/etc/passwd', 'passwd')\nos.symlink('..', 'up')"))
+        .run(python(
+            "alice",
+            "room",
+            "import os\nos.symlink('/etc/passwd', 'passwd')\nos.symlink('..', 'up')",
+        ))
         .await;
     assert_eq!(body["outcome"], "succeeded", "{body}");
     for (path, code) in [
@@ -238,11 +281,21 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
     }
     for path in ["passwd", "up/etc/passwd", "up"] {
         let (status, reply) = stack.read("alice", "room", path).await;
-        assert_eq!(status, 404, "{path} must not resolve: {}", String::from_utf8_lossy(&reply));
+        assert_eq!(
+            status,
+            404,
+            "{path} must not resolve: {}",
+            String::from_utf8_lossy(&reply)
+        );
     }
 
     // The workspace survives on another worker: the one that served the first run is killed.
-    let record = std::fs::read_to_string(stack.state.join("workers").join(format!("{first_worker}.worker")));
+    let record = std::fs::read_to_string(
+        stack
+            .state
+            .join("workers")
+            .join(format!("{first_worker}.worker")),
+    );
     if let Ok(record) = record {
         let pid = record.split_whitespace().next().expect("pid");
         let _ = Command::new("kill").args(["-KILL", pid]).status();
@@ -252,13 +305,23 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(stdout(&body), "alice was here\n");
-    assert_ne!(body["model"]["worker"].as_str(), Some(first_worker.as_str()));
+    assert_ne!(
+        body["model"]["worker"].as_str(),
+        Some(first_worker.as_str())
+    );
 
     // Unsupported language and a persistent kernel: not run, beside a nonzero exit (PKG-6, KER-1).
     let (status, body) = stack
         .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "ruby", "code": "puts 1" }))
         .await;
-    assert_eq!((status, body["outcome"].as_str(), body["model"]["not_run"].as_str()), (200, Some("not_run"), Some("unsupported_language")));
+    assert_eq!(
+        (
+            status,
+            body["outcome"].as_str(),
+            body["model"]["not_run"].as_str()
+        ),
+        (200, Some("not_run"), Some("unsupported_language"))
+    );
     assert_ne!(body["model"]["exit_code"], 0);
     let (_, body) = stack
         .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "python",
@@ -268,10 +331,19 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
 
     // Bad input gets a specific error.
     let (status, body) = stack.run(python("", "room", "print(1)")).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_identity")));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_identity"))
+    );
     let unauthenticated = Client::new(&stack.api, "wrong-credential-0123456789").expect("client");
-    let (status, body) = unauthenticated.run_code(&python("a", "b", "print(1)")).await.expect("answer");
-    assert_eq!((status, body["error"]["code"].as_str()), (401, Some("unauthorized")));
+    let (status, body) = unauthenticated
+        .run_code(&python("a", "b", "print(1)"))
+        .await
+        .expect("answer");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
 
     // Nothing leaked: every lease ended and every used worker was reset or replaced.
     stack.settled().await;
@@ -281,18 +353,45 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
 async fn front_door_bounds_each_return_their_own_error() {
     let Some(stack) = Stack::start(
         "bounds",
-        &[("SANDBOX_TMP_MAX_BYTES", "4194304"), ("SANDBOX_WORKSPACE_MAX_BYTES", "4194304")],
+        &[
+            ("SANDBOX_TMP_MAX_BYTES", "4194304"),
+            ("SANDBOX_WORKSPACE_MAX_BYTES", "4194304"),
+        ],
         &[],
     ) else {
         return;
     };
     let cases: [(&str, Value, &str); 6] = [
-        ("while True: pass", json!({ "wall_seconds": 1 }), "SANDBOX_MAX_WALL_SECONDS"),
-        ("import sys\nsys.stdout.write('x' * 100000)", json!({ "output_bytes": 1000 }), "SANDBOX_MAX_OUTPUT_BYTES"),
-        ("b = bytearray(256 * 1024 * 1024)\nprint(len(b))", json!({ "memory_bytes": 64 * 1024 * 1024 }), "SANDBOX_MAX_MEMORY_BYTES"),
-        ("import os, time\nfor _ in range(40):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)", json!({ "processes": 8 }), "SANDBOX_MAX_PROCESSES"),
-        ("open('/tmp/fill', 'wb').write(b'x' * 8 * 1024 * 1024)", json!({}), "SANDBOX_TMP_MAX_BYTES"),
-        ("open('big', 'wb').write(b'x' * 8 * 1024 * 1024)", json!({}), "SANDBOX_WORKSPACE_MAX_BYTES"),
+        (
+            "while True: pass",
+            json!({ "wall_seconds": 1 }),
+            "SANDBOX_MAX_WALL_SECONDS",
+        ),
+        (
+            "import sys\nsys.stdout.write('x' * 100000)",
+            json!({ "output_bytes": 1000 }),
+            "SANDBOX_MAX_OUTPUT_BYTES",
+        ),
+        (
+            "b = bytearray(256 * 1024 * 1024)\nprint(len(b))",
+            json!({ "memory_bytes": 64 * 1024 * 1024 }),
+            "SANDBOX_MAX_MEMORY_BYTES",
+        ),
+        (
+            "import os, time\nfor _ in range(40):\n    if os.fork() == 0:\n        time.sleep(5)\n        os._exit(0)",
+            json!({ "processes": 8 }),
+            "SANDBOX_MAX_PROCESSES",
+        ),
+        (
+            "open('/tmp/fill', 'wb').write(b'x' * 8 * 1024 * 1024)",
+            json!({}),
+            "SANDBOX_TMP_MAX_BYTES",
+        ),
+        (
+            "open('big', 'wb').write(b'x' * 8 * 1024 * 1024)",
+            json!({}),
+            "SANDBOX_WORKSPACE_MAX_BYTES",
+        ),
     ];
     for (code, bounds, setting) in cases {
         let mut request = python("bounded", "b", code);
@@ -314,7 +413,11 @@ async fn until(stack: &Stack, what: &str, ready: impl Fn(&PoolDoc) -> bool) -> P
         if ready(&doc) {
             return doc;
         }
-        assert!(Instant::now() < deadline, "never saw: {what}: {:?}", doc.counts());
+        assert!(
+            Instant::now() < deadline,
+            "never saw: {what}: {:?}",
+            doc.counts()
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -345,30 +448,51 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
     };
 
     // A third concurrent run for one member waits in the queue, then is served (POOL-3).
-    let runs: Vec<_> = (0..3).map(|i| spawn(sleeper(&format!("m-{i}"), "m", 1.5))).collect();
+    let runs: Vec<_> = (0..3)
+        .map(|i| spawn(sleeper(&format!("m-{i}"), "m", 1.5)))
+        .collect();
     until(&stack, "two leases for m and one queued ticket", |doc| {
         doc.counts().leased == 2 && doc.tickets().count() == 1
     })
     .await;
     for run in runs {
         let (status, body) = run.await.expect("run");
-        assert_eq!((status, body["outcome"].as_str()), (200, Some("succeeded")), "{body}");
+        assert_eq!(
+            (status, body["outcome"].as_str()),
+            (200, Some("succeeded")),
+            "{body}"
+        );
     }
     stack.settled().await;
 
     // With every worker busy: a short wait times out, and beyond the queue bound a run is refused
     // at once, each with when to retry.
-    let busy: Vec<_> = (0..3).map(|i| spawn(sleeper(&format!("b-{i}"), &format!("busy-{i}"), 4.0))).collect();
+    let busy: Vec<_> = (0..3)
+        .map(|i| spawn(sleeper(&format!("b-{i}"), &format!("busy-{i}"), 4.0)))
+        .collect();
     until(&stack, "three leases", |doc| doc.counts().leased == 3).await;
     let mut short = sleeper("w", "waiter", 0.1);
     short["wait_seconds"] = json!(1);
     let (status, body) = stack.run(short).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (503, Some("wait_timeout")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("wait_timeout")),
+        "{body}"
+    );
     assert!(body["error"]["retry_after_seconds"].as_u64().is_some());
-    let queued: Vec<_> = (0..2).map(|i| spawn(sleeper(&format!("q-{i}"), &format!("queued-{i}"), 0.1))).collect();
-    until(&stack, "two queued tickets", |doc| doc.tickets().count() == 2).await;
+    let queued: Vec<_> = (0..2)
+        .map(|i| spawn(sleeper(&format!("q-{i}"), &format!("queued-{i}"), 0.1)))
+        .collect();
+    until(&stack, "two queued tickets", |doc| {
+        doc.tickets().count() == 2
+    })
+    .await;
     let (status, body) = stack.run(sleeper("full", "full", 0.1)).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("queue_full")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("queue_full")),
+        "{body}"
+    );
     for run in busy.into_iter().chain(queued) {
         let (status, body) = run.await.expect("run");
         assert_eq!(status, 200, "{body}");
@@ -382,8 +506,15 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
     };
     let (a, b) = tokio::join!(stack.run(racer("first")), stack.run(racer("second")));
     let statuses = [a.0, b.0];
-    assert!(statuses.contains(&200) && statuses.contains(&409), "{a:?} {b:?}");
-    let (winner, loser) = if a.0 == 200 { (&a.1, &b.1) } else { (&b.1, &a.1) };
+    assert!(
+        statuses.contains(&200) && statuses.contains(&409),
+        "{a:?} {b:?}"
+    );
+    let (winner, loser) = if a.0 == 200 {
+        (&a.1, &b.1)
+    } else {
+        (&b.1, &a.1)
+    };
     assert_eq!(loser["error"]["code"], "workspace_conflict", "{loser}");
     assert_eq!(loser["model"]["workspace"]["saved"], false);
     let (_, who) = stack.read("shared", "ws", "who").await;
@@ -392,20 +523,35 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
 
     // A failed save leaves the earlier snapshot authoritative (WS-5): the workspace's directory is
     // made immutable (even root cannot add to it) for one run.
-    let (status, _) = stack.run(python("saver", "s", "open('v', 'w').write('one')")).await;
+    let (status, _) = stack
+        .run(python("saver", "s", "open('v', 'w').write('one')"))
+        .await;
     assert_eq!(status, 200);
     let key = corral_core::workspace::storage_key("saver", "s");
     let dir = stack.state.join("workspaces").join("ws").join(key);
-    let immutable = Command::new("chattr").arg("+i").arg(&dir).status().is_ok_and(|s| s.success());
+    let immutable = Command::new("chattr")
+        .arg("+i")
+        .arg(&dir)
+        .status()
+        .is_ok_and(|s| s.success());
     if immutable {
-        let (status, body) = stack.run(python("saver", "s", "open('v', 'w').write('two')")).await;
+        let (status, body) = stack
+            .run(python("saver", "s", "open('v', 'w').write('two')"))
+            .await;
         let _ = Command::new("chattr").arg("-i").arg(&dir).status();
-        assert_eq!((status, body["error"]["code"].as_str()), (503, Some("workspace_storage_unavailable")), "{body}");
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (503, Some("workspace_storage_unavailable")),
+            "{body}"
+        );
         assert_eq!(body["outcome"], "error");
         let (_, v) = stack.read("saver", "s", "v").await;
         assert_eq!(v, b"one");
     } else {
-        eprintln!("skipping the failed-save check: chattr +i is not available on {}", dir.display());
+        eprintln!(
+            "skipping the failed-save check: chattr +i is not available on {}",
+            dir.display()
+        );
     }
 
     // A worker killed mid-run: a clear error, no leaked lease, and the member may run again.
@@ -419,14 +565,34 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
         .iter()
         .find(|(_, w)| matches!(&w.state, corral_core::pool::WorkerState::Leased(l) if l.member.0 == "victim"))
         .expect("leased");
-    let record = std::fs::read_to_string(stack.state.join("workers").join(format!("{worker}.worker"))).expect("record");
+    let record =
+        std::fs::read_to_string(stack.state.join("workers").join(format!("{worker}.worker")))
+            .expect("record");
     let pid = record.split_whitespace().next().expect("pid");
-    assert!(Command::new("kill").args(["-KILL", pid]).status().expect("kill").success());
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", pid])
+            .status()
+            .expect("kill")
+            .success()
+    );
     let (status, body) = killed.await.expect("run");
-    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("worker_lost")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (502, Some("worker_lost")),
+        "{body}"
+    );
     let doc = stack.settled().await;
-    assert!(!doc.workers().contains_key(worker), "the killed worker is gone from the pool");
-    assert!(doc.workers().values().all(|w| !matches!(w.state, corral_core::pool::WorkerState::Leased(_))), "no lease leaked");
+    assert!(
+        !doc.workers().contains_key(worker),
+        "the killed worker is gone from the pool"
+    );
+    assert!(
+        doc.workers()
+            .values()
+            .all(|w| !matches!(w.state, corral_core::pool::WorkerState::Leased(_))),
+        "no lease leaked"
+    );
     let (status, _) = stack.run(sleeper("victim", "victim", 0.0)).await;
     assert_eq!(status, 200);
 }
@@ -466,7 +632,10 @@ async fn front_door_egress_through_the_whole_stack_follows_the_policy() {
 
     // The packaged default, public_internet: a private upstream is refused at the proxy.
     let (_, body) = stack.run(python("net", "e", &code)).await;
-    assert_eq!(body["model"]["egress"]["effective_mode"], "public_internet", "{body}");
+    assert_eq!(
+        body["model"]["egress"]["effective_mode"], "public_internet",
+        "{body}"
+    );
     let lines: Vec<&str> = stdout(&body).lines().collect();
     assert_eq!(lines.len(), 3, "{body}");
     assert!(lines.iter().all(|l| l.starts_with("status 403 ")), "{body}");
@@ -478,33 +647,70 @@ async fn front_door_egress_through_the_whole_stack_follows_the_policy() {
         "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{}/32", upstream.ip()),
         "SANDBOX_EGRESS_ALLOWED_PORTS": "80,443",
     });
-    let (status, described) = stack.admin.put("/v1/admin/egress_policy", &policy).await.expect("admin");
+    let (status, described) = stack
+        .admin
+        .put("/v1/admin/egress_policy", &policy)
+        .await
+        .expect("admin");
     assert_eq!(status, 200, "{described}");
-    assert_eq!(described["effective_mode"], "private_network", "{described}");
+    assert_eq!(
+        described["effective_mode"], "private_network",
+        "{described}"
+    );
     assert_eq!(described["configured_mode"], "private_network");
     let revision = described["revision"].as_u64().expect("revision");
-    let (status, _) = stack.caller.put("/v1/admin/egress_policy", &policy).await.expect("answer");
-    assert_eq!(status, 401, "the caller credential is not an admin credential");
+    let (status, _) = stack
+        .caller
+        .put("/v1/admin/egress_policy", &policy)
+        .await
+        .expect("answer");
+    assert_eq!(
+        status, 401,
+        "the caller credential is not an admin credential"
+    );
 
     let (_, body) = stack.run(python("net", "e", &code)).await;
-    assert_eq!(body["model"]["egress"]["effective_mode"], "private_network", "{body}");
+    assert_eq!(
+        body["model"]["egress"]["effective_mode"], "private_network",
+        "{body}"
+    );
     assert_eq!(body["model"]["egress"]["policy_revision"], revision);
     let lines: Vec<&str> = stdout(&body).lines().collect();
-    assert!(lines[0].starts_with("status 200 method=GET path=/hello"), "{body}");
-    assert!(lines[0].contains("auth=None"), "the grant never reaches the upstream: {body}");
+    assert!(
+        lines[0].starts_with("status 200 method=GET path=/hello"),
+        "{body}"
+    );
+    assert!(
+        lines[0].contains("auth=None"),
+        "the grant never reaches the upstream: {body}"
+    );
     assert_eq!(lines[1], "status 403 address_always_denied", "{body}");
-    assert_eq!(lines[2], "status 403 address_private_not_configured", "{body}");
+    assert_eq!(
+        lines[2], "status 403 address_private_not_configured",
+        "{body}"
+    );
 
     // Isolated: the run gets no grant and the relay refuses everything.
     let (status, _) = stack
         .admin
-        .put("/v1/admin/egress_policy", &json!({ "SANDBOX_EGRESS_MODE": "isolated" }))
+        .put(
+            "/v1/admin/egress_policy",
+            &json!({ "SANDBOX_EGRESS_MODE": "isolated" }),
+        )
         .await
         .expect("admin");
     assert_eq!(status, 200);
     let (_, body) = stack.run(python("net", "e", &code)).await;
-    assert_eq!(body["model"]["egress"]["effective_mode"], "isolated", "{body}");
-    assert!(stdout(&body).lines().all(|l| l == "status 407 grant_missing"), "{body}");
+    assert_eq!(
+        body["model"]["egress"]["effective_mode"], "isolated",
+        "{body}"
+    );
+    assert!(
+        stdout(&body)
+            .lines()
+            .all(|l| l == "status 407 grant_missing"),
+        "{body}"
+    );
     drop(stack);
 
     // No field key: runs proceed, with the network denied (EGR-8).
@@ -512,11 +718,24 @@ async fn front_door_egress_through_the_whole_stack_follows_the_policy() {
         return;
     };
     let (status, body) = keyless.run(python("net", "e", &code)).await;
-    assert_eq!((status, body["outcome"].as_str()), (200, Some("succeeded")), "{body}");
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("succeeded")),
+        "{body}"
+    );
     assert_eq!(body["model"]["egress"]["effective_mode"], "isolated");
     let notes = body["model"]["egress"]["notes"].to_string();
     assert!(notes.contains("field_key_missing"), "{body}");
-    assert!(stdout(&body).lines().all(|l| l == "status 407 grant_missing"), "{body}");
-    let (status, _) = keyless.caller.get("/v1/egress/verifying_key").await.expect("answer");
+    assert!(
+        stdout(&body)
+            .lines()
+            .all(|l| l == "status 407 grant_missing"),
+        "{body}"
+    );
+    let (status, _) = keyless
+        .caller
+        .get("/v1/egress/verifying_key")
+        .await
+        .expect("answer");
     assert_eq!(status, 404);
 }

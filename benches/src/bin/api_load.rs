@@ -1,0 +1,145 @@
+//! Load through the API: `print(1)` via `POST /v1/run_code` at concurrency 1, 8 and 32 (at 32,
+//! sixteen members with two runs each in flight), beside a bare `python3 -c 'print(1)'` spawn
+//! measured in the same run, at concurrency 1 and 32. Prints p50, p99 and runs per second for
+//! each, and the ratios the goals are stated in. `scripts/bench-api` starts a stack and runs it.
+//!
+//! `api_load --api URL --token-file FILE [--runs N] [--python PATH]`
+
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use serde_json::json;
+
+struct Figures {
+    p50: Duration,
+    p99: Duration,
+    per_second: f64,
+}
+
+fn figures(mut latencies: Vec<Duration>, elapsed: Duration) -> Figures {
+    latencies.sort_unstable();
+    let at = |q: f64| {
+        let index = ((latencies.len() as f64 - 1.0) * q).round() as usize;
+        latencies.get(index).copied().unwrap_or_default()
+    };
+    Figures {
+        p50: at(0.50),
+        p99: at(0.99),
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+    }
+}
+
+fn show(label: &str, f: &Figures) {
+    println!(
+        "{label:<34} p50 {:>8.2} ms   p99 {:>8.2} ms   {:>8.1} runs/s",
+        f.p50.as_secs_f64() * 1e3,
+        f.p99.as_secs_f64() * 1e3,
+        f.per_second
+    );
+}
+
+/// `runs` bare spawns of `python -c 'print(1)'`, `concurrency` at a time.
+async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
+    let started = Instant::now();
+    let mut latencies = Vec::with_capacity(runs);
+    let mut remaining = runs;
+    while remaining > 0 {
+        let batch = remaining.min(concurrency);
+        let spawned: Vec<_> = (0..batch)
+            .map(|_| {
+                let python = python.to_owned();
+                tokio::spawn(async move {
+                    let t = Instant::now();
+                    let out = tokio::process::Command::new(&python)
+                        .args(["-c", "print(1)"])
+                        .output()
+                        .await
+                        .expect("python runs");
+                    assert_eq!(out.stdout, b"1\n");
+                    t.elapsed()
+                })
+            })
+            .collect();
+        for s in spawned {
+            latencies.push(s.await.expect("spawn"));
+        }
+        remaining -= batch;
+    }
+    figures(latencies, started.elapsed())
+}
+
+/// `runs` API runs of `print(1)` with `concurrency` in flight: lane `i` is member `m{i/2}`, so at
+/// 32 sixteen members each hold two leases.
+async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
+    let started = Instant::now();
+    let lanes: Vec<_> = (0..concurrency)
+        .map(|lane| {
+            let client = client.clone();
+            let per_lane = runs / concurrency;
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(per_lane);
+                for i in 0..per_lane {
+                    let request = json!({
+                        "actor": format!("load-{lane}"), "conversation": format!("c{i}"),
+                        "member": format!("m{}", lane / 2), "language": "python", "code": "print(1)",
+                    });
+                    let t = Instant::now();
+                    let (status, body) = client.run_code(&request).await.expect("the API answers");
+                    latencies.push(t.elapsed());
+                    assert_eq!(status, 200, "{body}");
+                    assert_eq!(body["model"]["stdout"]["text"], "1\n", "{body}");
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(runs);
+    for lane in lanes {
+        latencies.extend(lane.await.expect("lane"));
+    }
+    figures(latencies, started.elapsed())
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let (Some(api_url), Some(token_file)) = (value("--api"), value("--token-file")) else {
+        eprintln!("usage: api_load --api URL --token-file FILE [--runs N] [--python PATH]");
+        std::process::exit(2);
+    };
+    let runs: usize = value("--runs").and_then(|n| n.parse().ok()).unwrap_or(64);
+    let python = value("--python").unwrap_or_else(|| String::from("/usr/bin/python3"));
+    let token = std::fs::read_to_string(&token_file).expect("token file");
+    let client = Client::new(&api_url, token.trim()).expect("client");
+    // Warm-up: one run per lane of the widest level, so no level pays for first connections.
+    let _ = api(&client, 32, 32).await;
+
+    let bare_1 = bare(&python, runs, 1).await;
+    let api_1 = api(&client, runs, 1).await;
+    let api_8 = api(&client, runs.max(8) / 8 * 8, 8).await;
+    let api_32 = api(&client, (runs * 2).max(32) / 32 * 32, 32).await;
+    let bare_32 = bare(&python, (runs * 2).max(32) / 32 * 32, 32).await;
+    println!(
+        "cores: {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    show("bare python3 -c 'print(1)', c=1", &bare_1);
+    show("API run_code print(1), c=1", &api_1);
+    show("API run_code print(1), c=8", &api_8);
+    show("API run_code print(1), c=32", &api_32);
+    show("bare python3 -c 'print(1)', c=32", &bare_32);
+    println!(
+        "ratio p50 API/bare at c=1: {:.2} (goal <= 1)",
+        api_1.p50.as_secs_f64() / bare_1.p50.as_secs_f64()
+    );
+    println!(
+        "ratio runs/s API/bare at c=32: {:.2} (1 = limited by the machine, as a bare spawn is)",
+        api_32.per_second / bare_32.per_second
+    );
+}
