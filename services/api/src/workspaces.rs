@@ -9,7 +9,10 @@
 //! one workspace, the second save finds its generation taken and is refused, never silently
 //! overwriting the first. The newest generation is authoritative; a failed run or a failed save
 //! writes nothing, so the earlier snapshot stays authoritative. Generations older than the one a
-//! save started from are pruned after it commits (best effort; a leftover is never read).
+//! save started from are pruned after it commits (best effort; a leftover is never read). A save
+//! from a base so stale that its next number was written and pruned long ago is found by the
+//! listing that follows it (a generation two or more above its own exists), removed and refused:
+//! a run's changes are saved or refused, never kept where nobody reads them.
 //!
 //! Workers never see this store or its credentials: the API hands a worker the archive bytes and
 //! takes the packed workspace back.
@@ -199,11 +202,21 @@ impl Workspaces {
             }
             Err(e) => return Err(unavailable(&e)),
         }
+        let generations = self.generations(key).await?;
+        // A save from a base so old that its next generation was already written and pruned
+        // re-creates that number below the newest: it would never be read. Nobody can have built
+        // on it (a newer generation existed before it), so it is removed and refused.
+        if let Some(&newest) = generations.last()
+            && newest > generation + 1
+        {
+            let _ = self.store.delete(&self.generation_path(key, generation)).await;
+            return Err(StorageError::Conflict {
+                generation: newest,
+            });
+        }
         // Keep the generation this save started from (a reader may be on it); older ones go.
-        if let Ok(generations) = self.generations(key).await {
-            for old in generations.into_iter().filter(|g| *g < base) {
-                let _ = self.store.delete(&self.generation_path(key, old)).await;
-            }
+        for old in generations.into_iter().filter(|g| *g < base) {
+            let _ = self.store.delete(&self.generation_path(key, old)).await;
         }
         Ok(generation)
     }

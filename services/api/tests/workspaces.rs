@@ -382,6 +382,22 @@ mod cases {
         assert_eq!(b.stored(&key, 2).await, Some(second));
     }
 
+    pub async fn a_save_from_a_long_pruned_base_is_refused_not_lost(b: &Backend) {
+        let key = storage_key("actor", "pruned");
+        for (base, text) in [(0, "one"), (1, "two"), (2, "three"), (3, "four")] {
+            let saved = b.workspaces.save(&key, base, Bytes::from(text)).await;
+            assert_eq!(saved, Ok(base + 1));
+        }
+        // Generations 1 and 2 are pruned; a run that started from nothing finishes now.
+        assert_eq!(b.generations(&key).await, vec![3, 4]);
+        assert_eq!(
+            b.workspaces.save(&key, 0, Bytes::from_static(b"ancient")).await,
+            Err(StorageError::Conflict { generation: 4 })
+        );
+        assert_eq!(b.generations(&key).await, vec![3, 4], "nothing of it is left");
+        assert_eq!(b.workspaces.latest(&key).await, snapshot(4, &Bytes::from_static(b"four")));
+    }
+
     pub async fn workspaces_of_other_actors_or_conversations_are_apart(b: &Backend) {
         let alice_one = storage_key("alice", "conversation-1");
         let bob_one = storage_key("bob", "conversation-1");
@@ -540,6 +556,7 @@ on_both_backends!(
     saves_number_generations_and_latest_returns_the_exact_bytes,
     of_two_saves_from_one_base_exactly_one_wins,
     a_stale_save_is_refused_and_overwrites_nothing,
+    a_save_from_a_long_pruned_base_is_refused_not_lost,
     workspaces_of_other_actors_or_conversations_are_apart,
     a_save_prunes_generations_older_than_its_base,
     find_file_reads_regular_files_only,

@@ -90,18 +90,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
 
 /// Resolves on SIGINT or SIGTERM.
 pub async fn stop_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
+    corral_egress_proxy::run::shutdown_signal().await;
 }
 
 fn say(line: &str) {

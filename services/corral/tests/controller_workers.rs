@@ -2,6 +2,9 @@
 //! reset through their control API, with the pool in a real Valkey. Needs root (the worker's jail
 //! does) and a Valkey server; without them it says why and skips, and CI requires both.
 
+mod common;
+use common::{is_root, skip};
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,21 +17,6 @@ use corral_core::store::Loaded;
 use corral_store::ValkeyStore;
 use corral_store::harness::commit;
 use corral_store::valkey_server::ValkeyServer;
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("CORRAL_REQUIRE_SERVICES").is_none(),
-        "{why}"
-    );
-    eprintln!("skipping: {why}");
-}
 
 async fn doc(store: &ValkeyStore) -> PoolDoc {
     match store.load().await {

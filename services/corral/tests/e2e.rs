@@ -3,6 +3,9 @@
 //! platform would (issue 6). Needs root (the jail) and a Valkey server; without them each test
 //! says why and skips, and CI (`CORRAL_REQUIRE_SERVICES`) requires both.
 
+mod common;
+use common::{is_root, skip};
+
 #[path = "../../egress-proxy/tests/support/netns.rs"]
 #[allow(dead_code)]
 mod netns;
@@ -18,21 +21,6 @@ use corral_core::store::Loaded;
 use corral_store::ValkeyStore;
 use corral_store::valkey_server::ValkeyServer;
 use serde_json::{Value, json};
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
-}
-
-fn skip(why: &str) {
-    assert!(
-        std::env::var_os("CORRAL_REQUIRE_SERVICES").is_none(),
-        "CORRAL_REQUIRE_SERVICES is set: {why}"
-    );
-    eprintln!("skipping: {why}");
-}
 
 /// A running `corral up`, stopped with SIGTERM when dropped.
 struct Stack {

@@ -118,7 +118,8 @@ async fn serve(config: ProxyConfig) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGINT or SIGTERM (every long-running `corral` service stops on either).
+pub async fn shutdown_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {
