@@ -14,9 +14,46 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     per_second: f64,
+    /// Median of each phase the API reports in `model.durations` (microseconds or milliseconds,
+    /// as named), over the runs.
+    phases: Vec<(String, u64)>,
 }
 
-fn figures(mut latencies: Vec<Duration>, elapsed: Duration) -> Figures {
+/// The medians of every numeric field of `durations` (and of `durations.api`).
+fn phase_medians(samples: &[serde_json::Value]) -> Vec<(String, u64)> {
+    let mut by_name: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for sample in samples {
+        let mut fields: Vec<(String, &serde_json::Value)> = Vec::new();
+        if let Some(object) = sample.as_object() {
+            for (name, value) in object {
+                match value.as_object() {
+                    Some(inner) => {
+                        fields.extend(inner.iter().map(|(n, v)| (format!("api.{n}"), v)))
+                    }
+                    None => fields.push((format!("worker.{name}"), value)),
+                }
+            }
+        }
+        for (name, value) in fields {
+            if let Some(n) = value.as_u64() {
+                by_name.entry(name).or_default().push(n);
+            }
+        }
+    }
+    by_name
+        .into_iter()
+        .map(|(name, mut values)| {
+            values.sort_unstable();
+            (name, values[values.len() / 2])
+        })
+        .collect()
+}
+
+fn figures(
+    mut latencies: Vec<Duration>,
+    elapsed: Duration,
+    samples: &[serde_json::Value],
+) -> Figures {
     latencies.sort_unstable();
     let at = |q: f64| {
         let index = ((latencies.len() as f64 - 1.0) * q).round() as usize;
@@ -26,6 +63,7 @@ fn figures(mut latencies: Vec<Duration>, elapsed: Duration) -> Figures {
         p50: at(0.50),
         p99: at(0.99),
         per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        phases: phase_medians(samples),
     }
 }
 
@@ -36,6 +74,29 @@ fn show(label: &str, f: &Figures) {
         f.p99.as_secs_f64() * 1e3,
         f.per_second
     );
+    if !f.phases.is_empty() {
+        let phases: Vec<String> = f.phases.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        println!("{:<34} medians: {}", "", phases.join(" "));
+    }
+}
+
+/// Waits until no worker is resetting (the pool's gauge), then lets the workers finish preparing
+/// their next jails, so that a level does not pay for the one before it.
+async fn settle(client: &Client) {
+    for _ in 0..600 {
+        if let Ok((200, body)) = client.get("/metrics").await {
+            let text = String::from_utf8_lossy(&body);
+            if text
+                .lines()
+                .any(|l| l == "corral_pool_workers{state=\"resetting\"} 0")
+            {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Preparation follows the reset report on each worker's own thread.
+    tokio::time::sleep(Duration::from_secs(3)).await;
 }
 
 /// `runs` bare spawns of `python -c 'print(1)'`, `concurrency` at a time.
@@ -65,7 +126,7 @@ async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
         }
         remaining -= batch;
     }
-    figures(latencies, started.elapsed())
+    figures(latencies, started.elapsed(), &[])
 }
 
 /// `runs` API runs of `print(1)` with `concurrency` in flight: lane `i` is member `m{i/2}`, so at
@@ -78,6 +139,7 @@ async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
             let per_lane = runs / concurrency;
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(per_lane);
+                let mut samples = Vec::with_capacity(per_lane);
                 for i in 0..per_lane {
                     let request = json!({
                         "actor": format!("load-{lane}"), "conversation": format!("c{i}"),
@@ -88,16 +150,20 @@ async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
                     latencies.push(t.elapsed());
                     assert_eq!(status, 200, "{body}");
                     assert_eq!(body["model"]["stdout"]["text"], "1\n", "{body}");
+                    samples.push(body["model"]["durations"].clone());
                 }
-                latencies
+                (latencies, samples)
             })
         })
         .collect();
     let mut latencies = Vec::with_capacity(runs);
+    let mut samples = Vec::with_capacity(runs);
     for lane in lanes {
-        latencies.extend(lane.await.expect("lane"));
+        let (lane_latencies, lane_samples) = lane.await.expect("lane");
+        latencies.extend(lane_latencies);
+        samples.extend(lane_samples);
     }
-    figures(latencies, started.elapsed())
+    figures(latencies, started.elapsed(), &samples)
 }
 
 #[tokio::main]
@@ -120,10 +186,14 @@ async fn main() {
     // Warm-up: one run per lane of the widest level, so no level pays for first connections.
     let _ = api(&client, 32, 32).await;
 
+    settle(&client).await;
     let bare_1 = bare(&python, runs, 1).await;
     let api_1 = api(&client, runs, 1).await;
+    settle(&client).await;
     let api_8 = api(&client, runs.max(8) / 8 * 8, 8).await;
+    settle(&client).await;
     let api_32 = api(&client, (runs * 2).max(32) / 32 * 32, 32).await;
+    settle(&client).await;
     let bare_32 = bare(&python, (runs * 2).max(32) / 32 * 32, 32).await;
     println!(
         "cores: {}",

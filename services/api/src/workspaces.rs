@@ -209,10 +209,11 @@ impl Workspaces {
         if let Some(&newest) = generations.last()
             && newest > generation + 1
         {
-            let _ = self.store.delete(&self.generation_path(key, generation)).await;
-            return Err(StorageError::Conflict {
-                generation: newest,
-            });
+            let _ = self
+                .store
+                .delete(&self.generation_path(key, generation))
+                .await;
+            return Err(StorageError::Conflict { generation: newest });
         }
         // Keep the generation this save started from (a reader may be on it); older ones go.
         for old in generations.into_iter().filter(|g| *g < base) {

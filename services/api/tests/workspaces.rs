@@ -391,11 +391,20 @@ mod cases {
         // Generations 1 and 2 are pruned; a run that started from nothing finishes now.
         assert_eq!(b.generations(&key).await, vec![3, 4]);
         assert_eq!(
-            b.workspaces.save(&key, 0, Bytes::from_static(b"ancient")).await,
+            b.workspaces
+                .save(&key, 0, Bytes::from_static(b"ancient"))
+                .await,
             Err(StorageError::Conflict { generation: 4 })
         );
-        assert_eq!(b.generations(&key).await, vec![3, 4], "nothing of it is left");
-        assert_eq!(b.workspaces.latest(&key).await, snapshot(4, &Bytes::from_static(b"four")));
+        assert_eq!(
+            b.generations(&key).await,
+            vec![3, 4],
+            "nothing of it is left"
+        );
+        assert_eq!(
+            b.workspaces.latest(&key).await,
+            snapshot(4, &Bytes::from_static(b"four"))
+        );
     }
 
     pub async fn workspaces_of_other_actors_or_conversations_are_apart(b: &Backend) {
