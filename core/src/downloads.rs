@@ -122,6 +122,20 @@ pub fn candidates(before: &Snapshot, after: &Snapshot, declared: &[String]) -> V
     chosen
 }
 
+/// The declared outputs that promise a verified document (.pdf, .docx, .pptx, .xlsx) and are not
+/// among the `delivered` downloads: a run asked for such a file reports success only with a
+/// durable attachment of it (OUT-4). Declared names that are not valid relative paths count as
+/// undelivered when they promise a document.
+#[must_use]
+pub fn undelivered_documents<'a>(declared: &'a [String], delivered: &[&str]) -> Vec<&'a str> {
+    declared
+        .iter()
+        .filter(|name| DocumentKind::of(name).is_some())
+        .filter(|name| relative_path(name).map_or(true, |path| !delivered.contains(&path.as_str())))
+        .map(String::as_str)
+        .collect()
+}
+
 /// A kind of document this module verifies (OUT-4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DocumentKind {
@@ -691,5 +705,28 @@ mod tests {
         );
         assert!(selection.artifact_bound_hit);
         assert_eq!(selection.downloads[0].media_type, "application/pdf");
+    }
+}
+
+#[cfg(test)]
+mod undelivered_tests {
+    use super::*;
+
+    #[test]
+    fn out_04_a_declared_document_counts_only_when_delivered() {
+        let declared: Vec<String> = ["report.pdf", "./out/deck.pptx", "notes.txt", "sheet.XLSX"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        assert_eq!(
+            undelivered_documents(&declared, &["report.pdf", "out/deck.pptx"]),
+            ["sheet.XLSX"]
+        );
+        assert_eq!(
+            undelivered_documents(&declared, &[]),
+            ["report.pdf", "./out/deck.pptx", "sheet.XLSX"]
+        );
+        let escaping = vec![String::from("../x.pdf")];
+        assert_eq!(undelivered_documents(&escaping, &["x.pdf"]), ["../x.pdf"]);
     }
 }

@@ -70,28 +70,25 @@ fn matches(presented: Option<&str>, expected: &str) -> bool {
     presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())))
 }
 
-async fn caller_auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if matches(presented(request.headers()), &state.caller_credential) {
+/// Lets `request` through when it carries `expected`; otherwise 401 naming `who`.
+async fn authorize(expected: &str, who: &str, request: Request, next: Next) -> Response {
+    if matches(presented(request.headers()), expected) {
         next.run(request).await
     } else {
         error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
-            "a valid caller credential is required",
+            format!("a valid {who} credential is required"),
         )
     }
 }
 
+async fn caller_auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    authorize(&state.caller_credential, "caller", request, next).await
+}
+
 async fn admin_auth(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    if matches(presented(request.headers()), &state.admin_credential) {
-        next.run(request).await
-    } else {
-        error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid admin credential is required",
-        )
-    }
+    authorize(&state.admin_credential, "admin", request, next).await
 }
 
 async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {

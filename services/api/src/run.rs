@@ -165,45 +165,76 @@ async fn run(state: Arc<AppState>, request: RunCode) -> Reply {
     let wait_ms = request.wait_seconds.map_or(pool.acquire_wait_ms, |s| {
         s.saturating_mul(1_000).min(pool.acquire_wait_ms)
     });
-    let ticket = TicketId(u64::from_le_bytes(
-        crate::egress::random_bytes()[..8]
-            .try_into()
-            .unwrap_or_default(),
-    ));
-    let acquire = Command::Acquire {
-        ticket,
-        member: MemberId(request.member.clone()),
-        scope: LeaseScope {
-            namespace: LeaseNamespace::Code,
-            actor: ActorId(request.actor.clone()),
-            conversation: ConversationId(request.conversation.clone()),
-        },
-        wait_ms,
-    };
-    let started = Instant::now();
     let mut watch = None;
-    let granted = match lease::acquire(
-        &state.store,
-        &pool,
-        &acquire,
-        Duration::from_millis(wait_ms),
-        &mut watch,
-    )
-    .await
-    {
-        Ok(granted) => granted,
-        Err(error) => return admission_refused(&state, &error, wait_ms),
-    };
-    let acquired = started.elapsed();
-    state.metrics.acquired(acquired);
-    let heartbeat = tokio::spawn(heartbeats(state.clone(), granted));
-    let mut phases = Phases::default();
-    phases.mark("acquire_us", acquired);
-    let ran = leased(&state, &request, language, &run_id, granted, phases).await;
-    heartbeat.abort();
-    let (reply, disposition) = ran;
-    release(state, granted, disposition).await;
-    reply
+    // A worker that refuses the connection never saw the code: it is discarded and the run is
+    // taken to another, at most this many times in all.
+    let mut attempts_left = 3u32;
+    loop {
+        attempts_left -= 1;
+        let ticket = TicketId(u64::from_le_bytes(
+            crate::egress::random_bytes()[..8]
+                .try_into()
+                .unwrap_or_default(),
+        ));
+        let acquire = Command::Acquire {
+            ticket,
+            member: MemberId(request.member.clone()),
+            scope: LeaseScope {
+                namespace: LeaseNamespace::Code,
+                actor: ActorId(request.actor.clone()),
+                conversation: ConversationId(request.conversation.clone()),
+            },
+            wait_ms,
+        };
+        let started = Instant::now();
+        let granted = match lease::acquire(
+            &state.store,
+            &pool,
+            &acquire,
+            Duration::from_millis(wait_ms),
+            &mut watch,
+        )
+        .await
+        {
+            Ok(granted) => granted,
+            Err(error) => return admission_refused(&state, &error, wait_ms),
+        };
+        let acquired = started.elapsed();
+        state.metrics.acquired(acquired);
+        let heartbeat = tokio::spawn(heartbeats(state.clone(), granted));
+        let mut phases = Phases::default();
+        phases.mark("acquire_us", acquired);
+        let ran = leased(&state, &request, language, &run_id, granted, phases).await;
+        heartbeat.abort();
+        match ran {
+            Leased::Done(reply, disposition) => {
+                release(state, granted, disposition).await;
+                return reply;
+            }
+            Leased::Unreachable(message) => {
+                release(state.clone(), granted, Disposition::Discard).await;
+                if attempts_left == 0 {
+                    state.metrics.run("worker_lost");
+                    return refusal(
+                        StatusCode::BAD_GATEWAY,
+                        "worker_lost",
+                        format!(
+                            "no leased worker could be reached: {message}; the code did not run"
+                        ),
+                        json!({ "run_id": run_id }),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// How a leased run ended.
+enum Leased {
+    /// With this answer; the lease ends this way.
+    Done(Reply, Disposition),
+    /// The worker could not be reached: the code did not run.
+    Unreachable(String),
 }
 
 fn admission_refused(state: &AppState, error: &AcquireError, wait_ms: u64) -> Reply {
@@ -311,7 +342,7 @@ async fn leased(
     run_id: &str,
     granted: Granted,
     mut phases: Phases,
-) -> (Reply, Disposition) {
+) -> Leased {
     let settings = &state.settings;
     let key = corral_core::workspace::storage_key(&request.actor, &request.conversation);
     // Deployment time at the grant, from the lease itself: no extra round trip.
@@ -342,7 +373,7 @@ async fn leased(
     state.metrics.egress(egress.effective_mode);
     let snapshot = match snapshot {
         Ok(snapshot) => snapshot,
-        Err(e) => return (storage_refusal(&e, run_id), Disposition::Reset),
+        Err(e) => return Leased::Done(storage_refusal(&e, run_id), Disposition::Reset),
     };
     phases.lap("egress_and_restore_us");
     let mut body = json!({
@@ -362,6 +393,7 @@ async fn leased(
             phases.lap("execute_us");
             result
         }
+        Err(ExecuteError::Unreachable(message)) => return Leased::Unreachable(message),
         Err(ExecuteError::WorkerLost(message)) => {
             state.metrics.run("worker_lost");
             // Nobody can vouch for a worker that vanished mid-run: discard it.
@@ -373,7 +405,7 @@ async fn leased(
                 ),
                 json!({ "run_id": run_id }),
             );
-            return (reply, Disposition::Discard);
+            return Leased::Done(reply, Disposition::Discard);
         }
         Err(ExecuteError::Refused { status, body }) => {
             state.metrics.run("refused");
@@ -390,10 +422,10 @@ async fn leased(
                 "the worker refused the run before it started",
                 json!({ "run_id": run_id, "details": body["error"] }),
             );
-            return (reply, Disposition::Reset);
+            return Leased::Done(reply, Disposition::Reset);
         }
     };
-    (
+    Leased::Done(
         finish(
             state,
             run_id,
@@ -511,6 +543,26 @@ async fn finish(
             d
         })
         .collect();
+    // OUT-4: a run asked for a document succeeds only with a durable attachment of it.
+    let delivered: Vec<&str> = downloads
+        .iter()
+        .filter(|d| d["reference"].is_string())
+        .filter_map(|d| d["path"].as_str())
+        .collect();
+    let missing =
+        corral_core::downloads::undelivered_documents(&request.declared_outputs, &delivered);
+    if !missing.is_empty()
+        && error.is_null()
+        && not_run.is_none()
+        && bound.is_none()
+        && exit_code == Some(0)
+    {
+        error = json!({
+            "code": "declared_document_missing",
+            "paths": missing,
+            "message": "a declared .pdf, .docx, .pptx or .xlsx was not delivered as a verified, saved attachment",
+        });
+    }
     let outcome: &'static str = if error.is_object() {
         "error"
     } else if not_run.is_some() {

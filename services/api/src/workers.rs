@@ -40,7 +40,11 @@ impl Locator {
 /// Why an execute produced no result. Codes are stable.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ExecuteError {
-    /// The worker could not be found, did not answer, or its connection broke mid-run.
+    /// The worker could not be found or refused the connection: the request never reached it, so
+    /// the code did not run and the run may be tried on another worker.
+    Unreachable(String),
+    /// The worker's connection broke or timed out after the request was sent: the code may have
+    /// run; nobody can vouch for the worker.
     WorkerLost(String),
     /// The worker refused the request: its status, code and details.
     Refused {
@@ -87,7 +91,7 @@ impl Workers {
         let base = self
             .locator
             .base_url(worker)
-            .ok_or_else(|| ExecuteError::WorkerLost(format!("worker {worker} has no address")))?;
+            .ok_or_else(|| ExecuteError::Unreachable(format!("worker {worker} has no address")))?;
         let sent = self
             .http
             .post(format!("{base}/v1/execute"))
@@ -96,7 +100,14 @@ impl Workers {
             .json(request)
             .send()
             .await
-            .map_err(|e| ExecuteError::WorkerLost(format!("worker {worker}: {e}")))?;
+            .map_err(|e| {
+                let message = format!("worker {worker}: {e}");
+                if e.is_connect() {
+                    ExecuteError::Unreachable(message)
+                } else {
+                    ExecuteError::WorkerLost(message)
+                }
+            })?;
         let status = sent.status().as_u16();
         let body: Value = sent
             .json()

@@ -298,6 +298,39 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
         Some(first_worker.as_str())
     );
 
+    // Typed downloads (OUT-4): a valid document is a member reference; a corrupt declared one is
+    // not, and the run does not report success.
+    let mut documents = python(
+        "alice",
+        "docs",
+        "open('good.pdf', 'wb').write(b'%PDF-1.4\\n1 0 obj<<>>endobj\\ntrailer<<>>\\n%%EOF\\n')\nopen('bad.pdf', 'wb').write(b'not a pdf')",
+    );
+    documents["declared_outputs"] = json!(["good.pdf"]);
+    let (status, body) = stack.run(documents.clone()).await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("succeeded")),
+        "{body}"
+    );
+    let references: Vec<&str> = body["member"]["references"]
+        .as_array()
+        .expect("references")
+        .iter()
+        .filter_map(|r| r["path"].as_str())
+        .collect();
+    assert_eq!(references, ["good.pdf"], "{body}");
+    documents["declared_outputs"] = json!(["bad.pdf"]);
+    let (_, body) = stack.run(documents).await;
+    assert_eq!(body["outcome"], "error", "{body}");
+    assert_eq!(body["error"]["code"], "declared_document_missing");
+    assert!(
+        body["member"]["references"]
+            .as_array()
+            .expect("references")
+            .iter()
+            .all(|r| r["path"] != "bad.pdf")
+    );
+
     // Unsupported language and a persistent kernel: not run, beside a nonzero exit (PKG-6, KER-1).
     let (status, body) = stack
         .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "ruby", "code": "puts 1" }))
