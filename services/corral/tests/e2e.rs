@@ -368,6 +368,28 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
 
     // Nothing leaked: every lease ended and every used worker was reset or replaced.
     stack.settled().await;
+
+    // The counters saw it all.
+    let (status, metrics) = stack.caller.get("/metrics").await.expect("metrics");
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&metrics);
+    for line in [
+        "corral_runs_total{outcome=\"succeeded\"}",
+        "corral_runs_total{outcome=\"not_run\"}",
+        "corral_egress_dispatch_total{effective_mode=\"public_internet\"}",
+        "corral_pool_workers{state=\"warm\"}",
+        "corral_pool_queue_depth 0",
+        "corral_acquire_seconds_count",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+    let (status, ready) = stack.caller.get("/readyz").await.expect("readyz");
+    let ready: Value = serde_json::from_slice(&ready).expect("json");
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["coordination"], "ok");
+    assert_eq!(ready["storage"], "ok");
+    assert_eq!(ready["egress_proxy"], "reachable");
+    assert_eq!(ready["field_key"], "present");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
