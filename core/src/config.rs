@@ -15,13 +15,14 @@
 //!   or in an error.
 //!
 //! Conventions: whitespace around a value is trimmed and an empty value means "unset" (the
-//! default). Durations are whole seconds. Byte sizes are whole bytes, or a whole number with a
+//! default), except in `CORRAL_WORKER_PREPARE_LANGUAGES`, where set but empty means "none". Durations are whole seconds. Byte sizes are whole bytes, or a whole number with a
 //! `B`, `KiB`, `MiB`, `GiB` (binary) or `KB`, `MB`, `GB` (decimal) suffix in any case, with or
 //! without a space. Booleans are `true`/`false`, `1`/`0`, `yes`/`no` or `on`/`off`, in any case.
 //! Failing start-up on a bad value is the fail-closed choice for everything except egress.
 
 use std::fmt;
 
+use crate::jail::Language;
 use crate::pool::{PoolConfig, PoolMode};
 
 const KIB: u64 = 1 << 10;
@@ -94,6 +95,8 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("SANDBOX_FIELD_KEY_FILE", "", "EGR-7", "Path of a file holding the field key (instead of SANDBOX_FIELD_KEY)."),
     doc("CORRAL_WORKER_CONTROL_PORT", "8091", "BROW-7", "Port of the worker's authenticated control API."),
     doc("CORRAL_WORKER_BROWSER_PORT", "8080", "BROW-7", "Port of the worker's browser-media adapter."),
+    doc("CORRAL_WORKER_PREPARE_LANGUAGES", "python,node", "corral", "Languages a warm worker keeps a jail prepared for (comma-separated; set but empty: none)."),
+    doc("CORRAL_WORKER_PYTHON_PREIMPORT", "", "corral", "Modules a prepared Python jail imports before its run (comma-separated; a missing one is skipped)."),
     doc("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false", "POOL-4", "Run code even when a waivable isolation primitive is missing."),
     doc("CORRAL_JAIL_CGROUP_ROOT", "/sys/fs/cgroup", "corral", "Where the worker finds the cgroup v1 controllers for its runs."),
 ];
@@ -223,10 +226,16 @@ const EGRESS_DNS_SERVERS: &str = "SANDBOX_EGRESS_DNS_SERVERS";
 const EGRESS_TOKEN_TTL: &str = "SANDBOX_EGRESS_TOKEN_TTL_SECONDS";
 const FIELD_KEY: &str = "SANDBOX_FIELD_KEY";
 const FIELD_KEY_FILE: &str = "SANDBOX_FIELD_KEY_FILE";
+const WORKER_PREPARE_LANGUAGES: &str = "CORRAL_WORKER_PREPARE_LANGUAGES";
+const WORKER_PYTHON_PREIMPORT: &str = "CORRAL_WORKER_PYTHON_PREIMPORT";
 const JAIL_ALLOW_WEAKER_ISOLATION: &str = "CORRAL_JAIL_ALLOW_WEAKER_ISOLATION";
 const JAIL_CGROUP_ROOT: &str = "CORRAL_JAIL_CGROUP_ROOT";
 /// The longest path a path setting accepts, in bytes (Linux's `PATH_MAX`).
 const PATH_MAX_BYTES: usize = 4_096;
+/// The most modules `CORRAL_WORKER_PYTHON_PREIMPORT` may name: each costs every preparation.
+pub const PYTHON_PREIMPORT_MAX: usize = 64;
+/// The longest module name `CORRAL_WORKER_PYTHON_PREIMPORT` accepts, in bytes.
+pub const PYTHON_MODULE_NAME_MAX_BYTES: usize = 256;
 
 impl Number {
     /// What an accepted value looks like, for an error message.
@@ -443,6 +452,15 @@ pub enum ConfigError {
         /// The second setting.
         other: &'static str,
     },
+    /// An item of a comma-separated list is not acceptable (`config_invalid_list_item`).
+    InvalidListItem {
+        /// The setting.
+        setting: &'static str,
+        /// The item refused (trimmed, and shortened when long).
+        item: String,
+        /// What every item must be.
+        expected: &'static str,
+    },
     /// A name Corral does not read was given to [`Settings::from_pairs`] (`config_unknown_setting`).
     UnknownSetting {
         /// The name given (shortened when long).
@@ -463,6 +481,7 @@ impl ConfigError {
             Self::InvalidUrl { .. } => "config_invalid_url",
             Self::Relation { .. } => "config_relation",
             Self::Conflict { .. } => "config_conflict",
+            Self::InvalidListItem { .. } => "config_invalid_list_item",
             Self::UnknownSetting { .. } => "config_unknown_setting",
         }
     }
@@ -478,7 +497,8 @@ impl ConfigError {
             | Self::InvalidPath { setting, .. }
             | Self::InvalidUrl { setting, .. }
             | Self::Relation { setting, .. }
-            | Self::Conflict { setting, .. } => setting,
+            | Self::Conflict { setting, .. }
+            | Self::InvalidListItem { setting, .. } => setting,
             Self::UnknownSetting { setting } => setting,
         }
     }
@@ -542,6 +562,13 @@ impl fmt::Display for ConfigError {
                     f,
                     "{setting} and {other} are both set: set only one of them"
                 )
+            }
+            Self::InvalidListItem {
+                setting,
+                item,
+                expected,
+            } => {
+                write!(f, "{setting}: {item:?} is not {expected}")
             }
             Self::UnknownSetting { setting } => {
                 write!(f, "{setting:?} is not a setting Corral reads")
@@ -699,6 +726,19 @@ pub struct WorkerPorts {
     pub browser_port: u16,
 }
 
+/// What a warm worker prepares before any lease (ARCHITECTURE.md, "Running code").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrepareSettings {
+    /// `CORRAL_WORKER_PREPARE_LANGUAGES` (default `python,node`): the languages a warm worker
+    /// keeps one prepared jail each for, in the order given, without repeats. Unlike other
+    /// settings, set but empty means none (unset is the default).
+    pub languages: Vec<Language>,
+    /// `CORRAL_WORKER_PYTHON_PREIMPORT` (default none): modules a prepared Python jail imports
+    /// before it waits for the code, each a dotted name of ASCII identifiers, at most
+    /// [`PYTHON_PREIMPORT_MAX`] of them, without repeats.
+    pub python_preimport: Vec<String>,
+}
+
 /// How the worker builds its jails (ISO-1, POOL-4).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JailSettings {
@@ -762,6 +802,8 @@ pub struct Settings {
     pub field_key: FieldKeySource,
     /// The worker's ports.
     pub worker: WorkerPorts,
+    /// What a warm worker prepares.
+    pub prepare: PrepareSettings,
     /// How the worker builds its jails.
     pub jail: JailSettings,
 }
@@ -810,6 +852,10 @@ impl Default for Settings {
             worker: WorkerPorts {
                 control_port: 8091,
                 browser_port: 8080,
+            },
+            prepare: PrepareSettings {
+                languages: vec![Language::Python, Language::Node],
+                python_preimport: Vec::new(),
             },
             jail: JailSettings {
                 allow_weaker_isolation: false,
@@ -900,6 +946,60 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
         }
     }
 
+    /// `CORRAL_WORKER_PREPARE_LANGUAGES`: unset is the default, set but blank is none (the one
+    /// setting where blank is not unset: "prepare nothing" needs a spelling).
+    fn prepare_languages(&self, default: &[Language]) -> Result<Vec<Language>, ConfigError> {
+        let Some(text) = (self.lookup)(WORKER_PREPARE_LANGUAGES) else {
+            return Ok(default.to_vec());
+        };
+        let mut languages = Vec::new();
+        for item in list_items(&text) {
+            let language = Language::parse(&item.to_ascii_lowercase()).map_err(|_| {
+                ConfigError::InvalidListItem {
+                    setting: WORKER_PREPARE_LANGUAGES,
+                    item: shown(item),
+                    expected: "python or node (a comma-separated list; set but empty: none)",
+                }
+            })?;
+            if !languages.contains(&language) {
+                languages.push(language);
+            }
+        }
+        Ok(languages)
+    }
+
+    /// `CORRAL_WORKER_PYTHON_PREIMPORT`: dotted module names, none by default.
+    fn python_preimport(&self) -> Result<Vec<String>, ConfigError> {
+        let Some(text) = self.raw(WORKER_PYTHON_PREIMPORT) else {
+            return Ok(Vec::new());
+        };
+        let refused = |item: &str, expected: &'static str| ConfigError::InvalidListItem {
+            setting: WORKER_PYTHON_PREIMPORT,
+            item: shown(item),
+            expected,
+        };
+        let mut modules: Vec<String> = Vec::new();
+        for item in list_items(&text) {
+            if !is_python_module_name(item) {
+                return Err(refused(
+                    item,
+                    "a dotted Python module name of ASCII identifiers (a comma-separated list)",
+                ));
+            }
+            if modules.iter().any(|m| m == item) {
+                continue;
+            }
+            if modules.len() == PYTHON_PREIMPORT_MAX {
+                return Err(refused(
+                    item,
+                    "within the first 64 modules (the most accepted)",
+                ));
+            }
+            modules.push(item.to_owned());
+        }
+        Ok(modules)
+    }
+
     fn broker_url(&self) -> Result<Option<String>, ConfigError> {
         let Some(text) = self.raw(PACKAGE_BROKER_URL) else {
             return Ok(None);
@@ -948,6 +1048,28 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
             }),
         }
     }
+}
+
+/// The trimmed items of a comma-separated list; none for a blank text. An empty item (`a,,b`, a
+/// trailing comma) is kept, for the caller to refuse.
+fn list_items(text: &str) -> Vec<&str> {
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    text.split(',').map(str::trim).collect()
+}
+
+/// A dotted name of ASCII identifiers (`numpy`, `os.path`, `_private`), no longer than
+/// [`PYTHON_MODULE_NAME_MAX_BYTES`]: nothing a bootstrap could read as anything but a name.
+fn is_python_module_name(text: &str) -> bool {
+    text.len() <= PYTHON_MODULE_NAME_MAX_BYTES
+        && text.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
 }
 
 /// An `http://` or `https://` URL with a host and no whitespace or control characters.
@@ -1023,6 +1145,10 @@ impl Settings {
             worker: WorkerPorts {
                 control_port: r.number_u16(&WORKER_CONTROL_PORT, d.worker.control_port)?,
                 browser_port: r.number_u16(&WORKER_BROWSER_PORT, d.worker.browser_port)?,
+            },
+            prepare: PrepareSettings {
+                languages: r.prepare_languages(&d.prepare.languages)?,
+                python_preimport: r.python_preimport()?,
             },
             jail: JailSettings {
                 allow_weaker_isolation: r
@@ -1309,6 +1435,16 @@ impl Settings {
         for name in [WORKER_CONTROL_PORT.name, WORKER_BROWSER_PORT.name] {
             out.push((name, number(name)));
         }
+        let languages: Vec<&str> = self.prepare.languages.iter().map(|l| l.as_str()).collect();
+        out.push((WORKER_PREPARE_LANGUAGES, languages.join(",")));
+        out.push((
+            WORKER_PYTHON_PREIMPORT,
+            if self.prepare.python_preimport.is_empty() {
+                unset()
+            } else {
+                self.prepare.python_preimport.join(",")
+            },
+        ));
         out.push((
             JAIL_ALLOW_WEAKER_ISOLATION,
             self.jail.allow_weaker_isolation.to_string(),
@@ -2031,6 +2167,119 @@ mod tests {
             assert_eq!(error.code(), "config_invalid_path", "{bad}");
             assert_eq!(error.setting(), "CORRAL_JAIL_CGROUP_ROOT");
         }
+    }
+
+    #[test]
+    fn prepare_languages_parse_fail_closed() {
+        let d = Settings::default();
+        assert_eq!(d.prepare.languages, vec![Language::Python, Language::Node]);
+        let languages = |value: &str| {
+            parse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", value)])
+                .prepare
+                .languages
+        };
+        assert_eq!(languages("python"), vec![Language::Python]);
+        assert_eq!(
+            languages(" node , Python "),
+            vec![Language::Node, Language::Python]
+        );
+        assert_eq!(languages("node,node"), vec![Language::Node]);
+        // Set but empty (or blank) is none; unset is the default.
+        assert_eq!(languages(""), Vec::<Language>::new());
+        assert_eq!(languages("  "), Vec::<Language>::new());
+        assert_eq!(parse(&[]).prepare.languages, d.prepare.languages);
+        for (bad, item) in [
+            ("python,ruby", "ruby"),
+            ("python,,node", ""),
+            ("node,", ""),
+            ("py", "py"),
+        ] {
+            let error = refuse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", bad)]);
+            assert_eq!(error.code(), "config_invalid_list_item", "{bad}");
+            assert_eq!(error.setting(), "CORRAL_WORKER_PREPARE_LANGUAGES", "{bad}");
+            let message = error.to_string();
+            assert!(
+                message.contains("CORRAL_WORKER_PREPARE_LANGUAGES")
+                    && message.contains(&format!("{item:?}")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn python_preimport_parse_fail_closed() {
+        assert!(Settings::default().prepare.python_preimport.is_empty());
+        let modules = |value: &str| {
+            parse(&[("CORRAL_WORKER_PYTHON_PREIMPORT", value)])
+                .prepare
+                .python_preimport
+        };
+        assert_eq!(modules(""), Vec::<String>::new());
+        assert_eq!(
+            modules(" pandas, numpy ,os.path,_private.x1,numpy"),
+            vec!["pandas", "numpy", "os.path", "_private.x1"]
+        );
+        let long = "m".repeat(PYTHON_MODULE_NAME_MAX_BYTES + 1);
+        for bad in [
+            "json,os;import x",
+            "1abc",
+            "a..b",
+            ".json",
+            "json.",
+            "json,,os",
+            "json,",
+            "pan das",
+            "__import__('os')",
+            "naïve",
+            "a-b",
+            long.as_str(),
+        ] {
+            let error = refuse(&[("CORRAL_WORKER_PYTHON_PREIMPORT", bad)]);
+            assert_eq!(error.code(), "config_invalid_list_item", "{bad}");
+            assert_eq!(error.setting(), "CORRAL_WORKER_PYTHON_PREIMPORT", "{bad}");
+            assert!(
+                error.to_string().contains("CORRAL_WORKER_PYTHON_PREIMPORT"),
+                "{error}"
+            );
+        }
+        let most: Vec<String> = (0..PYTHON_PREIMPORT_MAX).map(|i| format!("m{i}")).collect();
+        assert_eq!(modules(&most.join(",")), most);
+        let too_many = format!("{},one_more", most.join(","));
+        let error = refuse(&[("CORRAL_WORKER_PYTHON_PREIMPORT", too_many.as_str())]);
+        assert_eq!(error.setting(), "CORRAL_WORKER_PYTHON_PREIMPORT");
+        assert!(error.to_string().contains("one_more"), "{error}");
+    }
+
+    #[test]
+    fn prepare_settings_describe_and_read_back() {
+        let s = parse(&[
+            ("CORRAL_WORKER_PREPARE_LANGUAGES", "node"),
+            ("CORRAL_WORKER_PYTHON_PREIMPORT", "json,os.path"),
+        ]);
+        let described = s.describe();
+        let value = |name: &str| {
+            described
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            value("CORRAL_WORKER_PREPARE_LANGUAGES").as_deref(),
+            Some("node")
+        );
+        assert_eq!(
+            value("CORRAL_WORKER_PYTHON_PREIMPORT").as_deref(),
+            Some("json,os.path")
+        );
+        let none = parse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "")]);
+        let described = none.describe();
+        let shown = described
+            .iter()
+            .find(|(n, _)| *n == "CORRAL_WORKER_PREPARE_LANGUAGES")
+            .map(|(_, v)| v.as_str());
+        assert_eq!(shown, Some(""));
+        // What is described reads back as the same settings: empty stays "none".
+        assert_eq!(parse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "")]), none);
     }
 
     #[test]

@@ -24,13 +24,15 @@
 //!   namespace. At the wall limit the supervisor kills stage 1, every process in the run's cgroup
 //!   and every process of the run's uids.
 //!
-//! A warm worker (`corral worker serve`) keeps the next run's jail prepared: built exactly as
-//! above, but the interpreter it starts is a small bootstrap that blocks reading the program from
-//! its stdin, a pipe only the supervisor writes. A run that takes it copies the workspace in,
-//! writes the code down the pipe and closes it (the wall limit counts from there), and is then
-//! supervised, collected and reset like any other; the jail serves that one run. The reset
-//! between leases kills an untaken one with everything else, and the next is prepared after it.
-//! `corral jail run` never prepares one.
+//! A warm worker (`corral worker serve`) keeps the next run's jail prepared, one per language of
+//! `CORRAL_WORKER_PREPARE_LANGUAGES`: built exactly as above, but the interpreter it starts is a
+//! small bootstrap that blocks reading the program from its stdin, a pipe only the supervisor
+//! writes (Python's first imports `CORRAL_WORKER_PYTHON_PREIMPORT`). A run that takes the one of
+//! its language copies the workspace in, writes the code down the pipe and closes it (the wall
+//! limit counts from there), and is then supervised, collected and reset like any other; the jail
+//! serves that one run. The reset between leases kills every untaken one with everything else,
+//! counting what their teardowns left in its evidence, and the next are prepared after it (see
+//! docs/decisions/0010). `corral jail run` never prepares one.
 //!
 //! The network namespace has only loopback, where the supervisor holds the egress relay (`relay`,
 //! EGR-8): before stage 1 is let go, a short-lived supervisor thread joins the jail's network

@@ -47,6 +47,9 @@ pub struct Limits {
 pub const LINE_READY: &str = "R";
 /// Stage 2 has finished building the jail; every later byte on stdout is the code's.
 pub const LINE_GO: &str = "G";
+/// A prepared jail's bootstrap has finished its imports and waits for the code on stdin; the
+/// supervisor reads it before any run can take the jail, so it is never the code's.
+pub const LINE_WAITING: &str = "B";
 /// Prefix of a line that reports a waived primitive: `W <primitive> <detail>`.
 pub const LINE_WAIVED: &str = "W";
 /// Prefix of a line that reports a failed step: `E <step> <detail>`.

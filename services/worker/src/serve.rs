@@ -5,20 +5,24 @@
 //! credential only the controller and the API hold (`CORRAL_WORKER_TOKEN_FILE` or
 //! `CORRAL_WORKER_TOKEN`); the server refuses to start without one and compares in constant time.
 //!
-//! - `GET /health`: the posture, whether a run is in progress, and whether a prepared jail (its
-//!   interpreter started) waits for the next execute.
+//! - `GET /health`: the posture, whether a run is in progress, whether a prepared jail (its
+//!   interpreter started, its imports done) waits for the next execute (`prepared`), and for
+//!   which languages (`prepared_languages`).
 //! - `POST /v1/execute`: runs code in the jail exactly as `corral jail run` does, with an optional
 //!   workspace archive (base64 tar) unpacked first and the workspace packed after; returns the same
 //!   result object plus `workspace_archive`.
-//! - `POST /v1/reset`: kills anything left (the prepared jail too), wipes, returns the reset
-//!   evidence under the token given, then prepares the next jail.
+//! - `POST /v1/reset`: kills anything left (every prepared jail too), wipes, returns the reset
+//!   evidence under the token given, then prepares the next jails.
 //!
-//! A warm worker keeps one jail prepared (ARCHITECTURE.md, "Running code"): built at start-up and
-//! after every reset exactly as a cold run's, with Python's interpreter started in it and waiting
-//! for the code on its stdin. An execute it fits (Python, the configured memory and process
-//! bounds) runs there; any other, or one that finds no prepared jail, builds its own, and says
-//! why in `diagnostics` when preparation failed. A prepared jail serves one run and goes with its
-//! reset. Every operation runs on one thread that owns the worker (see `JailThread`).
+//! A warm worker keeps one jail prepared per language of `CORRAL_WORKER_PREPARE_LANGUAGES`
+//! (ARCHITECTURE.md, "Running code"; docs/decisions/0010): each built at start-up and after every
+//! reset exactly as a cold run's, with the language's interpreter started in it and waiting for
+//! the code on its stdin (Python's after importing `CORRAL_WORKER_PYTHON_PREIMPORT`). An execute
+//! that fits the one of its language (the configured memory and process bounds) runs there; any
+//! other, or one that finds none, builds its own, and says why in `diagnostics` when preparation
+//! failed. A prepared jail serves one run and goes with its reset; the others wait, untouched,
+//! until the next reset tears them all down. Every operation runs on one thread that owns the
+//! worker (see `JailThread`).
 //!
 //! One operation at a time: a second one while a run or reset is in progress gets 409. The worker
 //! never checks operation tokens against anything (the pool does, POOL-9); it echoes them. What
@@ -35,7 +39,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -48,7 +52,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use corral_core::config::{ExecutionBounds, Settings};
 use corral_core::ids::OpToken;
-use corral_core::jail::{BoundOverrides, lowered_bounds};
+use corral_core::jail::{BoundOverrides, Language, lowered_bounds};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
@@ -104,6 +108,9 @@ type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 /// and go.
 struct JailThread {
     jobs: std::sync::mpsc::SyncSender<Job>,
+    /// What `/health` reports, updated after every job (before a waiting job's answer goes
+    /// out, so that no answer is followed by a stale report).
+    prepared: Arc<PreparedLanguages>,
 }
 
 /// Jobs that may wait for the thread: the one of the request holding the lock, and the
@@ -111,22 +118,23 @@ struct JailThread {
 const JOBS_QUEUED_MAX: usize = 2;
 
 impl JailThread {
-    /// Starts the thread, which prepares the first jail before it takes any job.
-    /// `prepared` tells whether a prepared jail waits, after each job (for `/health`).
-    fn start(mut worker: Worker, prepared: Arc<AtomicBool>) -> Result<Self, String> {
+    /// Starts the thread, which prepares the first jails before it takes any job.
+    /// `prepared` tells which languages' prepared jails wait, after each job (for `/health`).
+    fn start(mut worker: Worker, prepared: Arc<PreparedLanguages>) -> Result<Self, String> {
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(JOBS_QUEUED_MAX);
+        let reported = prepared.clone();
         std::thread::Builder::new()
             .name("corral-jail".to_owned())
             .spawn(move || {
                 prepare_next(&mut worker);
-                prepared.store(worker.is_prepared(), Ordering::Relaxed);
+                reported.set(&worker.prepared_languages());
                 while let Ok(job) = queue.recv() {
                     job(&mut worker);
-                    prepared.store(worker.is_prepared(), Ordering::Relaxed);
+                    reported.set(&worker.prepared_languages());
                 }
             })
             .map_err(|e| format!("start the jail thread: {e}"))?;
-        Ok(Self { jobs })
+        Ok(Self { jobs, prepared })
     }
 
     /// Runs `job` on the thread and waits for its answer.
@@ -135,9 +143,12 @@ impl JailThread {
         job: impl FnOnce(&mut Worker) -> T + Send + 'static,
     ) -> Result<T, String> {
         let (answer, answered) = tokio::sync::oneshot::channel();
+        let prepared = self.prepared.clone();
         self.jobs
             .try_send(Box::new(move |worker| {
-                let _ = answer.send(job(worker));
+                let value = job(worker);
+                prepared.set(&worker.prepared_languages());
+                let _ = answer.send(value);
             }))
             .map_err(|e| format!("the jail thread: {e}"))?;
         answered
@@ -153,13 +164,50 @@ impl JailThread {
     }
 }
 
-/// Prepares the next jail (Python's interpreter started in it) where the posture allows runs at
-/// all. A failure is reported by the next run, which goes cold.
+/// Prepares the next jails, one per language of `CORRAL_WORKER_PREPARE_LANGUAGES`, in order,
+/// where the posture allows runs at all. A failure is reported by the next run of that
+/// language, which goes cold; the other languages are prepared regardless.
 fn prepare_next(worker: &mut Worker) {
-    if worker.posture().is_ok()
-        && let Err(why) = worker.prepare(corral_core::jail::Language::Python)
-    {
-        eprintln!("corral worker: no prepared jail, runs go cold: {why}");
+    if worker.posture().is_err() {
+        return;
+    }
+    for language in worker.languages_to_prepare() {
+        if let Err(why) = worker.prepare(language) {
+            eprintln!(
+                "corral worker: no prepared {} jail, its runs go cold: {why}",
+                language.as_str()
+            );
+        }
+    }
+}
+
+/// The languages whose prepared jails wait, as the jail thread last saw them: one bit per
+/// language, so that `/health` reads it without waiting for the thread.
+#[derive(Default)]
+struct PreparedLanguages(std::sync::atomic::AtomicU8);
+
+impl PreparedLanguages {
+    const ALL: [Language; 2] = [Language::Python, Language::Node];
+
+    fn bit(language: Language) -> u8 {
+        match language {
+            Language::Python => 1,
+            Language::Node => 2,
+        }
+    }
+
+    fn set(&self, languages: &[Language]) {
+        let bits = languages.iter().fold(0, |bits, l| bits | Self::bit(*l));
+        self.0.store(bits, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Vec<&'static str> {
+        let bits = self.0.load(Ordering::Relaxed);
+        Self::ALL
+            .into_iter()
+            .filter(|l| bits & Self::bit(*l) != 0)
+            .map(Language::as_str)
+            .collect()
     }
 }
 
@@ -169,8 +217,8 @@ struct AppState {
     /// The one worker's thread; held for the whole of a run or reset, so that a second one gets
     /// 409.
     worker: Arc<Mutex<JailThread>>,
-    /// Whether a prepared jail waits for the next execute.
-    prepared: Arc<AtomicBool>,
+    /// Which languages' prepared jails wait for the next execute.
+    prepared: Arc<PreparedLanguages>,
     bounds: ExecutionBounds,
     posture: &'static str,
     staging: PathBuf,
@@ -275,7 +323,7 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
     let bounds = settings.bounds.clone();
     let staging = prepare_staging(Path::new(STAGING_DIR), bounds.workspace_max_bytes)?;
     // After the staging mount, so that the thread shares the mount namespace as it is now.
-    let prepared = Arc::new(AtomicBool::new(false));
+    let prepared = Arc::new(PreparedLanguages::default());
     let worker = JailThread::start(worker, prepared.clone())?;
     let state = Arc::new(AppState {
         token,
@@ -394,12 +442,13 @@ async fn not_found() -> Response {
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let prepared = state.prepared.load(Ordering::Relaxed);
+    let prepared = state.prepared.get();
     axum::Json(json!({
         "status": "ok",
         "posture": state.posture,
         "busy": state.worker.try_lock().is_err(),
-        "prepared": prepared,
+        "prepared": !prepared.is_empty(),
+        "prepared_languages": prepared,
         "body_max_bytes": state.body_max_bytes,
     }))
     .into_response()
@@ -654,7 +703,7 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             (evidence, diagnostics)
         })
         .await;
-    // The next jail is prepared once the evidence is measured (it would count as the run's
+    // The next jails are prepared once the evidence is measured (it would count as the run's
     // processes otherwise), while the answer goes out; a request arriving meanwhile waits for it
     // on the thread.
     if let Err(e) = worker.queue(Box::new(prepare_next)) {

@@ -7,7 +7,7 @@
 //! evidence and the core's verdict on it. Every path that created anything goes through the
 //! reset.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -30,7 +30,8 @@ use crate::archive::{self, ArchiveError};
 use crate::capture;
 use crate::cgroup::{self, RunCgroups};
 use crate::plan::{
-    GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits, SIGNAL_EXIT_BASE,
+    GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAITING, LINE_WAIVED, LINES_MAX, Limits,
+    SIGNAL_EXIT_BASE,
 };
 use crate::probe::{self, Missing};
 use crate::relay::{self, ProxyAddress, Relay};
@@ -53,6 +54,9 @@ const RUNS_PER_SUPERVISOR: u32 = 64;
 const INNER_ID: u32 = 1000;
 /// How long building a jail may take before the run is refused.
 const SETUP_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a prepared jail's bootstrap may take to say it waits (its pre-imports included)
+/// before the preparation fails.
+const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(30);
 /// How long the pipes are read after a kill.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// What of a failed jail's stderr goes into the diagnostics, and how long to wait for it.
@@ -128,7 +132,7 @@ struct ActiveRun {
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
 /// gets, with its interpreter already started and blocked reading the program from stdin. It
 /// serves exactly one run and is torn down by that run's reset, or by the next reset between
-/// leases if no run took it.
+/// leases if no run took it. A worker holds at most one per language.
 struct Prepared {
     run: ActiveRun,
     language: Language,
@@ -147,9 +151,11 @@ pub struct Worker {
     base: PathBuf,
     missing: Missing,
     runs: u32,
-    prepared: Option<Prepared>,
-    /// Why the last preparation failed, reported by the next run (which runs cold).
-    prepare_failure: Option<String>,
+    /// The prepared jails, at most one per language (`CORRAL_WORKER_PREPARE_LANGUAGES`).
+    prepared: BTreeMap<Language, Prepared>,
+    /// Why the last preparation of a language failed, reported by the next run of it (which
+    /// runs cold).
+    prepare_failures: BTreeMap<Language, String>,
     /// The egress proxy the relays carry granted connections to (`SANDBOX_EGRESS_PROXY_URL`),
     /// or why there is none (every relay then refuses everything).
     egress_proxy: Result<ProxyAddress, String>,
@@ -189,8 +195,8 @@ impl Worker {
             base,
             missing,
             runs: 0,
-            prepared: None,
-            prepare_failure: None,
+            prepared: BTreeMap::new(),
+            prepare_failures: BTreeMap::new(),
             egress_proxy,
         }
     }
@@ -198,32 +204,52 @@ impl Worker {
     /// Whether a prepared jail is waiting for a run.
     #[must_use]
     pub fn is_prepared(&self) -> bool {
-        self.prepared.is_some()
+        !self.prepared.is_empty()
     }
 
-    /// Builds the next run's jail now, with the interpreter of `language` started in it and
-    /// waiting for the code, so that a run costs less than starting the interpreter. Any jail
-    /// already prepared is torn down first (it is never handed on). On failure nothing is left
-    /// and the next run goes the cold way, saying why in its diagnostics. The jail dies with the
-    /// thread that calls this (the parent-death signal follows the thread): call it from the
-    /// thread that will call [`Worker::run`].
+    /// The languages a prepared jail is waiting for, in order.
+    #[must_use]
+    pub fn prepared_languages(&self) -> Vec<Language> {
+        self.prepared.keys().copied().collect()
+    }
+
+    /// The languages to keep a jail prepared for (`CORRAL_WORKER_PREPARE_LANGUAGES`).
+    #[must_use]
+    pub fn languages_to_prepare(&self) -> Vec<Language> {
+        self.settings.prepare.languages.clone()
+    }
+
+    /// Builds a jail for the next run of `language` now, with its interpreter started in it and
+    /// waiting for the code (a Python one after importing `CORRAL_WORKER_PYTHON_PREIMPORT`), so
+    /// that a run costs less than starting the interpreter. A jail already prepared for
+    /// `language` is torn down first (it is never handed on); those of other languages stay. On
+    /// failure nothing is left and the next run of `language` goes the cold way, saying why in
+    /// its diagnostics. The jail dies with the thread that calls this (the parent-death signal
+    /// follows the thread): call it from the thread that will call [`Worker::run`].
     pub fn prepare(&mut self, language: Language) -> Result<(), String> {
         let mut notes = Vec::new();
-        self.discard_prepared(&mut notes);
+        if let Some(old) = self.prepared.remove(&language) {
+            let _ = self.teardown_prepared(old, &mut notes);
+        }
         let mut run = self.new_run();
         let mut scratch = RunResult::default();
         let prepared = self.build_prepared(language, &mut run, &mut scratch);
         match prepared {
             Ok((started, program)) => {
-                self.prepared = Some(Prepared {
-                    run,
+                let memory_bytes = self.settings.bounds.max_memory_bytes;
+                let processes = self.settings.bounds.max_processes;
+                self.prepared.insert(
                     language,
-                    memory_bytes: self.settings.bounds.max_memory_bytes,
-                    processes: self.settings.bounds.max_processes,
-                    started,
-                    program,
-                });
-                self.prepare_failure = None;
+                    Prepared {
+                        run,
+                        language,
+                        memory_bytes,
+                        processes,
+                        started,
+                        program,
+                    },
+                );
+                self.prepare_failures.remove(&language);
                 Ok(())
             }
             Err(reason) => {
@@ -235,28 +261,52 @@ impl Worker {
                 ) {
                     why.push_str(&format!("; its teardown left {evidence:?}"));
                 }
-                self.prepare_failure = Some(why.clone());
+                self.prepare_failures.insert(language, why.clone());
                 Err(why)
             }
         }
     }
 
-    /// Tears down a prepared jail no run took; notes a teardown that did not come out clean
-    /// (the reset between leases measures everything again either way).
-    fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) {
-        if let Some(mut prepared) = self.prepared.take() {
-            drop(prepared.program);
-            let evidence = self.reset(&mut prepared.run, OpToken(0), diagnostics);
-            if !matches!(
-                corral_core::reset::judge(&evidence, evidence.token),
-                corral_core::reset::Verdict::Clean
-            ) {
-                note(
-                    diagnostics,
-                    format!("the unused prepared jail's teardown left {evidence:?}"),
-                );
-            }
+    /// Tears down every prepared jail no run took. Returns what their teardowns left, summed
+    /// (each measured after its own kill, its cgroups' members included), for the reset between
+    /// leases to count; notes each teardown that did not come out clean.
+    fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
+        let mut left = ResetEvidence::clean(OpToken(0));
+        for (_, prepared) in std::mem::take(&mut self.prepared) {
+            let evidence = self.teardown_prepared(prepared, diagnostics);
+            add_evidence(&mut left, &evidence);
         }
+        left
+    }
+
+    /// Tears down one prepared jail (closing its program pipe first); notes a teardown that did
+    /// not come out clean.
+    fn teardown_prepared(
+        &self,
+        prepared: Prepared,
+        diagnostics: &mut Vec<String>,
+    ) -> ResetEvidence {
+        let Prepared {
+            mut run,
+            language,
+            program,
+            ..
+        } = prepared;
+        drop(program);
+        let evidence = self.reset(&mut run, OpToken(0), diagnostics);
+        if !matches!(
+            corral_core::reset::judge(&evidence, evidence.token),
+            corral_core::reset::Verdict::Clean
+        ) {
+            note(
+                diagnostics,
+                format!(
+                    "the unused prepared {} jail's teardown left {evidence:?}",
+                    language.as_str()
+                ),
+            );
+        }
+        evidence
     }
 
     /// The directories, cgroups and jail of a prepared run, up to the interpreter waiting.
@@ -277,7 +327,7 @@ impl Worker {
             true,
         );
         // The grant is not known yet: it is attached when a run takes the jail.
-        let (started, program) =
+        let (mut started, program) =
             self.start_jail(&plan, run, None, &mut result.diagnostics, true)?;
         let Some(program) = program else {
             note(
@@ -286,18 +336,45 @@ impl Worker {
             );
             return Err(NotRun::JailSetupFailed);
         };
-        Ok((started, program))
+        // Prepared means waiting for the code with the imports done, so that a run never waits
+        // for them. Lines before it (a module that printed as it was imported) are dropped.
+        let deadline = Instant::now() + BOOTSTRAP_DEADLINE;
+        for _ in 0..LINES_MAX {
+            match capture::read_line(&mut started.stdout, deadline) {
+                Ok(Some(line)) if line == LINE_WAITING => return Ok((started, program)),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    note(
+                        &mut result.diagnostics,
+                        "the bootstrap ended before it waited for the code",
+                    );
+                    return Err(NotRun::JailSetupFailed);
+                }
+                Err(error) => {
+                    note(&mut result.diagnostics, format!("the bootstrap: {error}"));
+                    return Err(NotRun::JailSetupFailed);
+                }
+            }
+        }
+        note(
+            &mut result.diagnostics,
+            "the bootstrap printed too much before it waited for the code",
+        );
+        Err(NotRun::JailSetupFailed)
     }
 
-    /// A new run's number, directory and uids. A number a prepared jail holds is skipped.
+    /// A new run's number, directory and uids. Numbers the prepared jails hold are skipped.
     fn new_run(&mut self) -> ActiveRun {
+        let held: BTreeSet<u32> = self.prepared.values().map(|p| p.run.number).collect();
+        // At most one prepared jail per language: far fewer than the numbers, so the loop ends.
+        assert!(
+            held.len() < RUNS_PER_SUPERVISOR as usize,
+            "{} prepared jails hold every run number",
+            held.len()
+        );
         let mut number = self.runs % RUNS_PER_SUPERVISOR;
         self.runs = self.runs.wrapping_add(1);
-        if self
-            .prepared
-            .as_ref()
-            .is_some_and(|p| p.run.number == number)
-        {
+        while held.contains(&number) {
             number = self.runs % RUNS_PER_SUPERVISOR;
             self.runs = self.runs.wrapping_add(1);
         }
@@ -322,17 +399,18 @@ impl Worker {
         }
     }
 
-    /// The prepared jail, if there is one that can take `request` (same language, built for the
-    /// same memory and process bounds) and it is still alive. A jail that cannot take it stays
-    /// prepared, untouched by anyone; a dead one is torn down. Says in `diagnostics` why a run
-    /// goes cold.
+    /// The prepared jail of the request's language, if there is one that can take `request`
+    /// (built for the same memory and process bounds) and it is still alive. A jail that cannot
+    /// take it stays prepared, untouched by anyone, as do those of other languages; a dead one is
+    /// torn down. Says in `diagnostics` why a run goes cold.
     fn take_prepared(
         &mut self,
         request: &RunRequest,
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
-        let Some(prepared) = self.prepared.take() else {
-            if let Some(why) = &self.prepare_failure {
+        let language = Language::parse(&request.language).ok()?;
+        let Some(prepared) = self.prepared.remove(&language) else {
+            if let Some(why) = self.prepare_failures.get(&language) {
                 note(
                     diagnostics,
                     format!("no prepared jail (its preparation failed: {why}); ran cold"),
@@ -344,11 +422,11 @@ impl Worker {
         // Memory and processes are in the jail's cgroup and rlimits, fixed when it was built; the
         // wall limit is the supervisor's, counted from the delivery, so a lowered one still fits
         // (only the CPU-time rlimit, a backstop behind it, stays the configured wall's).
-        let fits = Language::parse(&request.language).ok() == Some(prepared.language)
+        let fits = prepared.language == language
             && bounds.max_memory_bytes == prepared.memory_bytes
             && bounds.max_processes == prepared.processes;
         if !fits {
-            self.prepared = Some(prepared);
+            self.prepared.insert(language, prepared);
             return None;
         }
         let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
@@ -461,8 +539,9 @@ impl Worker {
     /// resets itself; this proves it again, under the caller's token, and cleans up after a run
     /// whose own reset failed.
     pub fn reset_all(&mut self, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
-        // The prepared jail goes too: the next tenant gets one prepared after this reset.
-        self.discard_prepared(diagnostics);
+        // Every prepared jail goes too, its teardown counted in the evidence: the next tenant
+        // gets jails prepared after this reset.
+        let discarded = self.discard_prepared(diagnostics);
         let pair_base = std::process::id().saturating_mul(RUNS_PER_SUPERVISOR);
         let uids: Vec<u32> = (0..RUNS_PER_SUPERVISOR * 2)
             .map(|offset| {
@@ -473,10 +552,6 @@ impl Worker {
             .collect();
         let (processes_remaining, _) = sweep::kill_run(None, &RunCgroups::default(), &uids);
         let (mut workspace_entries, mut scratch_entries) = (Some(0u32), Some(0u32));
-        let add = |total: Option<u32>, more: Option<u32>| match (total, more) {
-            (Some(a), Some(b)) => Some(a.saturating_add(b)),
-            _ => None,
-        };
         let mut mounts_remaining = Some(0u32);
         for number in 0..RUNS_PER_SUPERVISOR {
             let run_dir = self.base.join(format!("run-{number}"));
@@ -493,13 +568,15 @@ impl Worker {
             }
             mounts_remaining = add(mounts_remaining, sweep::mounts_under(&run_dir));
         }
-        ResetEvidence {
+        let mut evidence = ResetEvidence {
             token,
             processes_remaining,
             workspace_entries,
             scratch_entries,
             mounts_remaining,
-        }
+        };
+        add_evidence(&mut evidence, &discarded);
+        evidence
     }
 
     /// Everything before the reset. An error is the reason the code was not run.
@@ -704,7 +781,11 @@ impl Worker {
             inner_gid,
             seccomp_waivable: waived(Primitive::Seccomp),
             argv: if warm {
-                bootstrap(language, &format!("/run/corral/{code_name}"))
+                bootstrap(
+                    language,
+                    &format!("/run/corral/{code_name}"),
+                    &self.settings.prepare.python_preimport,
+                )
             } else {
                 interpreter(language, &format!("/run/corral/{code_name}"))
             },
@@ -1126,6 +1207,22 @@ fn interpreter_alive(stage1: u32) -> Option<bool> {
     Some(live)
 }
 
+/// `a + b`, where either unmeasured makes the sum unmeasured.
+fn add(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        _ => None,
+    }
+}
+
+/// Adds what `more` left to what `total` left (the token stays `total`'s).
+fn add_evidence(total: &mut ResetEvidence, more: &ResetEvidence) {
+    total.processes_remaining = add(total.processes_remaining, more.processes_remaining);
+    total.workspace_entries = add(total.workspace_entries, more.workspace_entries);
+    total.scratch_entries = add(total.scratch_entries, more.scratch_entries);
+    total.mounts_remaining = add(total.mounts_remaining, more.mounts_remaining);
+}
+
 /// Waits for process `pid` to exit, polling, until `deadline`; `None` if it has not by then.
 fn wait_until(pid: i32, deadline: Instant) -> Option<WaitStatus> {
     let mut pause = Duration::from_millis(1);
@@ -1182,14 +1279,48 @@ fn interpreter(language: Language, path: &str) -> Vec<String> {
 /// from stdin (the supervisor's pipe) until the supervisor closes it, puts /dev/null in its place
 /// so the code reads end of input as a cold run does, and runs the code as the main program
 /// under `path`'s name. It is visible to the code (pid 1's children are), and holds nothing secret.
-fn bootstrap(language: Language, path: &str) -> Vec<String> {
+///
+/// Python's first imports `preimport` (`CORRAL_WORKER_PYTHON_PREIMPORT`, names corral-core has
+/// checked to be dotted identifiers), each in its own `try`: a module that is missing or fails
+/// is skipped, and the code meets it as a cold run would. The modules stay in `sys.modules`,
+/// which is the point; their names, like the bootstrap's own, are removed from `__main__`.
+fn bootstrap(language: Language, path: &str, preimport: &[String]) -> Vec<String> {
     match language {
         Language::Python => {
+            // Imported while no tenant's file exists (the workspace is filled when a run takes
+            // the jail), so no workspace module can stand in for one of these; the import
+            // system's directory caches are dropped once the code has arrived, so that the
+            // tenant's modules are found.
+            let preimport_source = if preimport.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
+                format!(
+                    "def _corral_preimport(names):\n\
+                     \x20   import importlib\n\
+                     \x20   for name in names:\n\
+                     \x20       try:\n\
+                     \x20           importlib.import_module(name)\n\
+                     \x20       except Exception:\n\
+                     \x20           pass\n\
+                     _corral_preimport([{}])\n",
+                    names.join(", ")
+                )
+            };
+            let invalidate = if preimport.is_empty() {
+                ""
+            } else {
+                "\x20   __import__('importlib').invalidate_caches()\n"
+            };
             // The bootstrap's own names are removed from __main__ before the code runs in it.
             let source = format!(
                 "import sys, os, __main__ as m\n\
+                 {preimport_source}\
                  def _corral():\n\
+                 \x20   sys.stdout.flush()\n\
+                 \x20   os.write(1, b'{waiting}\\n')\n\
                  \x20   src = sys.stdin.buffer.read()\n\
+                 {invalidate}\
                  \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
                  \x20   os.dup2(fd, 0)\n\
                  \x20   os.close(fd)\n\
@@ -1202,13 +1333,14 @@ fn bootstrap(language: Language, path: &str) -> Vec<String> {
                  \x20   return compile(src, {path:?}, 'exec'), g\n\
                  exec(*_corral())\n",
                 dir = "/run/corral",
+                waiting = LINE_WAITING,
             );
             vec!["/usr/bin/python3".to_owned(), "-c".to_owned(), source]
         }
         Language::Node => {
             let source = format!(
                 "(() => {{ const fs = require('fs'), M = require('module'); \
-                 const src = fs.readFileSync(0, 'utf8'); fs.closeSync(0); fs.openSync('/dev/null', 'r'); \
+                 fs.writeSync(1, '{LINE_WAITING}\\n'); const src = fs.readFileSync(0, 'utf8'); fs.closeSync(0); fs.openSync('/dev/null', 'r'); \
                  const f = {path:?}; const m = new M('.', null); m.filename = f; \
                  m.paths = M._nodeModulePaths('/run/corral'); process.argv[1] = f; \
                  process.mainModule = m; m._compile(src, f); }})()"
@@ -1263,9 +1395,9 @@ mod tests {
 
     /// Runs a bootstrap outside any jail (it needs none): the code arrives on stdin, and the code
     /// itself then reads end of input and sees itself as the main program at `path`.
-    fn bootstrapped(language: Language, code: &str) -> (i32, String, String) {
+    fn bootstrapped(language: Language, code: &str, preimport: &[String]) -> (i32, String, String) {
         let path = format!("/run/corral/main.{}", language.extension());
-        let argv = bootstrap(language, &path);
+        let argv = bootstrap(language, &path, preimport);
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())
@@ -1277,9 +1409,14 @@ mod tests {
         stdin.write_all(code.as_bytes()).unwrap();
         drop(stdin);
         let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        // The bootstrap says it waits before it reads the code.
+        let Some(stdout) = stdout.strip_prefix(&format!("{LINE_WAITING}\n")) else {
+            panic!("no waiting line: {stdout:?}");
+        };
         (
             output.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
+            stdout.to_owned(),
             String::from_utf8_lossy(&output.stderr).into_owned(),
         )
     }
@@ -1293,6 +1430,7 @@ mod tests {
         let (code, stdout, stderr) = bootstrapped(
             Language::Python,
             "import sys\nprint(__name__, __file__, sys.argv, repr(sys.stdin.read()))\nprint(sorted(k for k in globals() if not k.startswith('__')))\nsys.exit(3)\n",
+            &[],
         );
         assert_eq!(code, 3, "{stderr}");
         assert_eq!(
@@ -1310,11 +1448,29 @@ mod tests {
         let (code, stdout, stderr) = bootstrapped(
             Language::Node,
             "const fs = require('fs');\nconsole.log(__filename, require.main === module, process.argv[1], JSON.stringify(fs.readFileSync(0, 'utf8')));\nprocess.exit(4);\n",
+            &[],
         );
         assert_eq!(code, 4, "{stderr}");
         assert_eq!(
             stdout, "/run/corral/main.js true /run/corral/main.js \"\"\n",
             "{stderr}"
         );
+    }
+
+    #[test]
+    fn the_python_bootstrap_preimports_and_skips_what_is_missing() {
+        if !Path::new("/usr/bin/python3").exists() {
+            eprintln!("skipped: no /usr/bin/python3");
+            return;
+        }
+        let preimport = ["json", "no_such_module_xyz", "xml.dom"].map(str::to_owned);
+        let code = "import sys\nprint('json' in sys.modules, 'xml.dom' in sys.modules, 'no_such_module_xyz' in sys.modules)\nprint(sorted(k for k in globals() if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__', '__file__')))\n";
+        let (exit, stdout, stderr) = bootstrapped(Language::Python, code, &preimport);
+        assert_eq!(exit, 0, "{stderr}");
+        assert_eq!(stdout, "True True False\n['sys']\n", "{stderr}");
+        // Without the list, nothing is imported: the check above can fail.
+        let (exit, stdout, stderr) = bootstrapped(Language::Python, code, &[]);
+        assert_eq!(exit, 0, "{stderr}");
+        assert_eq!(stdout, "False False False\n['sys']\n", "{stderr}");
     }
 }

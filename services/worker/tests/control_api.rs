@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use common::api::{RESPONSE_TIMEOUT, Server, TOKEN, read_response, wait_prepared};
+use common::api::{
+    RESPONSE_TIMEOUT, Server, TOKEN, read_response, wait_prepared, wait_prepared_languages,
+};
 use common::{TempDir, root_or_skip, serial};
 use serde_json::{Value, json};
 
@@ -496,4 +498,209 @@ fn bound_1_warm_memory_and_fork_bombs_hit_their_bounds() {
         assert_eq!(status, 200, "{reset}");
         assert_clean(&reset);
     }
+}
+
+/// The pids of the waiting bootstraps of `server`'s prepared jails: Python's and Node's.
+fn waiting_bootstraps(server: &Server) -> (Vec<u32>, Vec<u32>) {
+    (
+        descendants_running(server.child.id(), "/usr/bin/python3", "_corral()"),
+        descendants_running(server.child.id(), "/usr/bin/node", "m._compile(src, f)"),
+    )
+}
+
+/// Whether process `pid` is gone or a zombie.
+fn ended(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+fn reset(server: &Server, token: u64) -> Value {
+    let body = format!(r#"{{"token": {token}}}"#);
+    let (status, json) = server.request("POST", "/v1/reset", Some(TOKEN), body.as_bytes());
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["reset_evidence"]["token"], token, "{json}");
+    assert_clean(&json);
+    json
+}
+
+#[test]
+fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
+    if !root_or_skip("api_warm_node") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    let node_code = "const fs = require('fs');\nconsole.log(6 * 7, require.main === module, __filename, JSON.stringify(fs.readFileSync(0, 'utf8')));\n";
+    let node_expected = "42 true /run/corral/main.js \"\"\n";
+    // Both jails are prepared from the start, each with its interpreter waiting.
+    let health = wait_prepared_languages(&server, &["python", "node"]);
+    assert_eq!(health["prepared"], true, "{health}");
+    let (python, node) = waiting_bootstraps(&server);
+    assert_eq!((python.len(), node.len()), (1, 1), "{python:?} {node:?}");
+    let (status, json) =
+        server.execute(&json!({ "language": "node", "code": node_code, "token": 1 }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["exit_code"], 0, "{json}");
+    assert_eq!(json["stdout"]["text"], node_expected, "{json}");
+    assert_clean(&json);
+    // The Python jail still waits, untouched, until the reset.
+    let health = wait_prepared_languages(&server, &["python"]);
+    assert_eq!(health["prepared"], true, "{health}");
+    assert!(!ended(python[0]), "the Python jail went with the Node run");
+    // The reset tears down the untaken Python jail and counts it in clean evidence.
+    reset(&server, 2);
+    assert!(
+        ended(python[0]),
+        "the prepared Python jail outlived the reset"
+    );
+    assert!(ended(node[0]));
+    // After the reset, both again, and Node is warm again, in a new interpreter.
+    wait_prepared_languages(&server, &["python", "node"]);
+    let (python_again, node_again) = waiting_bootstraps(&server);
+    assert_eq!((python_again.len(), node_again.len()), (1, 1));
+    assert_ne!(node_again, node);
+    let (status, json) =
+        server.execute(&json!({ "language": "node", "code": node_code, "token": 3 }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], node_expected, "{json}");
+    assert_clean(&json);
+    // A second Node run without a reset is built for the request.
+    let (_, json) = server.execute(&json!({ "language": "node", "code": "console.log(1)" }));
+    assert_eq!(json["warm"], false, "{json}");
+    assert_eq!(json["stdout"]["text"], "1\n", "{json}");
+    reset(&server, 4);
+    // Successive leases, Python then Node, each warm, each reset clean with two jails prepared.
+    for (token, language, code, expected) in [
+        (5, "python", "print(6 * 7)", "42\n"),
+        (7, "node", "console.log(6 * 7)", "42\n"),
+    ] {
+        wait_prepared_languages(&server, &["python", "node"]);
+        let (status, json) =
+            server.execute(&json!({ "language": language, "code": code, "token": token }));
+        assert_eq!(status, 200, "{json}");
+        assert_eq!(json["warm"], true, "{language}: {json}");
+        assert_eq!(json["stdout"]["text"], expected, "{json}");
+        assert_clean(&json);
+        reset(&server, token + 1);
+    }
+    // A reset with both jails prepared and untaken is clean, and ends both.
+    wait_prepared_languages(&server, &["python", "node"]);
+    let (python, node) = waiting_bootstraps(&server);
+    assert_eq!((python.len(), node.len()), (1, 1));
+    reset(&server, 9);
+    assert!(ended(python[0]) && ended(node[0]), "{python:?} {node:?}");
+}
+
+#[test]
+fn prepare_languages_python_only_runs_node_cold() {
+    if !root_or_skip("api_prepare_python_only") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "python")]);
+    wait_prepared_languages(&server, &["python"]);
+    let (python, node) = waiting_bootstraps(&server);
+    assert_eq!((python.len(), node.len()), (1, 0), "{python:?} {node:?}");
+    let (status, json) =
+        server.execute(&json!({ "language": "node", "code": "console.log(6 * 7)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], false, "{json}");
+    assert_eq!(json["exit_code"], 0, "{json}");
+    assert_eq!(json["stdout"]["text"], "42\n", "{json}");
+    assert_clean(&json);
+    // Python's jail is still there for its run.
+    let (_, json) = server.execute(&json!({ "language": "python", "code": "print(1)" }));
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "1\n", "{json}");
+    reset(&server, 1);
+    wait_prepared_languages(&server, &["python"]);
+}
+
+#[test]
+fn prepare_languages_set_but_empty_prepares_nothing() {
+    if !root_or_skip("api_prepare_none") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "")]);
+    // The execute waits on the jail thread behind the (empty) preparation at start.
+    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(1)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], false, "{json}");
+    assert_eq!(json["stdout"]["text"], "1\n", "{json}");
+    let (_, health) = server.request("GET", "/health", Some(TOKEN), b"");
+    assert_eq!(health["prepared"], false, "{health}");
+    assert_eq!(health["prepared_languages"], json!([]), "{health}");
+    assert_eq!(waiting_bootstraps(&server), (vec![], vec![]));
+    reset(&server, 1);
+}
+
+#[test]
+fn api_refuses_to_start_with_an_unknown_prepare_language_or_module_name() {
+    for (setting, value) in [
+        ("CORRAL_WORKER_PREPARE_LANGUAGES", "python,ruby"),
+        ("CORRAL_WORKER_PYTHON_PREIMPORT", "json,os;import x"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_corral-worker"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("CORRAL_WORKER_TOKEN", TOKEN)
+            .env(setting, value)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{setting}={value}");
+        assert!(output.stdout.is_empty(), "it must not listen");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(setting), "{stderr}");
+    }
+}
+
+#[test]
+fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
+    if !root_or_skip("api_preimport") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PYTHON_PREIMPORT", "json,no_such_module_xyz")]);
+    let code = "import sys\n\
+        print('json' in sys.modules, 'no_such_module_xyz' in sys.modules)\n\
+        print(sorted(k for k in globals() if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__', '__file__')))\n\
+        import json, mymod\n\
+        print(json.dumps([mymod.X]))\n";
+    // A module of the tenant's workspace is still found, though the import system looked at the
+    // (then empty) workspace while preparing.
+    let workspace = BASE64.encode(tar_of(&[("mymod.py", b"X = 5\n")]));
+    wait_prepared(&server);
+    let (status, json) = server.execute(&json!({
+        "language": "python",
+        "code": code,
+        "workspace": workspace,
+        "token": 1,
+    }));
+    assert_eq!(status, 200, "{json}");
+    // The missing module did not break the preparation: the run is warm.
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["exit_code"], 0, "{json}");
+    assert_eq!(
+        json["stdout"]["text"], "True False\n['sys']\n[5]\n",
+        "{json}"
+    );
+    assert_clean(&json);
+    // The cold run built for the next request has imported nothing: the check above can fail.
+    let (_, json) =
+        server.execute(&json!({ "language": "python", "code": code, "workspace": workspace }));
+    assert_eq!(json["warm"], false, "{json}");
+    // (A cold run's __main__ is a script's, with its own dunder names: only the modules count.)
+    let text = json["stdout"]["text"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("False False\n") && text.ends_with("\n[5]\n"),
+        "{json}"
+    );
+    reset(&server, 2);
 }

@@ -82,6 +82,51 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its prepared jails die with it (the parent-death signal), but they are reparented to
+        // the host's init, which reaps them when it gets to it: wait until none of this server's
+        // jail processes is left, zombies included, so that the next test's search of the host
+        // does not find them. Checked until a deadline only a hung kernel reaches.
+        let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+        while !self.jail_processes().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Server {
+    /// The processes of this server's jails: those whose uids are in its range (the supervisor
+    /// derives 64 uid pairs from its pid).
+    pub fn jail_processes(&self) -> Vec<i32> {
+        let first = super::JAIL_UID_BASE.saturating_add(self.child.id().saturating_mul(128));
+        let range = first..first.saturating_add(128);
+        let mut found = Vec::new();
+        let Ok(listing) = std::fs::read_dir("/proc") else {
+            return found;
+        };
+        for entry in listing.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+                continue;
+            };
+            let in_range = status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .is_some_and(|ids| {
+                    ids.split_whitespace()
+                        .filter_map(|id| id.parse::<u32>().ok())
+                        .any(|id| range.contains(&id))
+                });
+            if in_range {
+                found.push(pid);
+            }
+        }
+        found
     }
 }
 
@@ -112,4 +157,19 @@ pub fn wait_prepared(server: &Server) {
         std::thread::sleep(Duration::from_millis(20));
     }
     panic!("the worker never prepared a jail");
+}
+
+/// Waits until `/health` says prepared jails wait for exactly `languages`, in that order. A check
+/// of its state, repeated until a deadline that only a hung server reaches.
+pub fn wait_prepared_languages(server: &Server, languages: &[&str]) -> Value {
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+    let mut health = Value::Null;
+    while std::time::Instant::now() < deadline {
+        health = server.request("GET", "/health", Some(TOKEN), b"").1;
+        if health["prepared_languages"] == serde_json::json!(languages) {
+            return health;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the worker never prepared jails for {languages:?}: {health}");
 }
