@@ -95,7 +95,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("SANDBOX_FIELD_KEY_FILE", "", "EGR-7", "Path of a file holding the field key (instead of SANDBOX_FIELD_KEY)."),
     doc("CORRAL_WORKER_CONTROL_PORT", "8091", "BROW-7", "Port of the worker's authenticated control API."),
     doc("CORRAL_WORKER_BROWSER_PORT", "8080", "BROW-7", "Port of the worker's browser-media adapter."),
-    doc("CORRAL_WORKER_PREPARE_LANGUAGES", "python,node", "corral", "Languages a warm worker keeps a jail prepared for (comma-separated; set but empty: none)."),
+    doc("CORRAL_WORKER_PREPARE_LANGUAGES", "python", "corral", "Languages a warm worker keeps a jail prepared for (comma-separated, e.g. python,node; set but empty: none)."),
     doc("CORRAL_WORKER_PYTHON_PREIMPORT", "", "corral", "Modules a prepared Python jail imports before its run (comma-separated; a missing one is skipped)."),
     doc("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false", "POOL-4", "Run code even when a waivable isolation primitive is missing."),
     doc("CORRAL_JAIL_CGROUP_ROOT", "/sys/fs/cgroup", "corral", "Where the worker finds the cgroup v1 controllers for its runs."),
@@ -729,7 +729,7 @@ pub struct WorkerPorts {
 /// What a warm worker prepares before any lease (ARCHITECTURE.md, "Running code").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PrepareSettings {
-    /// `CORRAL_WORKER_PREPARE_LANGUAGES` (default `python,node`): the languages a warm worker
+    /// `CORRAL_WORKER_PREPARE_LANGUAGES` (default `python`): the languages a warm worker
     /// keeps one prepared jail each for, in the order given, without repeats. Unlike other
     /// settings, set but empty means none (unset is the default).
     pub languages: Vec<Language>,
@@ -854,7 +854,7 @@ impl Default for Settings {
                 browser_port: 8080,
             },
             prepare: PrepareSettings {
-                languages: vec![Language::Python, Language::Node],
+                languages: vec![Language::Python],
                 python_preimport: Vec::new(),
             },
             jail: JailSettings {
@@ -2172,7 +2172,7 @@ mod tests {
     #[test]
     fn prepare_languages_parse_fail_closed() {
         let d = Settings::default();
-        assert_eq!(d.prepare.languages, vec![Language::Python, Language::Node]);
+        assert_eq!(d.prepare.languages, vec![Language::Python]);
         let languages = |value: &str| {
             parse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", value)])
                 .prepare

@@ -534,7 +534,7 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
         return;
     }
     let _serial = serial();
-    let server = Server::start(&[]);
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "python,node")]);
     let node_code = "const fs = require('fs');\nconsole.log(6 * 7, require.main === module, __filename, JSON.stringify(fs.readFileSync(0, 'utf8')));\n";
     let node_expected = "42 true /run/corral/main.js \"\"\n";
     // Both jails are prepared from the start, each with its interpreter waiting.
