@@ -19,6 +19,7 @@ impl Client {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(base: &str, credential: &str) -> Result<Self, String> {
+        crate::ensure_crypto_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(600))

@@ -99,6 +99,14 @@ pub fn fresh_credential() -> String {
         .collect()
 }
 
+/// Makes ring the process's TLS crypto provider, once (idempotent). Every HTTP client Corral
+/// builds (to workers, to S3, to the API) uses rustls; the workspace's one provider is ring (kube
+/// uses it too), and rustls refuses to guess when none is installed. Called before any client is
+/// built.
+pub fn ensure_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Where the API listens by default (the parent API's port in the specification).
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8000);

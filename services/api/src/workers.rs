@@ -69,6 +69,7 @@ impl Workers {
     /// # Errors
     /// When the HTTP client cannot be built.
     pub fn new(locator: Locator, credential: String) -> Result<Self, String> {
+        crate::ensure_crypto_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
             .pool_idle_timeout(Duration::from_secs(30))

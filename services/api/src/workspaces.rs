@@ -109,6 +109,7 @@ impl Workspaces {
             if bucket.is_empty() {
                 return Err(format!("{url:?}: no bucket"));
             }
+            crate::ensure_crypto_provider();
             let store = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
                 .build()

@@ -55,6 +55,7 @@ impl Backend {
     /// The shared moto server's bucket under the root `cases/<case>`, or `None` when skipping.
     fn s3(case: &str) -> Option<Self> {
         let moto = Moto::shared_or_skip()?;
+        corral_api::ensure_crypto_provider();
         let store = object_store::aws::AmazonS3Builder::new()
             .with_endpoint(format!("http://127.0.0.1:{}", moto.port))
             .with_allow_http(true)
