@@ -72,7 +72,10 @@ impl Workers {
         crate::ensure_crypto_provider();
         let http = reqwest::Client::builder()
             .no_proxy()
-            .pool_idle_timeout(Duration::from_secs(30))
+            // A fresh connection per request: a worker that died while idle then refuses the
+            // connection (the code never ran, and the run goes to another worker), where a pooled
+            // connection would fail mid-send and leave it unknowable whether the request arrived.
+            .pool_max_idle_per_host(0)
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {

@@ -287,6 +287,16 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
     if let Ok(record) = record {
         let pid = record.split_whitespace().next().expect("pid");
         let _ = Command::new("kill").args(["-KILL", pid]).status();
+        // Dead once it is gone or a zombie (its sockets are closed either way).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+            !status
+                .lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        }) {
+            assert!(Instant::now() < deadline, "worker {pid} did not die");
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     let (status, body) = stack
         .run(python("alice", "room", "print(open('notes.txt').read())"))
