@@ -233,7 +233,11 @@ impl Worker {
         }
         let mut run = self.new_run();
         let mut scratch = RunResult::default();
+        // Preparation is background work: it runs (and its processes start) at a lower priority,
+        // so that it never slows a run in flight; the run that takes the jail restores it.
+        let _ = rustix::process::setpriority_process(None, PREPARE_NICE);
         let prepared = self.build_prepared(language, &mut run, &mut scratch);
+        let _ = rustix::process::setpriority_process(None, 0);
         match prepared {
             Ok((started, program)) => {
                 let memory_bytes = self.settings.bounds.max_memory_bytes;
@@ -636,6 +640,9 @@ impl Worker {
         let dirs = RunDirs {
             run_dir: run.run_dir.clone(),
         };
+        // The jail was built at preparation's low priority: the run gets the normal one back
+        // before its code arrives (its children inherit it).
+        restore_priority(run, jail.pid);
         let before = self.fill_workspace(request, language, run, &dirs, result)?;
         // Before the code arrives, so that its first connection already carries the grant.
         if let Some(relay) = &run.relay {
@@ -1273,6 +1280,24 @@ fn interpreter(language: Language, path: &str) -> Vec<String> {
         Language::Node => "/usr/bin/node",
     };
     vec![program.to_owned(), path.to_owned()]
+}
+
+/// The nice value preparation runs at (and the prepared jail's processes start with).
+const PREPARE_NICE: i32 = 10;
+
+/// Gives every process of a prepared jail (its cgroups' members, and the interpreter) the normal
+/// priority back. Best effort: a process that is gone needs none.
+fn restore_priority(run: &ActiveRun, interpreter: u32) {
+    let mut pids = run.cgroups.processes().unwrap_or_default();
+    pids.extend(i32::try_from(interpreter));
+    if let Some(stage1) = &run.stage1 {
+        pids.extend(i32::try_from(stage1.id()));
+    }
+    for pid in pids {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::setpriority_process(Some(pid), 0);
+        }
+    }
 }
 
 /// The interpreter's command line in a prepared jail: a bootstrap that blocks reading the code

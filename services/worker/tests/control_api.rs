@@ -704,3 +704,39 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
     );
     reset(&server, 2);
 }
+
+#[test]
+fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
+    if !root_or_skip("api_prepare_priority") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    wait_prepared(&server);
+    // While it waits, the prepared interpreter runs at preparation's priority.
+    let (python, _) = waiting_bootstraps(&server);
+    let nice = |pid: u32| -> Option<i64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // Field 19 (nice), counted after the command's closing parenthesis.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(16)?
+            .parse()
+            .ok()
+    };
+    assert!(!python.is_empty(), "a prepared Python bootstrap waits");
+    assert!(
+        python.iter().all(|pid| nice(*pid) == Some(10)),
+        "{:?}",
+        python.iter().map(|p| nice(*p)).collect::<Vec<_>>()
+    );
+    // The run that takes it, and what the run starts, get the normal priority back.
+    let code = "import os, subprocess\nprint(os.nice(0), subprocess.run(['/usr/bin/python3', '-c', 'import os; print(os.nice(0))'], capture_output=True, text=True).stdout.strip())\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code, "token": 1 }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "0 0\n", "{json}");
+    assert_clean(&json);
+    reset(&server, 2);
+}
