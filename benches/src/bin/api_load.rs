@@ -10,7 +10,26 @@ use std::time::{Duration, Instant};
 use corral_api::client::Client;
 use serde_json::json;
 
+/// Busy and total jiffies of all cores, from /proc/stat.
+fn cpu_jiffies() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    // idle and iowait are the 4th and 5th fields.
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
 struct Figures {
+    /// Share of the machine's CPU time busy during the level, in percent.
+    cpu_busy: f64,
     p50: Duration,
     p99: Duration,
     per_second: f64,
@@ -53,13 +72,18 @@ fn figures(
     mut latencies: Vec<Duration>,
     elapsed: Duration,
     samples: &[serde_json::Value],
+    cpu_before: (u64, u64),
 ) -> Figures {
+    let cpu_after = cpu_jiffies();
+    let busy = cpu_after.0.saturating_sub(cpu_before.0) as f64;
+    let total = cpu_after.1.saturating_sub(cpu_before.1).max(1) as f64;
     latencies.sort_unstable();
     let at = |q: f64| {
         let index = ((latencies.len() as f64 - 1.0) * q).round() as usize;
         latencies.get(index).copied().unwrap_or_default()
     };
     Figures {
+        cpu_busy: 100.0 * busy / total,
         p50: at(0.50),
         p99: at(0.99),
         per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
@@ -69,10 +93,11 @@ fn figures(
 
 fn show(label: &str, f: &Figures) {
     println!(
-        "{label:<34} p50 {:>8.2} ms   p99 {:>8.2} ms   {:>8.1} runs/s",
+        "{label:<34} p50 {:>8.2} ms   p99 {:>8.2} ms   {:>8.1} runs/s   CPU busy {:>3.0}%",
         f.p50.as_secs_f64() * 1e3,
         f.p99.as_secs_f64() * 1e3,
-        f.per_second
+        f.per_second,
+        f.cpu_busy
     );
     if !f.phases.is_empty() {
         let phases: Vec<String> = f.phases.iter().map(|(n, v)| format!("{n}={v}")).collect();
@@ -101,6 +126,7 @@ async fn settle(client: &Client) {
 
 /// `runs` bare spawns of `python -c 'print(1)'`, `concurrency` at a time.
 async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
+    let cpu = cpu_jiffies();
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(runs);
     let mut remaining = runs;
@@ -126,12 +152,13 @@ async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
         }
         remaining -= batch;
     }
-    figures(latencies, started.elapsed(), &[])
+    figures(latencies, started.elapsed(), &[], cpu)
 }
 
 /// `runs` API runs of `print(1)` with `concurrency` in flight: lane `i` is member `m{i/2}`, so at
 /// 32 sixteen members each hold two leases.
 async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
+    let cpu = cpu_jiffies();
     let started = Instant::now();
     let lanes: Vec<_> = (0..concurrency)
         .map(|lane| {
@@ -163,7 +190,7 @@ async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
         latencies.extend(lane_latencies);
         samples.extend(lane_samples);
     }
-    figures(latencies, started.elapsed(), &samples)
+    figures(latencies, started.elapsed(), &samples, cpu)
 }
 
 #[tokio::main]
