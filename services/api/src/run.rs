@@ -409,7 +409,8 @@ async fn leased(
         }
         Err(ExecuteError::Refused { status, body }) => {
             state.metrics.run("refused");
-            let code = body["error"]["code"]
+            // The worker's refusals are `{"error": code, "detail": ...}`.
+            let code = body["error"]
                 .as_str()
                 .unwrap_or("worker_refused")
                 .to_owned();
@@ -420,7 +421,7 @@ async fn leased(
                     .unwrap_or(StatusCode::BAD_GATEWAY),
                 &code,
                 "the worker refused the run before it started",
-                json!({ "run_id": run_id, "details": body["error"] }),
+                json!({ "run_id": run_id, "details": body["detail"] }),
             );
             return Leased::Done(reply, Disposition::Reset);
         }

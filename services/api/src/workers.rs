@@ -12,6 +12,10 @@ use serde_json::Value;
 
 /// How long a reset may take before it counts as unanswered (unproven).
 const RESET_TIMEOUT: Duration = Duration::from_secs(20);
+/// The header naming the worker a request is meant for; a worker refuses (421) one naming
+/// another, so a request to a dead worker's address never runs on a newcomer there.
+const WORKER_ID_HEADER: &str = "x-corral-worker-id";
+
 /// Time an execute may take beyond its wall bound: staging, packing, the reply.
 const EXECUTE_MARGIN: Duration = Duration::from_secs(30);
 
@@ -100,6 +104,7 @@ impl Workers {
             .http
             .post(format!("{base}/v1/execute"))
             .bearer_auth(&self.credential)
+            .header(WORKER_ID_HEADER, worker.to_string())
             .timeout(wall + EXECUTE_MARGIN)
             .json(request)
             .send()
@@ -113,6 +118,12 @@ impl Workers {
                 }
             })?;
         let status = sent.status().as_u16();
+        if status == 421 {
+            // Another worker holds the address now: nothing ran.
+            return Err(ExecuteError::Unreachable(format!(
+                "worker {worker}: its address now answers for another worker"
+            )));
+        }
         let body: Value = sent
             .json()
             .await
@@ -131,6 +142,7 @@ impl Workers {
             .http
             .post(format!("{base}/v1/reset"))
             .bearer_auth(&self.credential)
+            .header(WORKER_ID_HEADER, worker.to_string())
             .timeout(RESET_TIMEOUT)
             .json(&serde_json::json!({ "token": token.0 }))
             .send()

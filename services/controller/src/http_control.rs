@@ -32,12 +32,18 @@ impl HttpControl {
         }
     }
 
-    async fn post(&self, port: u16, path: &str, body: &str) -> Option<(u16, Vec<u8>)> {
+    async fn post(
+        &self,
+        worker: WorkerId,
+        port: u16,
+        path: &str,
+        body: &str,
+    ) -> Option<(u16, Vec<u8>)> {
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .ok()?;
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {}\r\nX-Corral-Worker-Id: {worker}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             self.credential,
             body.len()
         );
@@ -83,10 +89,12 @@ impl WorkerControl for HttpControl {
         let backend_dir = self.state_dir.clone();
         let record = LocalBackend::read_record(&backend_dir, worker)?;
         let body = format!("{{\"token\":{}}}", token.0);
-        let (status, reply) =
-            tokio::time::timeout(RESET_TIMEOUT, self.post(record.port, "/v1/reset", &body))
-                .await
-                .ok()??;
+        let (status, reply) = tokio::time::timeout(
+            RESET_TIMEOUT,
+            self.post(worker, record.port, "/v1/reset", &body),
+        )
+        .await
+        .ok()??;
         if status != 200 {
             return None;
         }

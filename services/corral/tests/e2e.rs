@@ -187,7 +187,7 @@ fn stdout(body: &Value) -> &str {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn front_door_python_node_workspaces_isolation_and_reads() {
+async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() {
     let Some(stack) = Stack::start("basic", &[], &[]) else {
         return;
     };
@@ -403,7 +403,7 @@ async fn front_door_python_node_workspaces_isolation_and_reads() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn front_door_bounds_each_return_their_own_error() {
+async fn bound_1_through_the_api_each_bound_returns_its_own_error() {
     let Some(stack) = Stack::start(
         "bounds",
         &[
@@ -481,7 +481,7 @@ fn sleeper(actor: &str, member: &str, seconds: f64) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker() {
+async fn pool_03_ws_05_queues_refusals_conflicts_failed_saves_and_a_killed_worker() {
     let Some(stack) = Stack::start(
         "queue",
         &[
@@ -502,7 +502,7 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
 
     // A third concurrent run for one member waits in the queue, then is served (POOL-3).
     let runs: Vec<_> = (0..3)
-        .map(|i| spawn(sleeper(&format!("m-{i}"), "m", 1.5)))
+        .map(|i| spawn(sleeper(&format!("m-{i}"), "m", 3.0)))
         .collect();
     until(&stack, "two leases for m and one queued ticket", |doc| {
         doc.counts().leased == 2 && doc.tickets().count() == 1
@@ -521,7 +521,7 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
     // With every worker busy: a short wait times out, and beyond the queue bound a run is refused
     // at once, each with when to retry.
     let busy: Vec<_> = (0..3)
-        .map(|i| spawn(sleeper(&format!("b-{i}"), &format!("busy-{i}"), 4.0)))
+        .map(|i| spawn(sleeper(&format!("b-{i}"), &format!("busy-{i}"), 8.0)))
         .collect();
     until(&stack, "three leases", |doc| doc.counts().leased == 3).await;
     let mut short = sleeper("w", "waiter", 0.1);
@@ -621,7 +621,29 @@ async fn front_door_queues_refusals_conflicts_failed_saves_and_a_killed_worker()
     let record =
         std::fs::read_to_string(stack.state.join("workers").join(format!("{worker}.worker")))
             .expect("record");
-    let pid = record.split_whitespace().next().expect("pid");
+    let (pid, port) = record.trim().split_once(' ').expect("pid port");
+    // Killed only once the execute is in the worker (its /health says busy): before that, the
+    // API would find it unreachable and take the run to another worker, which is right too.
+    let worker_api = Client::new(
+        &format!("http://127.0.0.1:{port}"),
+        std::fs::read_to_string(stack.state.join("worker-token"))
+            .expect("worker token")
+            .trim(),
+    )
+    .expect("client");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, health) = worker_api.get("/health").await.expect("health");
+        let health: Value = serde_json::from_slice(&health).expect("json");
+        if health["busy"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the execute never reached the worker: {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         Command::new("kill")
             .args(["-KILL", pid])
@@ -668,7 +690,7 @@ for url in {urls:?}:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn front_door_egress_through_the_whole_stack_follows_the_policy() {
+async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     let Some(mut ns) = netns::netns_or_skip("front_door_egress") else {
         return;
     };

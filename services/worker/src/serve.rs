@@ -224,7 +224,14 @@ struct AppState {
     staging: PathBuf,
     body_max_bytes: u64,
     requests: AtomicU64,
+    /// This worker's id (`CORRAL_WORKER_ID`, set by every backend): an execute or reset must name
+    /// it in `X-Corral-Worker-Id`, so that a request meant for a worker that died (whose port a
+    /// new worker may have taken) is refused rather than run on the wrong worker.
+    worker_id: Option<String>,
 }
+
+/// The header naming the worker a request is meant for.
+pub const WORKER_ID_HEADER: &str = "x-corral-worker-id";
 
 /// Runs `corral worker <args>`. `prefix` is what re-executes this binary into the jail's stages
 /// (`["jail"]` for `corral`).
@@ -334,6 +341,9 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
         posture,
         staging,
         requests: AtomicU64::new(0),
+        worker_id: std::env::var("CORRAL_WORKER_ID")
+            .ok()
+            .filter(|id| !id.is_empty()),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -432,6 +442,20 @@ async fn authenticate(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             json!({ "max_bytes": state.body_max_bytes }),
+        );
+    }
+    if let Some(id) = &state.worker_id
+        && request.uri().path().starts_with("/v1/")
+        && request
+            .headers()
+            .get(WORKER_ID_HEADER)
+            .is_none_or(|named| named.as_bytes() != id.as_bytes())
+    {
+        // 421: the request reached a worker it was not meant for; nothing ran.
+        return error(
+            StatusCode::MISDIRECTED_REQUEST,
+            "wrong_worker",
+            json!({ "this_worker": id }),
         );
     }
     next.run(request).await

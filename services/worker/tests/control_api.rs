@@ -740,3 +740,40 @@ fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
     assert_clean(&json);
     reset(&server, 2);
 }
+
+#[test]
+fn a_request_naming_another_worker_is_refused_and_nothing_runs() {
+    if !root_or_skip("api_wrong_worker") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_ID", "w-test-7")]);
+    let send = |named: Option<&str>| {
+        let body =
+            json!({ "language": "python", "code": "open('ran', 'w').write('x')\nprint('ran')" })
+                .to_string();
+        let mut head = format!(
+            "POST /v1/execute HTTP/1.1\r\nHost: worker\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n",
+            body.len()
+        );
+        if let Some(named) = named {
+            head.push_str(&format!("X-Corral-Worker-Id: {named}\r\n"));
+        }
+        head.push_str("\r\n");
+        let mut stream = std::net::TcpStream::connect(server.addr).unwrap();
+        std::io::Write::write_all(&mut stream, head.as_bytes()).unwrap();
+        std::io::Write::write_all(&mut stream, body.as_bytes()).unwrap();
+        read_response(&mut stream)
+    };
+    for named in [None, Some("w-test-8"), Some("w-test-77")] {
+        let (status, json) = send(named);
+        assert_eq!(
+            (status, json["error"].as_str()),
+            (421, Some("wrong_worker")),
+            "{named:?}: {json}"
+        );
+    }
+    let (status, json) = send(Some("w-test-7"));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["stdout"]["text"], "ran\n", "{json}");
+}
