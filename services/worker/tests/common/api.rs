@@ -99,34 +99,7 @@ impl Server {
     pub fn jail_processes(&self) -> Vec<i32> {
         let first = super::JAIL_UID_BASE.saturating_add(self.child.id().saturating_mul(128));
         let range = first..first.saturating_add(128);
-        let mut found = Vec::new();
-        let Ok(listing) = std::fs::read_dir("/proc") else {
-            return found;
-        };
-        for entry in listing.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<i32>().ok())
-            else {
-                continue;
-            };
-            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
-                continue;
-            };
-            let in_range = status
-                .lines()
-                .find_map(|line| line.strip_prefix("Uid:"))
-                .is_some_and(|ids| {
-                    ids.split_whitespace()
-                        .filter_map(|id| id.parse::<u32>().ok())
-                        .any(|id| range.contains(&id))
-                });
-            if in_range {
-                found.push(pid);
-            }
-        }
-        found
+        super::processes_with_uid(|id| range.contains(&id))
     }
 }
 

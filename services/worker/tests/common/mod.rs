@@ -239,8 +239,16 @@ impl Ran {
 
 /// Processes on the host whose uids lie in the jails' range.
 pub fn jail_processes_on_host() -> Vec<i32> {
+    processes_with_uid(|id| id >= JAIL_UID_BASE)
+}
+
+/// Processes on the host with any uid (real, effective, saved or filesystem) that `wanted` accepts.
+pub fn processes_with_uid(wanted: impl Fn(u32) -> bool) -> Vec<i32> {
     let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+    let Ok(listing) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in listing.flatten() {
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -251,15 +259,15 @@ pub fn jail_processes_on_host() -> Vec<i32> {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
-        let in_range = status
+        let matches = status
             .lines()
             .find_map(|line| line.strip_prefix("Uid:"))
             .is_some_and(|ids| {
                 ids.split_whitespace()
                     .filter_map(|id| id.parse::<u32>().ok())
-                    .any(|id| id >= JAIL_UID_BASE)
+                    .any(&wanted)
             });
-        if in_range {
+        if matches {
             found.push(pid);
         }
     }
