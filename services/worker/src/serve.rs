@@ -24,6 +24,11 @@
 //! until the next reset tears them all down. Every operation runs on one thread that owns the
 //! worker (see `JailThread`).
 //!
+//! A worker started with `CORRAL_WORKER_ID` (every backend sets it) refuses an execute or reset
+//! whose `X-Corral-Worker-Id` names another worker, with 421 `wrong_worker`, before anything runs:
+//! an address outlives its worker, and a request meant for a dead one must never run on a newcomer
+//! that took its port.
+//!
 //! One operation at a time: a second one while a run or reset is in progress gets 409. The worker
 //! never checks operation tokens against anything (the pool does, POOL-9); it echoes them. What
 //! a request may ask is bounded: the body (workspace bound in base64, plus code, plus a margin),
