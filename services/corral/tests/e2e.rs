@@ -414,7 +414,12 @@ async fn bound_1_through_the_api_each_bound_returns_its_own_error() {
     ) else {
         return;
     };
-    let cases: [(&str, Value, &str); 6] = [
+    let cases: [(&str, Value, &str); 7] = [
+        (
+            "open('big.txt', 'wb').write(b'x' * 64 * 1024)",
+            json!({ "artifact_bytes": 1024 }),
+            "SANDBOX_MAX_ARTIFACT_BYTES",
+        ),
         (
             "while True: pass",
             json!({ "wall_seconds": 1 }),
