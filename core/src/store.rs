@@ -51,7 +51,7 @@ pub trait PoolStore {
     fn now(&mut self) -> Result<UnixMillis, Unavailable>;
     /// Loads the document.
     fn load(&mut self) -> Result<Loaded, Unavailable>;
-    /// Writes `doc` if the stored version is still `expected`.
+    /// Writes `doc` if the stored document is still version `expected` of `doc`'s epoch.
     fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome;
 }
 
@@ -103,15 +103,22 @@ impl Attempt {
         config: &PoolConfig,
         new_epoch: u64,
     ) -> Self {
-        let (expected, mut doc) = match loaded {
-            Loaded::Found { version, doc } => (Some(version), doc),
-            Loaded::Absent => (None, PoolDoc::new(new_epoch, now)),
-        };
-        let applied = doc.apply(command.clone(), now, config);
+        let Batch {
+            expected,
+            doc,
+            mut applied,
+            now,
+        } = Batch::prepare(
+            loaded,
+            now,
+            std::slice::from_ref(command),
+            config,
+            new_epoch,
+        );
         Self {
             expected,
             doc,
-            applied,
+            applied: applied.pop().unwrap_or_default(),
             now,
         }
     }
@@ -119,15 +126,82 @@ impl Attempt {
     /// What the compare-and-set's outcome means: done (`Some`) or try again (`None`, a conflict).
     #[must_use]
     pub fn settle(self, outcome: CasOutcome) -> Option<Transacted> {
-        match outcome {
-            CasOutcome::Ok { .. } => Some(Transacted::Committed {
+        Some(match Settled::of(outcome)? {
+            Settled::Committed => Transacted::Committed {
                 applied: self.applied,
                 doc: self.doc,
                 now: self.now,
-            }),
+            },
+            Settled::Unavailable => Transacted::Unavailable,
+            Settled::Unknown => Transacted::Unknown,
+        })
+    }
+}
+
+/// Several commands applied in order to one document and written by one compare-and-set (group
+/// commit, when one replica has several pending at once). Each command sees the document as the
+/// ones before it left it, at the same deployment time: exactly what separate transactions
+/// committed one after another within one millisecond produce, so a batch adds no behaviour the
+/// rules do not already face.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// The version the write must find (`None`: the document must still be absent).
+    pub expected: Option<Version>,
+    /// The document to write.
+    pub doc: PoolDoc,
+    /// What each command produced, in order.
+    pub applied: Vec<Applied>,
+    /// The deployment time they were applied at.
+    pub now: UnixMillis,
+}
+
+impl Batch {
+    /// Applies `commands` in order to what a load found; see [`Attempt::prepare`].
+    #[must_use]
+    pub fn prepare(
+        loaded: Loaded,
+        now: UnixMillis,
+        commands: &[Command],
+        config: &PoolConfig,
+        new_epoch: u64,
+    ) -> Self {
+        let (expected, mut doc) = match loaded {
+            Loaded::Found { version, doc } => (Some(version), doc),
+            Loaded::Absent => (None, PoolDoc::new(new_epoch, now)),
+        };
+        let applied = commands
+            .iter()
+            .map(|command| doc.apply(command.clone(), now, config))
+            .collect();
+        Self {
+            expected,
+            doc,
+            applied,
+            now,
+        }
+    }
+}
+
+/// What a compare-and-set's outcome means for a transaction, when it ends it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Written: perform the effects and deliver the events.
+    Committed,
+    /// Nothing was written and the store is unavailable: fail closed (POOL-11).
+    Unavailable,
+    /// The write may or may not have happened: apply the same commands again later.
+    Unknown,
+}
+
+impl Settled {
+    /// `None` for a conflict: nothing was written, try again from the current document.
+    #[must_use]
+    pub fn of(outcome: CasOutcome) -> Option<Self> {
+        match outcome {
+            CasOutcome::Ok { .. } => Some(Self::Committed),
             CasOutcome::Conflict => None,
-            CasOutcome::Unavailable => Some(Transacted::Unavailable),
-            CasOutcome::Unknown => Some(Transacted::Unknown),
+            CasOutcome::Unavailable => Some(Self::Unavailable),
+            CasOutcome::Unknown => Some(Self::Unknown),
         }
     }
 }
@@ -211,7 +285,10 @@ impl PoolStore for MemoryStore {
         if self.down {
             return CasOutcome::Unavailable;
         }
-        if self.doc.as_ref().map(|(v, _)| *v) != expected {
+        // The stored document must be the expected version of this document's epoch: versions
+        // start again after data loss, so a version alone could name a later epoch's document.
+        let current = self.doc.as_ref().map(|(v, d)| (*v, d.epoch()));
+        if current != expected.map(|v| (v, doc.epoch())) {
             return CasOutcome::Conflict;
         }
         self.last_version = expected.map_or(1, |v| v.0 + 1);

@@ -176,6 +176,7 @@ pub async fn run_client(
     let bare = hold.is_zero();
     let mut watch = None;
     let mut report = ClientReport::default();
+    let mut resets = Vec::new();
     for cycle in 0..cycles {
         let ticket = TicketId(ticket_base + u64::from(cycle));
         let started = Instant::now();
@@ -223,14 +224,22 @@ pub async fn run_client(
         });
         for effect in applied.effects {
             if let Effect::Reset { worker, token } = effect {
+                // The paper reset is done at once; its report goes while the next cycle begins,
+                // as a real reset's does (it runs beside the next run, not before it).
                 let reset = Command::ResetReported {
                     worker,
                     token,
                     evidence: ResetEvidence::clean(token),
                 };
-                let _ = commit(store, &reset, config).await;
+                let (store, config) = (store.clone(), config.clone());
+                resets.push(tokio::spawn(async move {
+                    commit(&store, &reset, &config).await
+                }));
             }
         }
+    }
+    for reset in resets {
+        let _ = reset.await;
     }
     report
 }

@@ -1,40 +1,83 @@
 //! The Valkey store of Corral's pool documents (POOL-5, POOL-6, POOL-11).
 //!
-//! Valkey is the sole allocation authority. It holds each pool's document and version in one hash
-//! and changes them only by compare-and-set: a script that compares the version and writes, with no
-//! rule of its own. Every rule runs in `corral_core::pool::PoolDoc::apply`, in the replica, inside
+//! Valkey is the sole allocation authority. It holds each pool's document, version and epoch in
+//! one hash and changes them only by compare-and-set: a script that compares the version and epoch
+//! (and the time the command was applied at with its own clock) and writes, with no rule of its
+//! own. Every rule runs in `corral_core::pool::PoolDoc::apply`, in the replica, inside
 //! [`ValkeyStore::transact`]. Deployment time is Valkey's `TIME`, not a replica's clock.
+//!
+//! A transaction is one round trip when nothing else wrote: the replica applies the command to the
+//! document it last saw, at its estimate of Valkey's clock, and the compare-and-set proves both;
+//! a refusal carries the current document and time, so a retry is one round trip too. Commands
+//! that callers of one replica commit at once share a write ([`group`]). Decision 0011.
 //!
 //! Failure is never guessed. A read that fails is `Unavailable` (admission fails closed). A write
 //! that fails after it may have reached the server is `Unknown`: the caller applies the same
 //! command again later, which every pool command tolerates.
 //!
-//! This crate must never hold a pool of its own: when Valkey cannot be reached, it says so.
+//! This crate must never hold a pool of its own: when Valkey cannot be reached, it says so. What
+//! a replica remembers of the document is only ever a starting point the next write must prove.
 
-use std::time::Duration;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use corral_core::pool::{Command, PoolConfig, PoolDoc};
-use corral_core::store::{Attempt, CasOutcome, Loaded, Transacted, Unavailable, Version};
+use corral_core::store::{Batch, CasOutcome, Loaded, Settled, Transacted, Unavailable, Version};
 use corral_core::time::UnixMillis;
 use fred::prelude::*;
 use fred::types::scripts::Script;
 
+pub mod group;
 pub mod harness;
 pub mod lease;
 pub mod policy;
 pub mod valkey_server;
 
-/// Compare-and-set, and nothing else: write the document if the version is the expected one
-/// (`""` expects no document), bump the version, and announce it for waiters.
+/// Compare-and-set, and nothing else. Writes the document if the stored one is the expected one,
+/// bumps the version, and announces it for waiters. "The expected one" is its version and epoch
+/// (`ARGV[1] == ''` expects no document): versions start again at 1 after a restart that lost the
+/// data, so a version alone could match a different document of a later epoch.
+///
+/// When the caller names the deployment time it applied the command at (`ARGV[5]`), the write
+/// also requires that time to be Valkey's `TIME` or at most `ARGV[6]` ms behind it, so a replica
+/// that reuses its estimate of the clock can never apply a command in the future or far in the
+/// past. Every reply carries Valkey's time; a refusal because the document moved on carries the
+/// current document, so the caller's next attempt needs no read of its own.
+///
+/// Replies: `{1, now}` written; `{2, now}` the time was refused (the document is the caller's);
+/// `{3, now}` there is no document; `{0, now, version, doc}` another document is current.
 const CAS_SCRIPT: &str = r"
-local current = redis.call('HGET', KEYS[1], 'version')
-if (current == false and ARGV[1] == '') or current == ARGV[1] then
-  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'doc', ARGV[3])
-  redis.call('PUBLISH', KEYS[2], ARGV[2])
-  return 1
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stored = redis.call('HMGET', KEYS[1], 'version', 'epoch')
+local version, epoch = stored[1], stored[2]
+local expected
+if ARGV[1] == '' then
+  expected = (version == false)
+else
+  expected = (version == ARGV[1] and epoch == ARGV[4])
 end
-return 0
+if expected then
+  if ARGV[5] ~= '' then
+    local claimed = tonumber(ARGV[5])
+    if claimed > now or now - claimed > tonumber(ARGV[6]) then
+      return {2, now}
+    end
+  end
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'epoch', ARGV[4], 'doc', ARGV[3])
+  redis.call('PUBLISH', KEYS[2], ARGV[2])
+  return {1, now}
+end
+if version == false then
+  return {3, now}
+end
+return {0, now, version, redis.call('HGET', KEYS[1], 'doc')}
 ";
+
+/// How far behind Valkey's clock a replica's estimate of it may be when it applies a command.
+/// Deadlines in the pool are seconds long; an estimate is normally a round trip behind.
+pub const CLOCK_TOLERANCE_MS: u64 = 50;
 
 /// How long one Valkey command may take before the store gives up on it.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,12 +98,48 @@ pub fn fresh_epoch() -> u64 {
     mixed & 0x0000_ffff_ffff_ffff
 }
 
-/// A connection to the Valkey that holds one pool's document.
+/// A connection to the Valkey that holds one pool's document. Clones share the connection, what
+/// the replica last saw, and one queue of pending commands (see [`group`]).
+#[derive(Clone)]
 pub struct ValkeyStore {
     client: Client,
     key: String,
     channel: String,
     cas: Script,
+    seen: Arc<Mutex<Seen>>,
+    writes: Arc<WriteCounts>,
+    group: Arc<Mutex<group::Queue>>,
+}
+
+/// How this replica's compare-and-sets fared, for benchmarks and metrics.
+#[derive(Debug, Default)]
+pub struct WriteCounts {
+    /// Compare-and-sets sent.
+    pub attempted: std::sync::atomic::AtomicU64,
+    /// Of those, refused because the document had moved on (or the time was refused).
+    pub conflicted: std::sync::atomic::AtomicU64,
+    /// Transactions that started from a read rather than from what this replica last saw.
+    pub reads: std::sync::atomic::AtomicU64,
+}
+
+/// What this replica last saw of the store: the document (or its absence) and Valkey's clock with
+/// the local instant it was read at. A transaction starts from it instead of reading again; the
+/// compare-and-set proves it current (version, epoch and time), and a refusal brings the
+/// current document back. It is forgotten whenever an answer is lost.
+#[derive(Default)]
+struct Seen {
+    doc: Option<Loaded>,
+    clock: Option<(UnixMillis, Instant)>,
+}
+
+impl Seen {
+    /// The last document seen and the deployment time now, estimated from the last reading of
+    /// Valkey's clock (never ahead of it while both clocks tick at one rate).
+    fn snapshot(&self) -> Option<(UnixMillis, Loaded)> {
+        let (read, at) = self.clock?;
+        let elapsed = u64::try_from(at.elapsed().as_millis()).ok()?;
+        Some((UnixMillis(read.0 + elapsed), self.doc.clone()?))
+    }
 }
 
 /// The store could not be set up.
@@ -100,6 +179,9 @@ impl ValkeyStore {
             key: format!("corral:pool:{pool}"),
             channel: format!("corral:pool:{pool}:version"),
             cas: Script::from_lua(CAS_SCRIPT),
+            seen: Arc::default(),
+            writes: Arc::default(),
+            group: Arc::default(),
         })
     }
 
@@ -110,7 +192,9 @@ impl ValkeyStore {
             .custom(fred::cmd!("TIME"), Vec::<String>::new())
             .await
             .map_err(|_| Unavailable)?;
-        parse_time(&reply)
+        let now = parse_time(&reply)?;
+        self.seen().clock = Some((now, Instant::now()));
+        Ok(now)
     }
 
     /// Loads the document and its version.
@@ -120,7 +204,9 @@ impl ValkeyStore {
             .hmget(&self.key, vec!["version", "doc"])
             .await
             .map_err(|_| Unavailable)?;
-        decode(fields)
+        let loaded = decode(fields);
+        self.seen().doc = loaded.clone().ok();
+        loaded
     }
 
     /// Reads the deployment clock and the document in one round trip (a pipeline).
@@ -140,37 +226,111 @@ impl ValkeyStore {
         };
         let time: Vec<String> = time.convert().map_err(|_| Unavailable)?;
         let fields: (Option<String>, Option<String>) = fields.convert().map_err(|_| Unavailable)?;
-        Ok((parse_time(&time)?, decode(fields)?))
+        let (now, loaded) = (parse_time(&time)?, decode(fields)?);
+        *self.seen() = Seen {
+            doc: Some(loaded.clone()),
+            clock: Some((now, Instant::now())),
+        };
+        Ok((now, loaded))
     }
 
-    /// Writes `doc` if the stored version is still `expected` (`None`: only if absent).
+    /// How this replica's writes have fared so far.
+    pub fn write_counts(&self) -> &WriteCounts {
+        &self.writes
+    }
+
+    fn seen(&self) -> MutexGuard<'_, Seen> {
+        // A panic elsewhere cannot leave `Seen` inconsistent in a way that matters: every use of
+        // it is proven by the next compare-and-set.
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes `doc` if the stored document is still the one of version `expected` (and of
+    /// `doc`'s epoch); `None`: only if there is none.
     pub async fn compare_and_set(&self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+        self.cas_at(expected, doc, None).await
+    }
+
+    /// [`Self::compare_and_set`] for a document applied at deployment time `applied_at`: also
+    /// refused (`Conflict`) unless `applied_at` is Valkey's time or at most
+    /// [`CLOCK_TOLERANCE_MS`] behind it.
+    ///
+    /// Remembers what it learns: the clock always, the document written, or the current one a
+    /// conflict returned.
+    pub async fn cas_at(
+        &self,
+        expected: Option<Version>,
+        doc: &PoolDoc,
+        applied_at: Option<UnixMillis>,
+    ) -> CasOutcome {
         if !self.client.is_connected() {
+            *self.seen() = Seen::default();
             return CasOutcome::Unavailable;
         }
         let Ok(text) = serde_json::to_string(doc) else {
             return CasOutcome::Unavailable;
         };
         let next = expected.map_or(1, |v| v.0 + 1);
-        let expected_text = expected.map(|v| v.0.to_string()).unwrap_or_default();
         let keys = vec![self.key.clone(), self.channel.clone()];
-        let args = vec![expected_text, next.to_string(), text];
-        match self
+        let args = vec![
+            expected.map(|v| v.0.to_string()).unwrap_or_default(),
+            next.to_string(),
+            text,
+            doc.epoch().to_string(),
+            applied_at.map(|t| t.0.to_string()).unwrap_or_default(),
+            CLOCK_TOLERANCE_MS.to_string(),
+        ];
+        self.writes.attempted.fetch_add(1, Ordering::Relaxed);
+        let reply = self
             .cas
-            .evalsha_with_reload::<i64, _, _>(&self.client, keys, args)
-            .await
-        {
-            Ok(1) => CasOutcome::Ok {
-                version: Version(next),
-            },
-            Ok(_) => CasOutcome::Conflict,
+            .evalsha_with_reload::<Vec<Value>, _, _>(&self.client, keys, args)
+            .await;
+        let received = Instant::now();
+        let Ok(reply) = reply else {
             // The script may have run before the reply was lost.
-            Err(_) => CasOutcome::Unknown,
+            *self.seen() = Seen::default();
+            return CasOutcome::Unknown;
+        };
+        let mut fields = reply.into_iter();
+        let (Some(status), Some(now)) = (
+            fields.next().and_then(|v| v.as_i64()),
+            fields.next().and_then(|v| v.as_u64()),
+        ) else {
+            *self.seen() = Seen::default();
+            return CasOutcome::Unknown;
+        };
+        if status != 1 {
+            self.writes.conflicted.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut seen = self.seen();
+        seen.clock = Some((UnixMillis(now), received));
+        match status {
+            1 => {
+                seen.doc = Some(Loaded::Found {
+                    version: Version(next),
+                    doc: doc.clone(),
+                });
+                CasOutcome::Ok {
+                    version: Version(next),
+                }
+            }
+            // The time was refused; the document is still the one the caller started from.
+            2 => CasOutcome::Conflict,
+            3 => {
+                seen.doc = Some(Loaded::Absent);
+                CasOutcome::Conflict
+            }
+            _ => {
+                let version = fields.next().and_then(|v| v.convert::<String>().ok());
+                let text = fields.next().and_then(|v| v.convert::<String>().ok());
+                seen.doc = decode((version, text)).ok();
+                CasOutcome::Conflict
+            }
         }
     }
 
     /// Applies `command` with compare-and-set, retrying conflicts up to `attempts` times; the rule
-    /// for each outcome is corral-core's (`Attempt`).
+    /// for each outcome is corral-core's ([`Settled`]).
     pub async fn transact(
         &self,
         command: &Command,
@@ -178,38 +338,69 @@ impl ValkeyStore {
         new_epoch: u64,
         attempts: u32,
     ) -> Transacted {
+        match self
+            .transact_all(std::slice::from_ref(command), config, new_epoch, attempts)
+            .await
+        {
+            Ok(mut batch) => Transacted::Committed {
+                applied: batch.applied.pop().unwrap_or_default(),
+                doc: batch.doc,
+                now: batch.now,
+            },
+            Err(None) => Transacted::Contended,
+            Err(Some(Settled::Unavailable)) => Transacted::Unavailable,
+            Err(Some(_)) => Transacted::Unknown,
+        }
+    }
+
+    /// Applies `commands` in order in one compare-and-set ([`Batch`]), retrying conflicts up to
+    /// `attempts` times. `Err(None)` when every attempt met a conflict.
+    ///
+    /// An attempt starts from the document and clock this replica last saw, when it has seen
+    /// them, so that an uncontended transaction is one round trip; the compare-and-set proves
+    /// both current, and a refusal returns what is.
+    async fn transact_all(
+        &self,
+        commands: &[Command],
+        config: &PoolConfig,
+        new_epoch: u64,
+        attempts: u32,
+    ) -> Result<Batch, Option<Settled>> {
         for _ in 0..attempts {
-            let Ok((now, loaded)) = self.load_at().await else {
-                return Transacted::Unavailable;
+            let remembered = self.seen().snapshot();
+            let (now, loaded) = match remembered {
+                Some(snapshot) => snapshot,
+                None => {
+                    self.writes.reads.fetch_add(1, Ordering::Relaxed);
+                    self.load_at()
+                        .await
+                        .map_err(|Unavailable| Some(Settled::Unavailable))?
+                }
             };
-            let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
-            let outcome = self.compare_and_set(attempt.expected, &attempt.doc).await;
-            if let Some(done) = attempt.settle(outcome) {
-                return done;
+            let batch = Batch::prepare(loaded, now, commands, config, new_epoch);
+            let outcome = self.cas_at(batch.expected, &batch.doc, Some(now)).await;
+            match Settled::of(outcome) {
+                Some(Settled::Committed) => return Ok(batch),
+                Some(ended) => return Err(Some(ended)),
+                None => {}
             }
         }
-        Transacted::Contended
+        Err(None)
     }
 
     /// Applies `command` until it commits: an unknown or contended outcome is applied again (every
     /// pool command is idempotent), at most `retries` times. `None` when the store is unavailable,
     /// which the caller treats as fail-closed.
+    ///
+    /// Commands that callers sharing this store (its clones) commit while a write is in flight
+    /// wait and go together in the next one (group commit, [`group`]).
     pub async fn commit(
         &self,
         command: &Command,
         config: &PoolConfig,
         retries: u32,
     ) -> Option<corral_core::pool::Applied> {
-        for _ in 0..retries {
-            match self.transact(command, config, fresh_epoch(), 8).await {
-                Transacted::Committed { applied, .. } => return Some(applied),
-                Transacted::Unavailable => return None,
-                Transacted::Unknown | Transacted::Contended => {
-                    tokio::time::sleep(Duration::from_millis(1)).await
-                }
-            }
-        }
-        None
+        group::commit(self, command, config, retries).await
     }
 
     /// A subscription to version announcements, for waiters woken by notification (with polling

@@ -135,12 +135,31 @@ async fn contract(subject: &mut impl Subject) {
         CasOutcome::Conflict,
         "an old version does not resurrect it"
     );
+    let later = PoolDoc::new(43, UnixMillis(2_000));
     assert_eq!(
-        subject.cas(None, &doc).await,
+        subject.cas(None, &later).await,
         CasOutcome::Ok {
             version: Version(1)
         },
         "versions start again"
+    );
+    assert_eq!(
+        subject.cas(Some(Version(1)), &later).await,
+        CasOutcome::Ok {
+            version: Version(2)
+        }
+    );
+    assert_eq!(
+        subject.cas(Some(Version(2)), &doc).await,
+        CasOutcome::Conflict,
+        "a replica that last saw version 2 of the lost epoch never overwrites version 2 of the new one"
+    );
+    assert_eq!(
+        subject.load().await,
+        Ok(Loaded::Found {
+            version: Version(2),
+            doc: later
+        })
     );
 }
 

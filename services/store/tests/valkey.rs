@@ -79,6 +79,38 @@ async fn pool_05_compare_and_set_is_the_only_write() {
         }
         other => panic!("expected the document, got {other:?}"),
     }
+    // A command applied at a time Valkey has not reached, or long past, is never written.
+    let now = store.now().await.expect("TIME answers");
+    for (applied_at, why) in [
+        (UnixMillis(now.0 + 60_000), "in the future"),
+        (
+            UnixMillis(now.0 - 10 * corral_store::CLOCK_TOLERANCE_MS),
+            "too far in the past",
+        ),
+    ] {
+        assert_eq!(
+            store.cas_at(Some(Version(2)), &doc, Some(applied_at)).await,
+            CasOutcome::Conflict,
+            "a document applied {why} is refused"
+        );
+    }
+    // (A stall of the test machine between the two calls longer than the tolerance would refuse
+    // it too; a few tries keep the test about the rule, not the machine.)
+    let mut written = CasOutcome::Conflict;
+    for _ in 0..5 {
+        let now = store.now().await.expect("TIME answers");
+        written = store.cas_at(Some(Version(2)), &doc, Some(now)).await;
+        if written != CasOutcome::Conflict {
+            break;
+        }
+    }
+    assert_eq!(
+        written,
+        CasOutcome::Ok {
+            version: Version(3)
+        },
+        "and one applied at Valkey's time is written"
+    );
 }
 
 #[tokio::test]
@@ -102,11 +134,18 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
         panic!("a warm pool grants at once: {granted:?}")
     };
     server.kill();
+    // The store remembers the document, so its first contact may be the write itself, whose
+    // outcome a dead connection leaves unknown; either way nothing is granted.
+    let attempt = store
+        .transact(&acquire(2, "m"), &config, fresh_epoch(), 3)
+        .await;
+    assert!(
+        matches!(attempt, Transacted::Unavailable | Transacted::Unknown),
+        "never committed: {attempt:?}"
+    );
     assert_eq!(
-        store
-            .transact(&acquire(2, "m"), &config, fresh_epoch(), 3)
-            .await,
-        Transacted::Unavailable,
+        commit(&store, &acquire(2, "m"), &config).await,
+        None,
         "admission fails closed"
     );
     assert!(store.load().await.is_err());
@@ -269,4 +308,73 @@ async fn pool_05_three_processes_keep_one_pool() {
     };
     assert_eq!(doc.image(), Some(&image));
     assert_eq!(doc.counts().leased, 0, "every lease was released");
+}
+
+/// Group commit (decision 0011): commands that tasks of one replica commit at once share writes,
+/// and each caller gets its own command's outcome, as if each had been its own transaction.
+#[tokio::test(flavor = "current_thread")]
+async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
+    let Some(server) = server() else { return };
+    let config = test_pool_config();
+    let store = ValkeyStore::connect(&server.url(), "group")
+        .await
+        .expect("connects");
+    let mut controller = PaperController::new("img-1");
+    warm_pool(&store, &mut controller).await;
+    let warm = match store.load().await {
+        Ok(Loaded::Found { doc, .. }) => doc.counts().warm,
+        other => panic!("a warm pool: {other:?}"),
+    };
+    let writes_before = store
+        .write_counts()
+        .attempted
+        .load(std::sync::atomic::Ordering::Relaxed);
+    const CALLERS: u64 = 24;
+    let mut tasks = Vec::new();
+    for ticket in 1..=CALLERS {
+        let (store, config) = (store.clone(), config.clone());
+        tasks.push(tokio::spawn(async move {
+            let applied = commit(&store, &acquire(ticket, &format!("m{ticket}")), &config)
+                .await
+                .expect("commits");
+            (ticket, applied)
+        }));
+    }
+    let mut granted = BTreeMap::new();
+    let mut queued = 0;
+    for task in tasks {
+        let (ticket, applied) = task.await.expect("task");
+        let own: Vec<&Event> = applied
+            .events
+            .iter()
+            .filter(|e| match e {
+                Event::Granted { ticket: t, .. }
+                | Event::Queued { ticket: t, .. }
+                | Event::Refused { ticket: t, .. }
+                | Event::Withdrawn { ticket: t, .. } => t.0 == ticket,
+                _ => false,
+            })
+            .collect();
+        match own[..] {
+            [Event::Granted { worker, .. }] => {
+                assert!(
+                    granted.insert(*worker, ticket).is_none(),
+                    "{worker} granted twice"
+                );
+            }
+            [Event::Queued { .. }] => queued += 1,
+            _ => panic!("ticket {ticket}: one grant or one queueing, got {own:?}"),
+        }
+    }
+    assert_eq!(granted.len() as u32, warm, "every warm worker granted once");
+    assert_eq!(granted.len() as u64 + queued, CALLERS);
+    let writes = store
+        .write_counts()
+        .attempted
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - writes_before;
+    assert!(
+        writes < CALLERS / 2,
+        "{CALLERS} commands took {writes} compare-and-sets: they were not batched"
+    );
 }

@@ -22,7 +22,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[index]
 }
 
-#[tokio::main]
+// One thread, as each pool client has: the bare round trip is then measured the way they wait.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cycles: u32 = std::env::args().nth(1).map_or(Ok(2_000), |s| s.parse())?;
     let server = ValkeyServer::start().map_err(|e| e.0)?;
@@ -77,6 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut latencies = Vec::new();
     let mut served = 0u64;
     let mut refused = 0u64;
+    let (mut attempted, mut conflicted, mut reads) = (0u64, 0u64, 0u64);
     for child in children {
         let output = child.wait_with_output().await?;
         for line in String::from_utf8_lossy(&output.stdout).lines() {
@@ -86,6 +88,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 served += 1;
             } else if line.starts_with("refused ") {
                 refused += 1;
+            } else if let Some(counts) = line.strip_prefix("writes ") {
+                let counts: Vec<u64> = counts.split(' ').filter_map(|n| n.parse().ok()).collect();
+                if let [a, c, r] = counts[..] {
+                    (attempted, conflicted, reads) = (attempted + a, conflicted + c, reads + r);
+                }
             }
         }
     }
@@ -93,6 +100,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = reconciler.await;
     latencies.sort();
+    let doc_bytes = match store.load().await {
+        Ok(corral_core::store::Loaded::Found { doc, .. }) => serde_json::to_string(&doc)?.len(),
+        _ => 0,
+    };
     let (ping50, ping99) = (percentile(&pings, 0.5), percentile(&pings, 0.99));
     let (grant50, grant99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
     println!("bare valkey round trip: p50 {ping50:?}, p99 {ping99:?}");
@@ -105,6 +116,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "cycles: {served} served, {refused} refused, in {elapsed:?} = {per_second:.0} cycles/s (one round trip = {:.0}/s)",
         1.0 / ping50.as_secs_f64()
+    );
+    println!(
+        "compare-and-sets: {attempted} sent, {conflicted} refused ({:.0}%), {reads} transactions began with a read; the document is {doc_bytes} bytes",
+        100.0 * conflicted as f64 / attempted.max(1) as f64
     );
     Ok(())
 }

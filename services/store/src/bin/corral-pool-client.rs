@@ -43,7 +43,7 @@ async fn main() -> std::process::ExitCode {
         let (member, config) = (member.to_string(), config.clone());
         let ticket_base = base + (index as u64) * 1_000_000;
         tasks.push(tokio::spawn(async move {
-            run_client(
+            let report = run_client(
                 &store,
                 &config,
                 &member,
@@ -51,7 +51,15 @@ async fn main() -> std::process::ExitCode {
                 cycles,
                 Duration::from_millis(hold_ms),
             )
-            .await
+            .await;
+            let counts = store.write_counts();
+            println!(
+                "writes {} {} {}",
+                counts.attempted.load(std::sync::atomic::Ordering::Relaxed),
+                counts.conflicted.load(std::sync::atomic::Ordering::Relaxed),
+                counts.reads.load(std::sync::atomic::Ordering::Relaxed),
+            );
+            report
         }));
     }
     for task in tasks {
