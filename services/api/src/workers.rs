@@ -1,11 +1,10 @@
 //! Talking to a leased worker's control API: execute, and the reset after the lease. The API
 //! holds the workers' credential (as the controller does); workers hold nothing of the API's.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use corral_controller::http_control::evidence_from_reply;
-use corral_controller::local::LocalBackend;
+pub use corral_controller::locate::Locator;
 use corral_core::ids::{OpToken, WorkerId};
 use corral_core::reset::ResetEvidence;
 use serde_json::Value;
@@ -18,28 +17,6 @@ const WORKER_ID_HEADER: &str = "x-corral-worker-id";
 
 /// Time an execute may take beyond its wall bound: staging, packing, the reply.
 const EXECUTE_MARGIN: Duration = Duration::from_secs(30);
-
-/// Where a worker's control API is.
-#[derive(Clone, Debug)]
-pub enum Locator {
-    /// The `local` backend's records: `<dir>/<worker>.worker` holds its port on 127.0.0.1.
-    StateDir(PathBuf),
-    /// A URL template with `{id}` for the worker id (the `kube` backend's per-worker Service,
-    /// e.g. `http://corral-worker-{id}.corral.svc:8091`).
-    Template(String),
-}
-
-impl Locator {
-    /// The base URL of `worker`'s control API, if it can be found.
-    #[must_use]
-    pub fn base_url(&self, worker: WorkerId) -> Option<String> {
-        match self {
-            Self::StateDir(dir) => LocalBackend::read_record(dir, worker)
-                .map(|record| format!("http://127.0.0.1:{}", record.port)),
-            Self::Template(template) => Some(template.replace("{id}", &worker.to_string())),
-        }
-    }
-}
 
 /// Why an execute produced no result. Codes are stable.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,8 +1,7 @@
-//! Resets through a worker's control API (`POST /v1/reset` on its port, with the credential only
-//! the controller and the API hold). A worker that does not answer, or answers with anything but
+//! Resets through a worker's control API (`POST /v1/reset` where the [`Locator`] finds it, with
+//! the credential only the controller and the API hold). A worker that does not answer, or answers with anything but
 //! evidence, has proven nothing: `None`, and the pool discards it when the reset times out.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use corral_core::ids::{OpToken, WorkerId};
@@ -10,24 +9,24 @@ use corral_core::reset::ResetEvidence;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::WorkerControl;
-use crate::local::LocalBackend;
+use crate::locate::Locator;
 
 /// The longest a reset may take before it counts as unanswered.
 const RESET_TIMEOUT: Duration = Duration::from_secs(20);
 /// The largest reply read.
 const REPLY_MAX_BYTES: u64 = 64 * 1024;
 
-/// The control client for workers of a [`LocalBackend`] (their ports come from its records).
+/// The control client for workers found through a [`Locator`].
 pub struct HttpControl {
-    state_dir: PathBuf,
+    locator: Locator,
     credential: String,
 }
 
 impl HttpControl {
-    /// A client for the workers recorded in `state_dir`, presenting `credential`.
-    pub fn new(state_dir: PathBuf, credential: String) -> Self {
+    /// A client for the workers `locator` finds, presenting `credential`.
+    pub fn new(locator: Locator, credential: String) -> Self {
         Self {
-            state_dir,
+            locator,
             credential,
         }
     }
@@ -35,15 +34,15 @@ impl HttpControl {
     async fn post(
         &self,
         worker: WorkerId,
-        port: u16,
+        (host, port): (String, u16),
         path: &str,
         body: &str,
     ) -> Option<(u16, Vec<u8>)> {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        let mut stream = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
             .ok()?;
         let request = format!(
-            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {}\r\nX-Corral-Worker-Id: {worker}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {}\r\nX-Corral-Worker-Id: {worker}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             self.credential,
             body.len()
         );
@@ -86,12 +85,11 @@ fn count(value: &serde_json::Value) -> Option<u32> {
 
 impl WorkerControl for HttpControl {
     async fn reset(&self, worker: WorkerId, token: OpToken) -> Option<ResetEvidence> {
-        let backend_dir = self.state_dir.clone();
-        let record = LocalBackend::read_record(&backend_dir, worker)?;
+        let address = self.locator.address(worker)?;
         let body = format!("{{\"token\":{}}}", token.0);
         let (status, reply) = tokio::time::timeout(
             RESET_TIMEOUT,
-            self.post(worker, record.port, "/v1/reset", &body),
+            self.post(worker, address, "/v1/reset", &body),
         )
         .await
         .ok()??;

@@ -26,8 +26,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    AppArmorProfile, Capabilities, Container, ContainerPort, EnvVar, Pod, PodSpec, Probe,
-    SeccompProfile, SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction,
+    AppArmorProfile, Capabilities, Container, ContainerPort, EnvVar, KeyToPath, Pod, PodSpec,
+    Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
+    TCPSocketAction, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -44,6 +45,9 @@ use corral_core::store::Unavailable;
 use corral_core::time::UnixMillis;
 
 use crate::Backend;
+
+/// The Kubernetes client the backends take (kube's), for callers without kube of their own.
+pub use ::kube::Client;
 
 /// The label every Corral worker carries (the ISO-5 NetworkPolicy selects on it).
 pub const LABEL_NAME: &str = "app.kubernetes.io/name";
@@ -65,6 +69,14 @@ pub const CONTROL_PORT: u16 = 8091;
 pub const BROWSER_PORT: u16 = 8080;
 /// The one container of a worker pod.
 pub const CONTAINER_NAME: &str = "worker";
+/// The key, in the operator's Secret, of the workers' control credential (the one the API and the
+/// controller present); mounted read-only as [`CREDENTIAL_FILE`].
+pub const CREDENTIAL_KEY: &str = "worker-token";
+/// Where the worker container reads its control credential (`CORRAL_WORKER_TOKEN_FILE`).
+pub const CREDENTIAL_FILE: &str = "/var/run/corral/worker-token";
+/// What the worker container runs: the image must have `corral` on its `PATH` (with the
+/// interpreters it runs code in).
+pub const WORKER_COMMAND: [&str; 5] = ["corral", "worker", "serve", "--listen", "0.0.0.0:8091"];
 
 /// Watches restarted at most per wait; past it the wait gives up as `Unknown`.
 const WATCH_RESTARTS_MAX: u32 = 1_000;
@@ -106,6 +118,9 @@ pub struct KubeSettings {
     pub image: ImageId,
     /// The RuntimeClass (gVisor) when the operator chose one (ISO-3); never required.
     pub runtime_class: Option<String>,
+    /// The Secret holding the workers' control credential under [`CREDENTIAL_KEY`]. A worker
+    /// refuses to serve without one, and it never travels in the pod's spec.
+    pub credential_secret: String,
     /// The worker container's AppArmor profile.
     pub apparmor: AppArmor,
     /// The worker container's seccomp profile.
@@ -132,6 +147,7 @@ impl KubeSettings {
             pool: pool.to_owned(),
             image,
             runtime_class: None,
+            credential_secret: "corral-worker-credential".to_owned(),
             apparmor: AppArmor::Unconfined,
             seccomp: Seccomp::Unconfined,
             ready_timeout: Duration::from_secs(120),
@@ -150,11 +166,24 @@ impl KubeSettings {
         if self.namespace.is_empty() {
             return Err("the namespace is empty".to_owned());
         }
+        if self.credential_secret.is_empty() {
+            return Err("no Secret named for the workers' credential".to_owned());
+        }
         if self.delete_grace_seconds == 0 {
             return Err("a zero delete grace is a forced deletion; use at least 1 s".to_owned());
         }
         Ok(())
     }
+}
+
+/// The cluster from the kubeconfig, or from the pod's service account inside a cluster.
+///
+/// # Errors
+/// When neither is there.
+pub async fn cluster_client() -> Result<kube::Client, String> {
+    kube::Client::try_default()
+        .await
+        .map_err(|e| format!("no Kubernetes cluster (kubeconfig or in-cluster): {e}"))
 }
 
 /// True for a valid label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
@@ -287,6 +316,10 @@ pub fn worker_security_context(apparmor: &AppArmor, seccomp: &Seccomp) -> Securi
 /// address leaks into the environment), and a crashed worker is not restarted: its pod ends in a
 /// terminal phase and the pool replaces it, because a restarted worker would have lost whatever
 /// its lease held.
+///
+/// The worker's control credential comes from the operator's Secret
+/// ([`KubeSettings::credential_secret`]), mounted read-only and readable by its owner only; the
+/// container runs [`WORKER_COMMAND`].
 pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) -> Pod {
     let name = object_name(worker);
     let port = |name: &str, port: u16| ContainerPort {
@@ -295,13 +328,28 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
         protocol: Some("TCP".to_owned()),
         ..ContainerPort::default()
     };
+    let env = |name: &str, value: String| EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
+    };
+    let (credential_dir, credential_name) = CREDENTIAL_FILE
+        .rsplit_once('/')
+        .unwrap_or(("/", CREDENTIAL_FILE));
     let container = Container {
         name: CONTAINER_NAME.to_owned(),
         image: Some(image.0.clone()),
-        env: Some(vec![EnvVar {
-            name: "CORRAL_WORKER_ID".to_owned(),
-            value: Some(worker.to_string()),
-            value_from: None,
+        command: Some(WORKER_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
+        env: Some(vec![
+            // A worker refuses requests that name another worker (decision 0009).
+            env("CORRAL_WORKER_ID", worker.to_string()),
+            env("CORRAL_WORKER_TOKEN_FILE", CREDENTIAL_FILE.to_owned()),
+        ]),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "credential".to_owned(),
+            mount_path: credential_dir.to_owned(),
+            read_only: Some(true),
+            ..VolumeMount::default()
         }]),
         ports: Some(vec![
             port("control", CONTROL_PORT),
@@ -336,6 +384,21 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
         spec: Some(PodSpec {
             containers: vec![container],
             runtime_class_name: settings.runtime_class.clone(),
+            volumes: Some(vec![Volume {
+                name: "credential".to_owned(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(settings.credential_secret.clone()),
+                    items: Some(vec![KeyToPath {
+                        key: CREDENTIAL_KEY.to_owned(),
+                        path: credential_name.to_owned(),
+                        ..KeyToPath::default()
+                    }]),
+                    default_mode: Some(0o400),
+                    optional: Some(false),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            }]),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             host_users: Some(false),

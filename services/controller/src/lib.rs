@@ -20,6 +20,7 @@ pub mod claim;
 pub mod http_control;
 pub mod kube;
 pub mod local;
+pub mod locate;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.
 pub trait Backend: Send + Sync {

@@ -26,7 +26,8 @@ use corral_controller::claim::{
     AgentSandbox, AgentSandboxBackend, ClaimSettings, parse_rfc3339, rfc3339,
 };
 use corral_controller::kube::{
-    AppArmor, KubeBackend, KubeSettings, Seccomp, pool_selector, worker_pod, worker_service,
+    AppArmor, KubeBackend, KubeSettings, Seccomp, object_name, pool_selector, worker_pod,
+    worker_service,
 };
 use corral_core::ids::{ImageId, WorkerId};
 use corral_core::pool::Outcome;
@@ -322,6 +323,34 @@ fn pod_manifest_has_the_fields_the_cluster_relies_on() {
     assert_eq!(container["readinessProbe"]["tcpSocket"]["port"], 8091);
     assert_eq!(container["env"][0]["name"], "CORRAL_WORKER_ID");
     assert_eq!(container["env"][0]["value"], "w-ab-7");
+    assert_eq!(
+        container["command"],
+        json!(["corral", "worker", "serve", "--listen", "0.0.0.0:8091"])
+    );
+    // The control credential comes from the operator's Secret, read-only, never from the spec.
+    assert_eq!(container["env"][1]["name"], "CORRAL_WORKER_TOKEN_FILE");
+    assert_eq!(container["env"][1]["value"], "/var/run/corral/worker-token");
+    assert_eq!(
+        container["volumeMounts"],
+        json!([{ "name": "credential", "mountPath": "/var/run/corral", "readOnly": true }])
+    );
+    assert_eq!(
+        spec["volumes"],
+        json!([{
+            "name": "credential",
+            "secret": {
+                "secretName": "corral-worker-credential",
+                "items": [{ "key": "worker-token", "path": "worker-token" }],
+                "defaultMode": 0o400,
+                "optional": false,
+            },
+        }])
+    );
+    assert_eq!(
+        container["env"].as_array().map(Vec::len),
+        Some(2),
+        "nothing else in the environment"
+    );
     let security = &container["securityContext"];
     assert_eq!(
         security,
@@ -888,6 +917,56 @@ mod with_reconciler {
         let f = fake.lock().expect("fake");
         let services = f.objects.keys().filter(|(p, _)| p == "services").count();
         assert_eq!(services, 2);
+    }
+
+    /// A pod the cluster loses (its node went away) is noticed from the inventory, leaves the
+    /// pool, and is replaced.
+    #[tokio::test]
+    async fn a_lost_pod_is_deleted_with_its_service_and_replaced() {
+        let Some(server) = valkey() else {
+            return;
+        };
+        let store = ValkeyStore::connect(&server.url(), "kube-lost")
+            .await
+            .expect("connects");
+        let (fake, backend) = kube_backend().await;
+        let r = Reconciler::new(store, backend, Clean, config(PoolMode::Controller));
+        until_warm(&r, 2).await;
+        let first: Vec<WorkerId> = doc(&r).await.workers().keys().copied().collect();
+        let lost = object_name(first[0]);
+        let pod = fake
+            .lock()
+            .expect("fake")
+            .objects
+            .remove(&("pods".to_owned(), lost.clone()))
+            .expect("its pod");
+        let started = std::time::Instant::now();
+        loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the lost pod was never replaced: {:?}",
+                doc(&r).await.counts()
+            );
+            let _ = r.pass().await;
+            let pool = doc(&r).await;
+            if pool.counts().warm == 2 && !pool.workers().contains_key(&first[0]) {
+                break;
+            }
+        }
+        // Its Service is owned by the lost pod, so the cluster's garbage collector removes it
+        // (the fake has none).
+        let service = stored(&fake, "services", &lost).expect("its Service");
+        assert_eq!(
+            service["metadata"]["ownerReferences"][0]["uid"],
+            pod["metadata"]["uid"]
+        );
+        let f = fake.lock().expect("fake");
+        let created = f
+            .log
+            .iter()
+            .filter(|line| line.starts_with("POST") && line.contains("/pods?"))
+            .count();
+        assert_eq!(created, 3, "two pods, then one replacement: {:?}", f.log);
     }
 
     #[tokio::test]

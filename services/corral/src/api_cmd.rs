@@ -5,7 +5,7 @@
 //! `CORRAL_API_LISTEN` (default 127.0.0.1:8000), `CORRAL_WORKSPACE_URL` (`file:///dir`, the default
 //! `file:///var/lib/corral/workspaces`, or `s3://bucket[/prefix]` with the `AWS_*` variables),
 //! `CORRAL_WORKER_STATE_DIR` (the `local` backend's records) or `CORRAL_WORKER_URL_TEMPLATE`
-//! (`http://corral-worker-{id}.ns.svc:8091`), and the credentials `CORRAL_API_TOKEN[_FILE]`,
+//! (`http://{id}.NAMESPACE.svc:8091` for the `kube` backend's workers), and the credentials `CORRAL_API_TOKEN[_FILE]`,
 //! `CORRAL_ADMIN_TOKEN[_FILE]`, `CORRAL_WORKER_TOKEN[_FILE]`; the `SANDBOX_*` settings as
 //! `corral config docs` lists them.
 
@@ -108,7 +108,7 @@ fn from_env(settings: &Settings) -> Result<(SocketAddr, ApiParts), String> {
         env("CORRAL_WORKER_URL_TEMPLATE"),
     ) {
         (Some(dir), None) => Locator::StateDir(PathBuf::from(dir)),
-        (None, Some(template)) => Locator::Template(template),
+        (None, Some(template)) => Locator::template(&template)?,
         _ => {
             return Err(String::from(
                 "set exactly one of CORRAL_WORKER_STATE_DIR and CORRAL_WORKER_URL_TEMPLATE",

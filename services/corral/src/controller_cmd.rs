@@ -1,21 +1,39 @@
-//! `corral controller`: the reconciler that keeps the warm pool, with the `local` backend (worker
-//! processes on this machine, each `corral worker serve`).
+//! `corral controller`: the reconciler that keeps the warm pool.
 //!
-//! `corral controller --valkey URL [--pool NAME] [--state-dir DIR] [--period-ms N]`
+//! `corral controller --valkey URL [--pool NAME] [--period-ms N] [--backend local|kube|agent-sandbox] …`
 //!
-//! Pool settings come from the environment (`corral config check` shows them). The workers'
-//! credential is read from `CORRAL_WORKER_TOKEN_FILE`, or generated into `<state-dir>/worker-token`
-//! (mode 0600) for the API to read. It runs until SIGINT or SIGTERM; the workers it started keep
-//! running and a restarted controller finds them again from their records.
+//! - `local` (the default): worker processes on this machine, each `corral worker serve`
+//!   (`--state-dir DIR` holds their records). The workers' credential is read from
+//!   `CORRAL_WORKER_TOKEN_FILE`, or generated into `<state-dir>/worker-token` (mode 0600) for the
+//!   API to read. The workers it started keep running after it stops, and a restarted controller
+//!   finds them again from their records.
+//! - `kube`: one pod and one Service per worker in `--namespace NS` (default `corral`), running
+//!   `--image REF` (a digest reference; `corral` on its `PATH`), under `--runtime-class NAME` when
+//!   given; the workers' credential is the Secret `--credential-secret NAME` (default
+//!   `corral-worker-credential`, key `worker-token`), which the controller also reads from
+//!   `CORRAL_WORKER_TOKEN[_FILE]`. The cluster comes from the kubeconfig or the pod's service
+//!   account. Needs `CORRAL_POOL_MODE=controller`.
+//! - `agent-sandbox`: `SandboxClaim`s naming `--sandbox-template NAME` (and `--warm-pool NAME`)
+//!   in `--namespace NS`, with fixed deadlines; needs `CORRAL_POOL_MODE=platform_operator` and
+//!   `--worker-url-template` (how a claimed sandbox's control API is reached).
+//!
+//! `--worker-url-template http://HOST:PORT` with `{id}` overrides how workers are reached (the
+//! `kube` default is each worker's Service, `http://{id}.NS.svc:8091`). Pool settings come from
+//! the environment (`corral config check` shows them). It runs until SIGINT or SIGTERM.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use corral_controller::Reconciler;
+use corral_api::credential_from_env;
+use corral_controller::claim::{AgentSandbox, AgentSandboxBackend, ClaimSettings};
 use corral_controller::http_control::HttpControl;
+use corral_controller::kube::{KubeBackend, KubeSettings};
 use corral_controller::local::LocalBackend;
-use corral_core::config::Settings;
+use corral_controller::locate::Locator;
+use corral_controller::{Backend, Reconciler};
+use corral_core::config::{PoolModeSetting, Settings};
+use corral_core::ids::ImageId;
 use corral_store::ValkeyStore;
 
 struct Args {
@@ -23,7 +41,31 @@ struct Args {
     pool: String,
     state_dir: PathBuf,
     period: Duration,
+    backend: BackendArgs,
+    worker_url_template: Option<String>,
 }
+
+/// Which backend, with what only it needs.
+#[derive(Debug, PartialEq, Eq)]
+enum BackendArgs {
+    Local,
+    Kube {
+        namespace: String,
+        image: String,
+        runtime_class: Option<String>,
+        credential_secret: Option<String>,
+    },
+    AgentSandbox {
+        namespace: String,
+        template: String,
+        warm_pool: Option<String>,
+    },
+}
+
+const USAGE: &str = "usage: corral controller --valkey URL [--pool NAME] [--period-ms N] \
+[--backend local|kube|agent-sandbox] [--state-dir DIR] [--namespace NS] [--image REF] \
+[--runtime-class NAME] [--credential-secret NAME] [--sandbox-template NAME] [--warm-pool NAME] \
+[--worker-url-template http://HOST:PORT]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut parsed = Args {
@@ -31,7 +73,13 @@ fn parse(args: &[String]) -> Result<Args, String> {
         pool: String::from("default"),
         state_dir: PathBuf::from("/var/lib/corral/workers"),
         period: Duration::from_millis(500),
+        backend: BackendArgs::Local,
+        worker_url_template: None,
     };
+    let mut backend = String::from("local");
+    let (mut namespace, mut image, mut runtime_class, mut credential_secret) =
+        (String::from("corral"), None, None, None);
+    let (mut template, mut warm_pool) = (None, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let mut value = || {
@@ -49,6 +97,14 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .map_err(|_| String::from("--period-ms: not a number"))?;
                 parsed.period = Duration::from_millis(ms.clamp(50, 60_000));
             }
+            "--backend" => backend = value()?,
+            "--namespace" => namespace = value()?,
+            "--image" => image = Some(value()?),
+            "--runtime-class" => runtime_class = Some(value()?),
+            "--credential-secret" => credential_secret = Some(value()?),
+            "--sandbox-template" => template = Some(value()?),
+            "--warm-pool" => warm_pool = Some(value()?),
+            "--worker-url-template" => parsed.worker_url_template = Some(value()?),
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -57,6 +113,33 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--valkey URL is required (dynamic controller mode requires Valkey, POOL-11)",
         ));
     }
+    parsed.backend = match backend.as_str() {
+        "local" => BackendArgs::Local,
+        "kube" => BackendArgs::Kube {
+            namespace,
+            image: image.ok_or("--backend kube needs --image REF (the worker image, by digest)")?,
+            runtime_class,
+            credential_secret,
+        },
+        "agent-sandbox" => {
+            if parsed.worker_url_template.is_none() {
+                return Err(String::from(
+                    "--backend agent-sandbox needs --worker-url-template http://HOST:PORT with {id}",
+                ));
+            }
+            BackendArgs::AgentSandbox {
+                namespace,
+                template: template
+                    .ok_or("--backend agent-sandbox needs --sandbox-template NAME")?,
+                warm_pool,
+            }
+        }
+        other => {
+            return Err(format!(
+                "--backend {other:?}: one of local, kube, agent-sandbox"
+            ));
+        }
+    };
     Ok(parsed)
 }
 
@@ -111,9 +194,7 @@ pub fn run(args: &[String]) -> ExitCode {
     let args = match parse(args) {
         Ok(args) => args,
         Err(error) => {
-            eprintln!(
-                "corral controller: {error}\nusage: corral controller --valkey URL [--pool NAME] [--state-dir DIR] [--period-ms N]"
-            );
+            eprintln!("corral controller: {error}\n{USAGE}");
             return ExitCode::from(2);
         }
     };
@@ -138,51 +219,126 @@ pub fn run(args: &[String]) -> ExitCode {
 }
 
 async fn serve(args: Args, settings: Settings) -> ExitCode {
-    if let Err(error) = std::fs::create_dir_all(&args.state_dir) {
-        eprintln!("corral controller: {}: {error}", args.state_dir.display());
-        return ExitCode::from(1);
+    match start(&args, &settings).await {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("corral controller: {error}");
+            ExitCode::from(1)
+        }
     }
-    let token = match credential(&args.state_dir) {
-        Ok(token) => token,
-        Err(error) => {
-            eprintln!("corral controller: {error}");
-            return ExitCode::from(1);
+}
+
+/// Builds the backend the arguments name and reconciles with it until asked to stop.
+async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
+    let platform = settings.pool_mode == PoolModeSetting::PlatformOperator;
+    let template = args
+        .worker_url_template
+        .as_deref()
+        .map(Locator::template)
+        .transpose()?;
+    match &args.backend {
+        BackendArgs::Local => {
+            if platform {
+                return Err(mode_mismatch("local"));
+            }
+            std::fs::create_dir_all(&args.state_dir)
+                .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
+            let token = credential(&args.state_dir)?;
+            let backend = local_backend(&args.state_dir, &token, &[])?;
+            let locator = template.unwrap_or_else(|| Locator::StateDir(args.state_dir.clone()));
+            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
         }
-    };
-    let backend = match local_backend(&args.state_dir, &token, &[]) {
-        Ok(backend) => backend,
-        Err(error) => {
-            eprintln!("corral controller: {error}");
-            return ExitCode::from(1);
+        BackendArgs::Kube {
+            namespace,
+            image,
+            runtime_class,
+            credential_secret,
+        } => {
+            if platform {
+                return Err(mode_mismatch("kube"));
+            }
+            let token = cluster_credential()?;
+            let mut kube_settings =
+                KubeSettings::new(namespace, &args.pool, ImageId(image.clone()));
+            kube_settings.runtime_class.clone_from(runtime_class);
+            if let Some(secret) = credential_secret {
+                kube_settings.credential_secret.clone_from(secret);
+            }
+            let client = cluster_client().await?;
+            let backend = KubeBackend::new(client, kube_settings)?;
+            let locator = template.unwrap_or_else(|| Locator::kube(namespace));
+            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
         }
-    };
-    let store = match ValkeyStore::connect(&args.valkey, &args.pool).await {
-        Ok(store) => store,
-        Err(error) => {
-            eprintln!("corral controller: {error}");
-            return ExitCode::from(1);
+        BackendArgs::AgentSandbox {
+            namespace,
+            template: sandbox_template,
+            warm_pool,
+        } => {
+            if !platform {
+                return Err(String::from(
+                    "--backend agent-sandbox claims workers with fixed deadlines: it needs CORRAL_POOL_MODE=platform_operator (POOL-7)",
+                ));
+            }
+            let token = cluster_credential()?;
+            let platform = AgentSandbox {
+                template: sandbox_template.clone(),
+                warm_pool: warm_pool.clone(),
+            };
+            let image = ImageId(format!("agent-sandbox:{namespace}/{sandbox_template}"));
+            let claim_settings = ClaimSettings::new(namespace, &args.pool, image);
+            let client = cluster_client().await?;
+            let backend = AgentSandboxBackend::new(client, platform, claim_settings);
+            let locator = template.ok_or("--backend agent-sandbox needs --worker-url-template")?;
+            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
         }
-    };
-    let control = HttpControl::new(args.state_dir.clone(), token);
+    }
+}
+
+fn mode_mismatch(backend: &str) -> String {
+    format!(
+        "--backend {backend} creates workers itself: it needs CORRAL_POOL_MODE=controller (platform_operator is for --backend agent-sandbox)"
+    )
+}
+
+/// The workers' credential on a cluster: the operator's, never generated (every worker pod reads
+/// the same one from its Secret).
+fn cluster_credential() -> Result<String, String> {
+    credential_from_env(|name| std::env::var(name).ok(), "CORRAL_WORKER_TOKEN")?.ok_or_else(|| {
+        String::from(
+            "set CORRAL_WORKER_TOKEN_FILE (or CORRAL_WORKER_TOKEN) to the credential in the workers' Secret",
+        )
+    })
+}
+
+/// The cluster, with the one TLS provider of this binary installed first.
+async fn cluster_client() -> Result<corral_controller::kube::Client, String> {
+    corral_api::ensure_crypto_provider();
+    corral_controller::kube::cluster_client().await
+}
+
+/// Reconciles every period until SIGINT or SIGTERM.
+async fn reconcile<B: Backend>(
+    args: &Args,
+    settings: &Settings,
+    backend: B,
+    control: HttpControl,
+) -> Result<ExitCode, String> {
+    let store = ValkeyStore::connect(&args.valkey, &args.pool)
+        .await
+        .map_err(|e| e.to_string())?;
     let reconciler = Reconciler::new(store, backend, control, settings.pool());
     eprintln!(
         "corral controller: reconciling pool {:?} every {:?}",
         args.pool, args.period
     );
     let mut interval = tokio::time::interval(args.period);
-    let mut terminate =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(signal) => signal,
-            Err(error) => {
-                eprintln!("corral controller: {error}");
-                return ExitCode::from(1);
-            }
-        };
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
     loop {
         tokio::select! {
             biased;
-            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
-            _ = terminate.recv() => return ExitCode::SUCCESS,
+            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
             _ = interval.tick() => {
                 let pass = reconciler.pass().await;
                 if !pass.coordinated {
@@ -190,5 +346,130 @@ async fn serve(args: Args, settings: Settings) -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str]) -> Result<Args, String> {
+        let args: Vec<String> = ["--valkey", "redis://127.0.0.1:1"]
+            .iter()
+            .chain(args)
+            .map(|s| (*s).to_owned())
+            .collect();
+        parse(&args)
+    }
+
+    #[test]
+    fn local_is_the_default_backend() {
+        assert_eq!(parsed(&[]).expect("parses").backend, BackendArgs::Local);
+    }
+
+    #[test]
+    fn kube_needs_an_image_and_takes_its_options() {
+        let error = parsed(&["--backend", "kube"]).err().expect("refused");
+        assert!(error.contains("--image"), "{error}");
+        let args = parsed(&[
+            "--backend",
+            "kube",
+            "--namespace",
+            "sandboxes",
+            "--image",
+            "example.invalid/corral@sha256:00",
+            "--runtime-class",
+            "gvisor",
+            "--credential-secret",
+            "worker-cred",
+        ])
+        .expect("parses");
+        assert_eq!(
+            args.backend,
+            BackendArgs::Kube {
+                namespace: "sandboxes".into(),
+                image: "example.invalid/corral@sha256:00".into(),
+                runtime_class: Some("gvisor".into()),
+                credential_secret: Some("worker-cred".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn agent_sandbox_needs_a_template_and_a_way_to_reach_workers() {
+        for (args, missing) in [
+            (
+                vec!["--backend", "agent-sandbox", "--sandbox-template", "t"],
+                "--worker-url-template",
+            ),
+            (
+                vec![
+                    "--backend",
+                    "agent-sandbox",
+                    "--worker-url-template",
+                    "http://{id}.ns.svc:8091",
+                ],
+                "--sandbox-template",
+            ),
+        ] {
+            let error = parsed(&args).err().expect("refused");
+            assert!(error.contains(missing), "{error}");
+        }
+        let args = parsed(&[
+            "--backend",
+            "agent-sandbox",
+            "--sandbox-template",
+            "python",
+            "--warm-pool",
+            "hot",
+            "--worker-url-template",
+            "http://{id}.ns.svc:8091",
+        ])
+        .expect("parses");
+        assert_eq!(
+            args.backend,
+            BackendArgs::AgentSandbox {
+                namespace: "corral".into(),
+                template: "python".into(),
+                warm_pool: Some("hot".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn an_unknown_backend_or_flag_is_refused() {
+        assert!(parsed(&["--backend", "nomad"]).is_err());
+        assert!(parsed(&["--bogus"]).is_err());
+        assert!(parse(&[]).is_err(), "Valkey is required (POOL-11)");
+    }
+
+    #[tokio::test]
+    async fn a_backend_in_the_wrong_pool_mode_or_a_bad_template_is_refused_before_anything_starts()
+    {
+        let platform = Settings {
+            pool_mode: PoolModeSetting::PlatformOperator,
+            ..Settings::default()
+        };
+        let local = parsed(&[]).expect("parses");
+        let error = start(&local, &platform).await.expect_err("refused");
+        assert!(error.contains("CORRAL_POOL_MODE=controller"), "{error}");
+        let claims = parsed(&[
+            "--backend",
+            "agent-sandbox",
+            "--sandbox-template",
+            "python",
+            "--worker-url-template",
+            "http://{id}.ns.svc:8091",
+        ])
+        .expect("parses");
+        let error = start(&claims, &Settings::default())
+            .await
+            .expect_err("refused");
+        assert!(error.contains("platform_operator"), "{error}");
+        let bad = parsed(&["--worker-url-template", "http://nowhere:8091"]).expect("parses");
+        let error = start(&bad, &Settings::default())
+            .await
+            .expect_err("refused");
+        assert!(error.contains("{id}"), "{error}");
     }
 }

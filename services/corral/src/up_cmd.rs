@@ -296,7 +296,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
     let store = corral_store::ValkeyStore::connect(&valkey, "default")
         .await
         .map_err(|e| e.to_string())?;
-    let control = HttpControl::new(workers_dir.clone(), worker_token);
+    let control = HttpControl::new(Locator::StateDir(workers_dir.clone()), worker_token);
     let reconciler = Reconciler::new(store, backend, control, settings.pool());
     let mut controller_stopped = stopped.clone();
     started.tasks.push(tokio::spawn(async move {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use corral_controller::http_control::HttpControl;
 use corral_controller::local::LocalBackend;
+use corral_controller::locate::Locator;
 use corral_controller::{Backend, Pass, Reconciler};
 use corral_core::ids::{ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, TicketId};
 use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateKind};
@@ -46,7 +47,7 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
     )
     .expect("backend")
     .with_env("CORRAL_WORKER_TOKEN", credential);
-    let control = HttpControl::new(state.clone(), credential.to_string());
+    let control = HttpControl::new(Locator::StateDir(state.clone()), credential.to_string());
     let config = PoolConfig {
         warm_min: 2,
         max_allocated: 3,

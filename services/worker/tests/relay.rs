@@ -53,6 +53,8 @@ fn can_run(test: &str) -> bool {
 struct Seen {
     connections: usize,
     heads: Vec<Vec<String>>,
+    /// Where each connection came from, for failure messages.
+    peers: Vec<SocketAddr>,
 }
 
 /// A fake egress proxy on the host's 127.0.0.1: records each request head, then answers a
@@ -73,7 +75,11 @@ impl FakeProxy {
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                for_thread.0.lock().unwrap().connections += 1;
+                {
+                    let mut seen = for_thread.0.lock().unwrap();
+                    seen.connections += 1;
+                    seen.peers.extend(stream.peer_addr());
+                }
                 let seen = for_thread.clone();
                 std::thread::spawn(move || handle(stream, &seen));
             }
@@ -93,6 +99,26 @@ impl FakeProxy {
             .filter(|head| head.first().map(String::as_str) == Some(line))
             .cloned()
             .collect()
+    }
+
+    /// Every request head the fake has read but the sentinels', and where every connection
+    /// came from, for failure messages.
+    fn other_heads(&self) -> String {
+        let seen = self.seen.0.lock().unwrap();
+        let heads: Vec<&Vec<String>> = seen
+            .heads
+            .iter()
+            .filter(|head| head.first().map(String::as_str) != Some(SENTINEL))
+            .collect();
+        let sockets = std::process::Command::new("ss")
+            .args(["-tanp"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        format!(
+            "heads {heads:?} from {:?}, fake on {}; sockets:\n{sockets}",
+            seen.peers, self.addr
+        )
     }
 
     /// How many connections came before a sentinel connection made now: the fake accepts in
@@ -404,7 +430,12 @@ fn egr_08_without_a_grant_the_relay_refuses_and_never_calls_the_proxy() {
     for json in &runs {
         assert_eq!(stdout(json), expected, "{json}");
     }
-    assert_eq!(fake.connections_so_far(), 0, "the relay called the proxy");
+    assert_eq!(
+        fake.connections_so_far(),
+        0,
+        "the relay called the proxy: {}",
+        fake.other_heads()
+    );
     drop(server);
     // A grant, but no proxy configured: the same refusal, and the run says why.
     let server = Server::start(&[("SANDBOX_EGRESS_PROXY_URL", "")]);
@@ -420,7 +451,12 @@ fn egr_08_without_a_grant_the_relay_refuses_and_never_calls_the_proxy() {
             "{json}"
         );
     }
-    assert_eq!(fake.connections_so_far(), 0, "the relay called the proxy");
+    assert_eq!(
+        fake.connections_so_far(),
+        0,
+        "the relay called the proxy: {}",
+        fake.other_heads()
+    );
 }
 
 #[test]
