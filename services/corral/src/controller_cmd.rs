@@ -191,6 +191,10 @@ pub fn credential(state_dir: &Path) -> Result<String, String> {
 }
 
 pub fn run(args: &[String]) -> ExitCode {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     let args = match parse(args) {
         Ok(args) => args,
         Err(error) => {
