@@ -280,7 +280,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     };
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(pool),
+        state.metrics.render(pool, state.store.write_counts()),
     )
         .into_response()
 }

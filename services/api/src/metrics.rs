@@ -1,14 +1,17 @@
 //! The API's Prometheus counters (`GET /metrics`): run outcomes, bound hits, admission refusals,
-//! grants by effective mode, acquire latency; pool states and queue depth are read from the pool
+//! grants by effective mode, acquire latency, and how this replica's writes to the pool document
+//! fared (written or refused as contended); pool states and queue depth are read from the pool
 //! document at scrape time. Egress decisions at the wire are the proxy's own counters
 //! (`CORRAL_EGRESS_METRICS_LISTEN`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use corral_core::pool::StateCounts;
+use corral_store::WriteCounts;
 
 /// Upper bounds of the acquire-latency histogram's buckets, in seconds.
 const ACQUIRE_BUCKETS: [f64; 12] = [
@@ -74,7 +77,7 @@ impl Metrics {
     }
 
     /// The exposition text, with the pool's state counts and queue depth when readable.
-    pub fn render(&self, pool: Option<(StateCounts, usize)>) -> String {
+    pub fn render(&self, pool: Option<(StateCounts, usize)>, writes: &WriteCounts) -> String {
         let mut out = String::new();
         let Ok(c) = self.counters.lock() else {
             return out;
@@ -109,6 +112,18 @@ impl Metrics {
             out,
             "corral_acquire_seconds_bucket{{le=\"+Inf\"}} {}\ncorral_acquire_seconds_sum {}\ncorral_acquire_seconds_count {}",
             c.acquire_count, c.acquire_sum, c.acquire_count
+        );
+        let attempted = writes.attempted.load(Ordering::Relaxed);
+        let conflicted = writes.conflicted.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# TYPE corral_coordination_writes_total counter\n\
+             corral_coordination_writes_total{{result=\"written\"}} {}\n\
+             corral_coordination_writes_total{{result=\"refused\"}} {conflicted}\n\
+             # TYPE corral_coordination_reads_total counter\n\
+             corral_coordination_reads_total {}",
+            attempted.saturating_sub(conflicted),
+            writes.reads.load(Ordering::Relaxed)
         );
         if let Some((counts, queued)) = pool {
             let _ = writeln!(out, "# TYPE corral_pool_workers gauge");

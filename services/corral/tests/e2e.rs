@@ -392,6 +392,15 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
     ] {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
+    let written: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("corral_coordination_writes_total{result=\"written\"} "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no coordination writes counted:\n{metrics}"));
+    assert!(
+        written > 0,
+        "every run wrote to the pool document:\n{metrics}"
+    );
     let (status, ready) = stack.caller.get("/readyz").await.expect("readyz");
     let ready: Value = serde_json::from_slice(&ready).expect("json");
     assert_eq!(status, 200, "{ready}");
