@@ -24,8 +24,10 @@ use crate::{ValkeyStore, fresh_epoch};
 const MAX_BATCH: usize = 64;
 /// Conflicts one write retries before the batch waits and goes again.
 const ATTEMPTS: u32 = 8;
-/// The wait after a write ended contended or unknown.
-const BACKOFF: Duration = Duration::from_millis(1);
+/// The longest wait after a write ended contended or unknown: the wait is random, up to 1 ms
+/// doubled for each such write in a row, so that writers who keep meeting each other stop
+/// meeting in step (without it one writer among many can lose every race).
+const BACKOFF_MAX: Duration = Duration::from_millis(8);
 
 /// The commands waiting for the writer.
 #[derive(Default)]
@@ -99,6 +101,8 @@ async fn write(store: ValkeyStore) {
         ended: false,
     };
     let store = &store;
+    let mut contended_in_a_row = 0u32;
+    let mut jitter = Jitter::new();
     loop {
         let batch: Vec<Pending> = {
             let mut queue = lock(store);
@@ -120,6 +124,9 @@ async fn write(store: ValkeyStore) {
         let written = store
             .transact_all(&commands, &batch[0].config, fresh_epoch(), ATTEMPTS)
             .await;
+        if written.is_ok() {
+            contended_in_a_row = 0;
+        }
         match written {
             Ok(done) => {
                 for (pending, applied) in batch.into_iter().zip(done.applied) {
@@ -144,7 +151,8 @@ async fn write(store: ValkeyStore) {
                     }
                 }
                 if !again.is_empty() {
-                    tokio::time::sleep(BACKOFF).await;
+                    contended_in_a_row = contended_in_a_row.saturating_add(1);
+                    tokio::time::sleep(jitter.backoff(contended_in_a_row)).await;
                     let mut queue = lock(store);
                     for pending in again.into_iter().rev() {
                         queue.pending.push_front(pending);
@@ -152,5 +160,28 @@ async fn write(store: ValkeyStore) {
                 }
             }
         }
+    }
+}
+
+/// A small random source for backoff (xorshift), seeded per writer.
+struct Jitter(u64);
+
+impl Jitter {
+    fn new() -> Self {
+        Self(fresh_epoch() | 1)
+    }
+
+    /// A random wait up to 1 ms × 2^(`in_a_row` − 1), at most [`BACKOFF_MAX`].
+    fn backoff(&mut self, in_a_row: u32) -> Duration {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        let ceiling = Duration::from_millis(1)
+            .saturating_mul(1 << in_a_row.saturating_sub(1).min(3))
+            .min(BACKOFF_MAX);
+        let micros = u64::try_from(ceiling.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        Duration::from_micros(self.0 % micros + 1)
     }
 }

@@ -206,6 +206,8 @@ pub async fn run_client(
             disposition: Disposition::Reset,
         };
         let Some(applied) = commit(store, &release, config).await else {
+            // The store stopped answering: the lease runs out on its own; this client ends.
+            report.refused.push("release_unavailable".to_owned());
             break;
         };
         if applied

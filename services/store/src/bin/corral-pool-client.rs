@@ -1,7 +1,9 @@
 //! A pool client in its own process, for the multi-process tests and the allocation benchmark:
-//! `corral-pool-client URL MEMBER[,MEMBER…] CYCLES HOLD_MS TICKET_BASE [bench]` runs one client per
-//! member concurrently and prints one line per lease held (`lease WORKER MEMBER START END`), per
-//! grant latency (`latency_us N`), and per refusal (`refused CODE`).
+//! `corral-pool-client URL MEMBER[,MEMBER…] CYCLES HOLD_MS TICKET_BASE [bench] [shared]` runs one
+//! client per member concurrently and prints one line per lease held (`lease WORKER MEMBER START
+//! END`), per grant latency (`latency_us N`), per refusal (`refused CODE`), and how its writes
+//! fared (`writes SENT REFUSED READS`). Each client has its own connection, or with `shared` all
+//! share one store (as the runs of one API replica do, with group commit).
 
 use std::time::Duration;
 
@@ -27,23 +29,36 @@ async fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     };
     // Every client of one pool must apply the same rules with the same limits.
-    let config = match profile.first().map(String::as_str) {
-        Some("bench") => corral_store::harness::bench_pool_config(),
-        _ => corral_store::harness::test_pool_config(),
+    let config = if profile.iter().any(|p| p == "bench") {
+        corral_store::harness::bench_pool_config()
+    } else {
+        corral_store::harness::test_pool_config()
     };
+    let shared = profile.iter().any(|p| p == "shared");
+    let mut one: Option<ValkeyStore> = None;
+    let mut stores = Vec::new();
     let mut tasks = Vec::new();
     for (index, member) in members.split(',').enumerate() {
-        let store = match ValkeyStore::connect(url, "test").await {
-            Ok(store) => store,
-            Err(error) => {
-                eprintln!("{error}");
-                return std::process::ExitCode::from(1);
-            }
+        let store = match (&one, shared) {
+            (Some(store), true) => store.clone(),
+            _ => match ValkeyStore::connect(url, "test").await {
+                Ok(store) => store,
+                Err(error) => {
+                    eprintln!("{error}");
+                    return std::process::ExitCode::from(1);
+                }
+            },
         };
+        if one.is_none() || !shared {
+            stores.push(store.clone());
+        }
+        if shared {
+            one.get_or_insert_with(|| store.clone());
+        }
         let (member, config) = (member.to_string(), config.clone());
         let ticket_base = base + (index as u64) * 1_000_000;
         tasks.push(tokio::spawn(async move {
-            let report = run_client(
+            run_client(
                 &store,
                 &config,
                 &member,
@@ -51,15 +66,7 @@ async fn main() -> std::process::ExitCode {
                 cycles,
                 Duration::from_millis(hold_ms),
             )
-            .await;
-            let counts = store.write_counts();
-            println!(
-                "writes {} {} {}",
-                counts.attempted.load(std::sync::atomic::Ordering::Relaxed),
-                counts.conflicted.load(std::sync::atomic::Ordering::Relaxed),
-                counts.reads.load(std::sync::atomic::Ordering::Relaxed),
-            );
-            report
+            .await
         }));
     }
     for task in tasks {
@@ -78,6 +85,15 @@ async fn main() -> std::process::ExitCode {
         for code in &report.refused {
             println!("refused {code}");
         }
+    }
+    for store in &stores {
+        let counts = store.write_counts();
+        println!(
+            "writes {} {} {}",
+            counts.attempted.load(std::sync::atomic::Ordering::Relaxed),
+            counts.conflicted.load(std::sync::atomic::Ordering::Relaxed),
+            counts.reads.load(std::sync::atomic::Ordering::Relaxed),
+        );
     }
     std::process::ExitCode::SUCCESS
 }
