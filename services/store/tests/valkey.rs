@@ -378,3 +378,114 @@ async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
         "{CALLERS} commands took {writes} compare-and-sets: they were not batched"
     );
 }
+
+/// One FIFO queue across processes: tickets that three client processes queue, one after
+/// another, are granted in that order as one worker comes back between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
+    use corral_core::pool::{Disposition, Effect, TicketStatus};
+    use corral_core::reset::ResetEvidence;
+
+    let Some(server) = server() else { return };
+    let url = server.url();
+    let config = test_pool_config();
+    let store = ValkeyStore::connect(&url, "test").await.expect("connects");
+    let mut controller = PaperController::new("img-1");
+    warm_pool(&store, &mut controller).await;
+    // Every warm worker is held, so the processes' tickets queue (the controller is not run
+    // again: nothing new is created).
+    let mut held = Vec::new();
+    let warm = match store.load().await {
+        Ok(Loaded::Found { doc, .. }) => doc.counts().warm,
+        other => panic!("a warm pool: {other:?}"),
+    };
+    for ticket in 1..=u64::from(warm) {
+        let applied = commit(&store, &acquire(ticket, &format!("h{ticket}")), &config)
+            .await
+            .expect("grants");
+        let Some(Event::Granted { worker, token, .. }) = applied
+            .events
+            .iter()
+            .find(|e| matches!(e, Event::Granted { .. }))
+            .cloned()
+        else {
+            panic!("a warm worker for every holder: {applied:?}")
+        };
+        held.push((TicketId(ticket), worker, token));
+    }
+    let mut children = Vec::new();
+    for (index, base) in [100u64, 200, 300].into_iter().enumerate() {
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_corral-pool-client"))
+            .args([
+                url.as_str(),
+                &format!("m{index}"),
+                "1",
+                "20",
+                &base.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawns a client process");
+        children.push(child);
+        // The next process starts once this one's ticket is in the queue, at the back.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Loaded::Found { doc, .. }) = store.load().await
+                && let TicketStatus::Queued { position } = doc.ticket_status(TicketId(base))
+            {
+                assert_eq!(position as usize, index, "ticket {base} joined at the back");
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ticket {base} never queued"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    // One worker comes back; each client holds it, releases it and reports its (paper) reset.
+    let (lease, worker, token) = held[0];
+    let released = commit(
+        &store,
+        &Command::Release {
+            worker,
+            lease,
+            token,
+            disposition: Disposition::Reset,
+        },
+        &config,
+    )
+    .await
+    .expect("releases");
+    for effect in released.effects {
+        if let Effect::Reset { worker, token } = effect {
+            let reset = Command::ResetReported {
+                worker,
+                token,
+                evidence: ResetEvidence::clean(token),
+            };
+            commit(&store, &reset, &config).await.expect("reported");
+        }
+    }
+    let mut starts = Vec::new();
+    for child in children {
+        let output = child.wait_with_output().await.expect("client runs");
+        assert!(output.status.success());
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let start: u64 = text
+            .lines()
+            .find_map(|l| {
+                let parts: Vec<&str> = l.split(' ').collect();
+                match parts[..] {
+                    ["lease", _, _, start, _] => start.parse().ok(),
+                    _ => None,
+                }
+            })
+            .unwrap_or_else(|| panic!("a lease: {text}"));
+        starts.push(start);
+    }
+    assert!(
+        starts.windows(2).all(|w| w[0] < w[1]),
+        "granted in the order queued: {starts:?}"
+    );
+}
