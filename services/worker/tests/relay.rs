@@ -55,6 +55,8 @@ struct Seen {
     heads: Vec<Vec<String>>,
     /// Where each connection came from, for failure messages.
     peers: Vec<SocketAddr>,
+    /// Sentinel connections made so far.
+    sentinels_sent: usize,
 }
 
 /// A fake egress proxy on the host's 127.0.0.1: records each request head, then answers a
@@ -110,29 +112,28 @@ impl FakeProxy {
             .iter()
             .filter(|head| head.first().map(String::as_str) != Some(SENTINEL))
             .collect();
-        let sockets = std::process::Command::new("ss")
-            .args(["-tanp"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        format!(
-            "heads {heads:?} from {:?}, fake on {}; sockets:\n{sockets}",
-            seen.peers, self.addr
-        )
+        format!("heads {heads:?} from {:?}", seen.peers)
     }
 
     /// How many connections came before a sentinel connection made now: the fake accepts in
-    /// order, so once the sentinel's head is recorded every earlier connection has been counted.
+    /// order, so once this sentinel's head is recorded every earlier connection has been counted.
+    /// (Waiting for *a* sentinel would be satisfied by an earlier call's, with this one accepted
+    /// and counted but its head not yet read.)
     fn connections_so_far(&self) -> usize {
+        let (lock, recorded) = &*self.seen;
+        let sent = {
+            let mut seen = lock.lock().unwrap();
+            seen.sentinels_sent += 1;
+            seen.sentinels_sent
+        };
         let mut sentinel = TcpStream::connect(self.addr).unwrap();
         sentinel
             .write_all(format!("{SENTINEL}\r\n\r\n").as_bytes())
             .unwrap();
-        let (lock, recorded) = &*self.seen;
         let seen = lock.lock().unwrap();
         let (seen, timeout) = recorded
             .wait_timeout_while(seen, RESPONSE_TIMEOUT, |seen| {
-                !seen.heads.iter().any(|h| h[0] == SENTINEL)
+                seen.heads.iter().filter(|h| h[0] == SENTINEL).count() < sent
             })
             .unwrap();
         assert!(
