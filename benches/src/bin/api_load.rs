@@ -33,6 +33,9 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     per_second: f64,
+    /// The API replica's writes to the pool document per run, and the share refused as
+    /// contended (from its `/metrics`).
+    coordination: Option<(f64, f64)>,
     /// Median of each phase the API reports in `model.durations` (microseconds or milliseconds,
     /// as named), over the runs.
     phases: Vec<(String, u64)>,
@@ -88,6 +91,7 @@ fn figures(
         p99: at(0.99),
         per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
         phases: phase_medians(samples),
+        coordination: None,
     }
 }
 
@@ -102,6 +106,12 @@ fn show(label: &str, f: &Figures) {
     if !f.phases.is_empty() {
         let phases: Vec<String> = f.phases.iter().map(|(n, v)| format!("{n}={v}")).collect();
         println!("{:<34} medians: {}", "", phases.join(" "));
+    }
+    if let Some((per_run, refused)) = f.coordination {
+        println!(
+            "{:<34} pool-document writes per run {per_run:.2}, {refused:.0}% refused as contended",
+            ""
+        );
     }
 }
 
@@ -158,6 +168,7 @@ async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
 /// `runs` API runs of `print(1)` with `concurrency` in flight: lane `i` is member `m{i/2}`, so at
 /// 32 sixteen members each hold two leases.
 async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
+    let writes_before = coordination_writes(client).await;
     let cpu = cpu_jiffies();
     let started = Instant::now();
     let lanes: Vec<_> = (0..concurrency)
@@ -190,7 +201,35 @@ async fn api(client: &Client, runs: usize, concurrency: usize) -> Figures {
         latencies.extend(lane_latencies);
         samples.extend(lane_samples);
     }
-    figures(latencies, started.elapsed(), &samples, cpu)
+    let mut figures = figures(latencies, started.elapsed(), &samples, cpu);
+    if let (Some((written0, refused0)), Some((written1, refused1))) =
+        (writes_before, coordination_writes(client).await)
+    {
+        let (written, refused) = (written1 - written0, refused1 - refused0);
+        figures.coordination = Some((
+            written / runs.max(1) as f64,
+            100.0 * refused / (written + refused).max(1.0),
+        ));
+    }
+    figures
+}
+
+/// The API replica's pool-document writes so far: (written, refused as contended).
+async fn coordination_writes(client: &Client) -> Option<(f64, f64)> {
+    let Ok((200, body)) = client.get("/metrics").await else {
+        return None;
+    };
+    let text = String::from_utf8_lossy(&body);
+    let value = |result: &str| {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!(
+                    "corral_coordination_writes_total{{result=\"{result}\"}} "
+                ))
+            })
+            .and_then(|n| n.parse::<f64>().ok())
+    };
+    Some((value("written")?, value("refused")?))
 }
 
 #[tokio::main]
