@@ -7,8 +7,11 @@
 //! (`extensions.agents.x-k8s.io/v1beta1`) that names a `SandboxTemplate` and optionally a
 //! `SandboxWarmPool`, with `spec.lifecycle.shutdownTime` as its fixed deadline.
 //!
-//! A renewal only confirms the claim still exists ([`ClaimBackend::confirm`], one GET); nothing
-//! ever extends a deadline, and a claim past its deadline is gone whatever the API still shows.
+//! A renewal only confirms the claim still exists: a lease's heartbeat renews it in the pool no
+//! further than the claim's fixed deadline (corral-core), and each reconcile pass lists the pool's
+//! claims (one request, which changes nothing) and reports one missing or past its deadline as
+//! absent. Nothing ever extends a deadline, and a claim past its deadline is gone whatever the API
+//! still shows.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
@@ -23,7 +26,7 @@ use corral_core::time::UnixMillis;
 
 use crate::Backend;
 use crate::kube::{
-    Answer, Readiness, Removal, ask, confirm_absent, create_or_adopt, labelled_worker, list_all,
+    Answer, Readiness, Removal, confirm_absent, create_or_adopt, labelled_worker, list_all,
     object_name, pool_selector, remove, wait_ready, worker_labels, worker_selector,
 };
 
@@ -186,17 +189,6 @@ impl<P: ClaimPlatform> ClaimBackend<P> {
             .data(self.platform.body(deadline));
         claim.metadata.labels = Some(worker_labels(&self.settings.pool, worker));
         claim
-    }
-
-    /// A renewal: `Ok(true)` only when the claim still exists and its fixed deadline is ahead.
-    /// It never changes the claim.
-    pub async fn confirm(&self, worker: WorkerId) -> Result<bool, Unavailable> {
-        let s = &self.settings;
-        match ask(s.request_timeout, self.claims.get(&object_name(worker))).await {
-            Answer::Ok(claim) => Ok(self.is_live(&claim, wall_now())),
-            Answer::NotFound => Ok(false),
-            Answer::Conflict | Answer::Refused | Answer::Unknown => Err(Unavailable),
-        }
     }
 
     /// True while `claim`'s deadline is ahead of `now`; a claim without a readable deadline is

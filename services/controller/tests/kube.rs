@@ -758,13 +758,15 @@ async fn claim_delete_is_confirmed_absent_and_renewal_only_confirms_existence() 
         Outcome::Done
     );
     let before = stored(&fake, "sandboxclaims", "w-ab-1").expect("claim");
-    assert_eq!(backend.confirm(worker(1)).await, Ok(true));
-    // A renewal is one GET and changes nothing.
+    let requests = fake.lock().expect("fake").log.len();
+    assert!(backend.list().await.expect("list").contains(&worker(1)));
+    // A renewal (the reconciler's listing) is one request and changes nothing.
+    assert_eq!(fake.lock().expect("fake").log.len(), requests + 1);
     assert_eq!(stored(&fake, "sandboxclaims", "w-ab-1"), Some(before));
     fake.lock().expect("fake").linger_gets = 1;
     assert_eq!(backend.delete(worker(1)).await, Outcome::Done);
     assert!(stored(&fake, "sandboxclaims", "w-ab-1").is_none());
-    assert_eq!(backend.confirm(worker(1)).await, Ok(false));
+    assert!(!backend.list().await.expect("list").contains(&worker(1)));
 }
 
 #[tokio::test]
@@ -797,7 +799,6 @@ async fn claim_list_selects_this_pool_and_treats_a_claim_past_its_deadline_as_go
     }
     let present = backend.list().await.expect("list");
     assert_eq!(present.into_iter().collect::<Vec<_>>(), vec![worker(1)]);
-    assert_eq!(backend.confirm(worker(2)).await, Ok(false));
 }
 
 #[tokio::test]
