@@ -805,38 +805,27 @@ impl World {
         match self.commit(Actor::Replica(replica), &command) {
             Transacted::Committed { applied, doc, .. } => {
                 let delay = self.latency();
-                for event in &applied.events {
-                    match event {
-                        Event::Granted {
-                            ticket: t,
-                            worker,
-                            token,
-                            ..
-                        } if *t == ticket => {
-                            let granted_at =
-                                doc.workers().get(worker).map_or(UnixMillis(0), |w| w.since);
-                            self.schedule(
-                                delay,
-                                Ev::RunStart {
-                                    client,
-                                    worker: *worker,
-                                    token: *token,
-                                    granted_at,
-                                    source: GrantSource::Store,
-                                },
-                            );
-                            return;
-                        }
-                        Event::Queued { ticket: t, .. } if *t == ticket => {
-                            self.schedule(POLL_MS, Ev::ClientPoll { client });
-                            return;
-                        }
-                        Event::Refused { ticket: t, .. } if *t == ticket => {
-                            self.finish(client);
-                            return;
-                        }
-                        _ => {}
+                match applied.answer(ticket) {
+                    Some(Event::Granted { worker, token, .. }) => {
+                        let granted_at =
+                            doc.workers().get(worker).map_or(UnixMillis(0), |w| w.since);
+                        self.schedule(
+                            delay,
+                            Ev::RunStart {
+                                client,
+                                worker: *worker,
+                                token: *token,
+                                granted_at,
+                                source: GrantSource::Store,
+                            },
+                        );
+                        return;
                     }
+                    Some(Event::Queued { .. }) => {
+                        self.schedule(POLL_MS, Ev::ClientPoll { client });
+                        return;
+                    }
+                    _ => {}
                 }
                 self.finish(client);
             }

@@ -510,6 +510,29 @@ pub struct Applied {
     pub events: Vec<Event>,
 }
 
+impl Event {
+    /// The ticket this event answers (granted, queued, refused or withdrawn), if it answers one.
+    #[must_use]
+    pub fn ticket(&self) -> Option<TicketId> {
+        match self {
+            Self::Granted { ticket, .. }
+            | Self::Queued { ticket, .. }
+            | Self::Refused { ticket, .. }
+            | Self::Withdrawn { ticket } => Some(*ticket),
+            _ => None,
+        }
+    }
+}
+
+impl Applied {
+    /// What this transition answered `ticket`: its grant, its place in the queue, its refusal or
+    /// its withdrawal. (A transition answers a ticket at most once.)
+    #[must_use]
+    pub fn answer(&self, ticket: TicketId) -> Option<&Event> {
+        self.events.iter().find(|e| e.ticket() == Some(ticket))
+    }
+}
+
 /// Where a ticket stands, as its owner reads it from the document.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum TicketStatus {

@@ -137,11 +137,7 @@ async fn grant(f: &Fixture, ticket: u64, config: &PoolConfig) -> (WorkerId, OpTo
     let applied = commit(f.reconciler.store(), &acquire(ticket, "m"), config)
         .await
         .expect("store up");
-    match applied
-        .events
-        .iter()
-        .find(|e| matches!(e, Event::Granted { .. }))
-    {
+    match applied.answer(TicketId(ticket)) {
         Some(Event::Granted { worker, token, .. }) => (*worker, *token),
         _ => panic!("no grant: {applied:?}"),
     }

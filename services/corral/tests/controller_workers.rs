@@ -89,12 +89,7 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
     let applied = commit(reconciler.store(), &acquire, &config)
         .await
         .expect("store up");
-    let Some(Event::Granted { worker, token, .. }) = applied
-        .events
-        .iter()
-        .find(|e| matches!(e, Event::Granted { .. }))
-        .cloned()
-    else {
+    let Some(&Event::Granted { worker, token, .. }) = applied.answer(TicketId(1)) else {
         panic!("a warm pool grants at once: {applied:?}")
     };
     let release = Command::Release {

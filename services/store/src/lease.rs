@@ -73,26 +73,22 @@ pub async fn acquire(
         .commit(acquire, config, RETRIES)
         .await
         .ok_or(AcquireError::CoordinationUnavailable)?;
-    for event in &applied.events {
-        match event {
-            Event::Granted {
-                ticket: t,
-                worker,
-                token,
-                expires_at,
-            } if *t == ticket => {
-                return Ok(Granted {
-                    ticket,
-                    worker: *worker,
-                    token: *token,
-                    expires_at: *expires_at,
-                });
-            }
-            Event::Refused { ticket: t, reason } if *t == ticket => {
-                return Err(AcquireError::Refused(reason.code()));
-            }
-            _ => {}
+    match applied.answer(ticket) {
+        Some(Event::Granted {
+            worker,
+            token,
+            expires_at,
+            ..
+        }) => {
+            return Ok(Granted {
+                ticket,
+                worker: *worker,
+                token: *token,
+                expires_at: *expires_at,
+            });
         }
+        Some(Event::Refused { reason, .. }) => return Err(AcquireError::Refused(reason.code())),
+        _ => {}
     }
     if watch.is_none() {
         *watch = store.subscribe().await.ok();

@@ -125,12 +125,7 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
     let granted = commit(&store, &acquire(1, "m"), &config)
         .await
         .expect("grants");
-    let Some(Event::Granted { worker, token, .. }) = granted
-        .events
-        .iter()
-        .find(|e| matches!(e, Event::Granted { .. }))
-        .cloned()
-    else {
+    let Some(&Event::Granted { worker, token, .. }) = granted.answer(TicketId(1)) else {
         panic!("a warm pool grants at once: {granted:?}")
     };
     server.kill();
@@ -198,12 +193,7 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
     let regrant = commit(&reconnected, &acquire(3, "m"), &config)
         .await
         .expect("grants");
-    let Some(Event::Granted { worker: fresh, .. }) = regrant
-        .events
-        .iter()
-        .find(|e| matches!(e, Event::Granted { .. }))
-        .cloned()
-    else {
+    let Some(&Event::Granted { worker: fresh, .. }) = regrant.answer(TicketId(3)) else {
         panic!("the rebuilt pool grants: {regrant:?}")
     };
     assert!(
@@ -347,13 +337,7 @@ async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
         let own: Vec<&Event> = applied
             .events
             .iter()
-            .filter(|e| match e {
-                Event::Granted { ticket: t, .. }
-                | Event::Queued { ticket: t, .. }
-                | Event::Refused { ticket: t, .. }
-                | Event::Withdrawn { ticket: t, .. } => t.0 == ticket,
-                _ => false,
-            })
+            .filter(|e| e.ticket() == Some(TicketId(ticket)))
             .collect();
         match own[..] {
             [Event::Granted { worker, .. }] => {
@@ -403,12 +387,7 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
         let applied = commit(&store, &acquire(ticket, &format!("h{ticket}")), &config)
             .await
             .expect("grants");
-        let Some(Event::Granted { worker, token, .. }) = applied
-            .events
-            .iter()
-            .find(|e| matches!(e, Event::Granted { .. }))
-            .cloned()
-        else {
+        let Some(&Event::Granted { worker, token, .. }) = applied.answer(TicketId(ticket)) else {
             panic!("a warm worker for every holder: {applied:?}")
         };
         held.push((TicketId(ticket), worker, token));
