@@ -30,6 +30,14 @@ async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
     panic!("the pool never warmed");
 }
 
+/// A store of pool `pool` on the server at `url`, and the paper controller that warmed it.
+async fn warmed(url: &str, pool: &str) -> (ValkeyStore, PaperController) {
+    let store = ValkeyStore::connect(url, pool).await.expect("connects");
+    let mut controller = PaperController::new("img-1");
+    warm_pool(&store, &mut controller).await;
+    (store, controller)
+}
+
 fn acquire(ticket: u64, member: &str) -> Command {
     corral_store::harness::code_acquire(ticket, member, 1_000)
 }
@@ -116,12 +124,8 @@ async fn pool_05_compare_and_set_is_the_only_write() {
 #[tokio::test]
 async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses_everything() {
     let Some(mut server) = server() else { return };
-    let store = ValkeyStore::connect(&server.url(), "outage")
-        .await
-        .expect("connects");
     let config = test_pool_config();
-    let mut controller = PaperController::new("img-1");
-    warm_pool(&store, &mut controller).await;
+    let (store, mut controller) = warmed(&server.url(), "outage").await;
     let granted = commit(&store, &acquire(1, "m"), &config)
         .await
         .expect("grants");
@@ -209,9 +213,7 @@ async fn pool_05_three_processes_keep_one_pool() {
     let Some(server) = server() else { return };
     let url = server.url();
     let config = test_pool_config();
-    let store = ValkeyStore::connect(&url, "test").await.expect("connects");
-    let mut controller = PaperController::new("img-1");
-    warm_pool(&store, &mut controller).await;
+    let (store, mut controller) = warmed(&url, "test").await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let reconciler = {
         let (url, stop, config) = (url.clone(), stop.clone(), config.clone());
@@ -306,11 +308,7 @@ async fn pool_05_three_processes_keep_one_pool() {
 async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
     let Some(server) = server() else { return };
     let config = test_pool_config();
-    let store = ValkeyStore::connect(&server.url(), "group")
-        .await
-        .expect("connects");
-    let mut controller = PaperController::new("img-1");
-    warm_pool(&store, &mut controller).await;
+    let (store, _controller) = warmed(&server.url(), "group").await;
     let warm = match store.load().await {
         Ok(Loaded::Found { doc, .. }) => doc.counts().warm,
         other => panic!("a warm pool: {other:?}"),
@@ -373,9 +371,7 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     let Some(server) = server() else { return };
     let url = server.url();
     let config = test_pool_config();
-    let store = ValkeyStore::connect(&url, "test").await.expect("connects");
-    let mut controller = PaperController::new("img-1");
-    warm_pool(&store, &mut controller).await;
+    let (store, _controller) = warmed(&url, "test").await;
     // Every warm worker is held, so the processes' tickets queue (the controller is not run
     // again: nothing new is created).
     let mut held = Vec::new();
