@@ -121,6 +121,9 @@ pub struct KubeSettings {
     /// The Secret holding the workers' control credential under [`CREDENTIAL_KEY`]. A worker
     /// refuses to serve without one, and it never travels in the pod's spec.
     pub credential_secret: String,
+    /// Settings the worker container gets beside its own (for example the egress proxy's address,
+    /// `SANDBOX_EGRESS_PROXY_URL`). Never a credential: those come from Secrets.
+    pub worker_env: Vec<(String, String)>,
     /// The worker container's AppArmor profile.
     pub apparmor: AppArmor,
     /// The worker container's seccomp profile.
@@ -148,6 +151,7 @@ impl KubeSettings {
             image,
             runtime_class: None,
             credential_secret: "corral-worker-credential".to_owned(),
+            worker_env: Vec::new(),
             apparmor: AppArmor::Unconfined,
             seccomp: Seccomp::Unconfined,
             ready_timeout: Duration::from_secs(120),
@@ -340,11 +344,21 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
         name: CONTAINER_NAME.to_owned(),
         image: Some(image.0.clone()),
         command: Some(WORKER_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
-        env: Some(vec![
-            // A worker refuses requests that name another worker (decision 0009).
-            env("CORRAL_WORKER_ID", worker.to_string()),
-            env("CORRAL_WORKER_TOKEN_FILE", CREDENTIAL_FILE.to_owned()),
-        ]),
+        env: Some(
+            [
+                // A worker refuses requests that name another worker (decision 0009).
+                env("CORRAL_WORKER_ID", worker.to_string()),
+                env("CORRAL_WORKER_TOKEN_FILE", CREDENTIAL_FILE.to_owned()),
+            ]
+            .into_iter()
+            .chain(
+                settings
+                    .worker_env
+                    .iter()
+                    .map(|(name, value)| env(name, value.clone())),
+            )
+            .collect(),
+        ),
         volume_mounts: Some(vec![VolumeMount {
             name: "credential".to_owned(),
             mount_path: credential_dir.to_owned(),

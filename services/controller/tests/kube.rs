@@ -373,6 +373,15 @@ fn pod_manifest_has_the_fields_the_cluster_relies_on() {
 #[test]
 fn pod_manifest_names_the_runtime_class_and_profiles_when_configured() {
     let mut s = settings();
+    s.worker_env = vec![(
+        "SANDBOX_EGRESS_PROXY_URL".to_owned(),
+        "http://corral-egress.corral.svc:3128".to_owned(),
+    )];
+    let json = serde_json::to_value(worker_pod(&s, worker(1), &image())).expect("json");
+    assert_eq!(
+        json["spec"]["containers"][0]["env"][2],
+        json!({ "name": "SANDBOX_EGRESS_PROXY_URL", "value": "http://corral-egress.corral.svc:3128" })
+    );
     s.runtime_class = Some("gvisor".to_owned());
     s.apparmor = AppArmor::Localhost("corral-worker".to_owned());
     s.seccomp = Seccomp::Localhost("profiles/corral-worker.json".to_owned());

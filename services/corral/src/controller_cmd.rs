@@ -11,7 +11,7 @@
 //!   `--image REF` (a digest reference; `corral` on its `PATH`), under `--runtime-class NAME` when
 //!   given; the workers' credential is the Secret `--credential-secret NAME` (default
 //!   `corral-worker-credential`, key `worker-token`), which the controller also reads from
-//!   `CORRAL_WORKER_TOKEN[_FILE]`. The cluster comes from the kubeconfig or the pod's service
+//!   `CORRAL_WORKER_TOKEN[_FILE]`; the pods get this controller's `SANDBOX_EGRESS_PROXY_URL`. The cluster comes from the kubeconfig or the pod's service
 //!   account. Needs `CORRAL_POOL_MODE=controller`.
 //! - `agent-sandbox`: `SandboxClaim`s naming `--sandbox-template NAME` (and `--warm-pool NAME`)
 //!   in `--namespace NS`, with fixed deadlines; needs `CORRAL_POOL_MODE=platform_operator` and
@@ -267,6 +267,12 @@ async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
             kube_settings.runtime_class.clone_from(runtime_class);
             if let Some(secret) = credential_secret {
                 kube_settings.credential_secret.clone_from(secret);
+            }
+            // The workers reach the egress proxy this controller was configured with.
+            if let Some(url) = &settings.egress.proxy_url {
+                kube_settings
+                    .worker_env
+                    .push(("SANDBOX_EGRESS_PROXY_URL".to_owned(), url.clone()));
             }
             let client = cluster_client().await?;
             let backend = KubeBackend::new(client, kube_settings)?;
