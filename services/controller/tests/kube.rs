@@ -932,7 +932,7 @@ mod with_reconciler {
     /// A pod the cluster loses (its node went away) is noticed from the inventory, leaves the
     /// pool, and is replaced.
     #[tokio::test]
-    async fn a_lost_pod_leaves_the_pool_and_is_replaced() {
+    async fn pool_02_a_lost_pod_leaves_the_pool_and_is_replaced() {
         let Some(server) = valkey() else {
             return;
         };

@@ -121,11 +121,7 @@ impl PaperController {
                         outcome: Outcome::Done,
                     }
                 }
-                Effect::Reset { worker, token } => Command::ResetReported {
-                    worker,
-                    token,
-                    evidence: ResetEvidence::clean(token),
-                },
+                Effect::Reset { worker, token } => paper_reset(worker, token),
             };
             let Some(applied) = commit(store, &report, config).await else {
                 return false;
@@ -133,6 +129,15 @@ impl PaperController {
             pending.extend(applied.effects);
         }
         true
+    }
+}
+
+/// The report of a paper worker's reset, done at once and proven clean.
+pub fn paper_reset(worker: WorkerId, token: OpToken) -> Command {
+    Command::ResetReported {
+        worker,
+        token,
+        evidence: ResetEvidence::clean(token),
     }
 }
 
@@ -228,11 +233,7 @@ pub async fn run_client(
             if let Effect::Reset { worker, token } = effect {
                 // The paper reset is done at once; its report goes while the next cycle begins,
                 // as a real reset's does (it runs beside the next run, not before it).
-                let reset = Command::ResetReported {
-                    worker,
-                    token,
-                    evidence: ResetEvidence::clean(token),
-                };
+                let reset = paper_reset(worker, token);
                 let (store, config) = (store.clone(), config.clone());
                 resets.push(tokio::spawn(async move {
                     commit(&store, &reset, &config).await

@@ -366,7 +366,6 @@ async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     use corral_core::pool::{Disposition, Effect, TicketStatus};
-    use corral_core::reset::ResetEvidence;
 
     let Some(server) = server() else { return };
     let url = server.url();
@@ -434,11 +433,7 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     .expect("releases");
     for effect in released.effects {
         if let Effect::Reset { worker, token } = effect {
-            let reset = Command::ResetReported {
-                worker,
-                token,
-                evidence: ResetEvidence::clean(token),
-            };
+            let reset = corral_store::harness::paper_reset(worker, token);
             // What it grants (the queue's head) its owner reads from the document.
             let _granted = commit(&store, &reset, &config).await.expect("reported");
         }
