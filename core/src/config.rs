@@ -22,6 +22,7 @@
 
 use std::fmt;
 
+use crate::bounds::ExecutionBounds;
 use crate::jail::Language;
 use crate::pool::{PoolConfig, PoolMode};
 
@@ -113,6 +114,14 @@ const fn doc(
         requirement,
         meaning,
     }
+}
+
+/// A setting's value as given, read as every source of settings is read (the environment, the
+/// administrator's egress policy): surrounding whitespace is not part of it, and a blank value is
+/// an unset one.
+#[must_use]
+pub fn setting_value(raw: &str) -> Option<&str> {
+    Some(raw.trim()).filter(|value| !value.is_empty())
 }
 
 /// The documentation of the setting called `name`, if Corral reads one by that name.
@@ -602,29 +611,6 @@ impl PoolModeSetting {
     }
 }
 
-/// The bounds of one run (BOUND-1) and of the worker that hosts it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExecutionBounds {
-    /// `SANDBOX_MAX_WALL_SECONDS` (default 30): wall-clock limit of one run.
-    pub max_wall_seconds: u64,
-    /// `SANDBOX_MAX_OUTPUT_BYTES` (default 1 MiB): most stdout and stderr one run returns.
-    pub max_output_bytes: u64,
-    /// `SANDBOX_MAX_ARTIFACT_BYTES` (default 10 MiB): largest output file one run returns.
-    pub max_artifact_bytes: u64,
-    /// `SANDBOX_WORKSPACE_MAX_BYTES` (default 8 MiB): largest workspace snapshot.
-    pub workspace_max_bytes: u64,
-    /// `SANDBOX_HASHLINE_STATE_MAX_BYTES` (default 64 MiB): largest Hashline authority record.
-    pub hashline_state_max_bytes: u64,
-    /// `SANDBOX_DEPENDENCY_INSTALL_TIMEOUT_SECONDS` (default 120): longest a dependency install takes.
-    pub dependency_install_timeout_seconds: u64,
-    /// `SANDBOX_MAX_MEMORY_BYTES` (Corral's default 512 MiB): memory limit of a run's processes.
-    pub max_memory_bytes: u64,
-    /// `SANDBOX_MAX_PROCESSES` (Corral's default 64): most processes a run has at once.
-    pub max_processes: u32,
-    /// `SANDBOX_TMP_MAX_BYTES` (Corral's default 64 MiB): size of a run's temporary directory.
-    pub tmp_max_bytes: u64,
-}
-
 /// Which registries the package broker fronts (`SANDBOX_PACKAGE_REGISTRIES`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PackageRegistries {
@@ -724,6 +710,13 @@ pub struct WorkerPorts {
     pub control_port: u16,
     /// `CORRAL_WORKER_BROWSER_PORT` (default 8080): the browser-media HTTP and signaling adapter.
     pub browser_port: u16,
+}
+
+impl WorkerPorts {
+    /// The control API's port unless configured (BROW-7).
+    pub const DEFAULT_CONTROL: u16 = 8091;
+    /// The browser-media adapter's port unless configured (BROW-7).
+    pub const DEFAULT_BROWSER: u16 = 8080;
 }
 
 /// What a warm worker prepares before any lease (ARCHITECTURE.md, "Running code").
@@ -850,8 +843,8 @@ impl Default for Settings {
             egress: EgressSettings::default(),
             field_key: FieldKeySource::Unset,
             worker: WorkerPorts {
-                control_port: 8091,
-                browser_port: 8080,
+                control_port: WorkerPorts::DEFAULT_CONTROL,
+                browser_port: WorkerPorts::DEFAULT_BROWSER,
             },
             prepare: PrepareSettings {
                 languages: vec![Language::Python],
@@ -873,13 +866,7 @@ struct Reader<F> {
 impl<F: Fn(&str) -> Option<String>> Reader<F> {
     /// The trimmed value of `name`, or `None` when it is unset or blank.
     fn raw(&self, name: &'static str) -> Option<String> {
-        let value = (self.lookup)(name)?;
-        let trimmed = value.trim();
-        if trimmed.is_empty() {
-            None
-        } else {
-            Some(trimmed.to_owned())
-        }
+        setting_value(&(self.lookup)(name)?).map(str::to_owned)
     }
 
     fn number(&self, spec: &Number, default: u64) -> Result<u64, ConfigError> {
@@ -1573,7 +1560,7 @@ mod tests {
     }
 
     #[test]
-    fn pool_06_lease_defaults_match_the_specification() {
+    fn lease_defaults_match_the_specification() {
         let s = Settings::default();
         assert_eq!((s.lease_heartbeat_seconds, s.lease_ttl_seconds), (60, 900));
         assert_eq!(
@@ -1583,7 +1570,14 @@ mod tests {
     }
 
     #[test]
-    fn bound_01_defaults_match_the_specification() {
+    fn every_bound_names_a_documented_setting() {
+        for bound in crate::bounds::Bound::ALL {
+            assert!(setting_doc(bound.setting()).is_some(), "{bound:?}");
+        }
+    }
+
+    #[test]
+    fn execution_bound_defaults_match_the_specification() {
         let b = Settings::default().bounds;
         assert_eq!(b.max_wall_seconds, 30);
         assert_eq!(b.max_output_bytes, 1024 * 1024);
@@ -1621,13 +1615,13 @@ mod tests {
     }
 
     #[test]
-    fn ws_02_workspace_persist_defaults_on() {
+    fn workspace_persist_defaults_on() {
         assert!(Settings::default().workspace_persist);
         assert!(!parse(&[("SANDBOX_WORKSPACE_PERSIST", "off")]).workspace_persist);
     }
 
     #[test]
-    fn pkg_03_package_defaults_match_the_specification() {
+    fn package_settings_default_to_the_specification() {
         let p = Settings::default().packages;
         assert_eq!(p.broker_url, None);
         assert_eq!(p.token_ttl_seconds, 300);
@@ -1637,7 +1631,7 @@ mod tests {
     }
 
     #[test]
-    fn pkg_07_empty_registry_object_means_none() {
+    fn an_empty_registry_object_parses_as_no_registry() {
         for text in ["{}", " { } ", "{\n}"] {
             let s = parse(&[("SANDBOX_PACKAGE_REGISTRIES", text)]);
             assert_eq!(

@@ -232,6 +232,16 @@ pub enum InvalidDocument {
 }
 
 impl InvalidDocument {
+    /// Every fault.
+    pub const ALL: [InvalidDocument; 6] = [
+        Self::PdfHeaderMissing,
+        Self::PdfEndMarkerMissing,
+        Self::NotZip,
+        Self::Zip64,
+        Self::ContentTypesMissing,
+        Self::MainPartMissing,
+    ];
+
     /// The stable code.
     #[must_use]
     pub fn code(self) -> &'static str {
@@ -245,6 +255,9 @@ impl InvalidDocument {
         }
     }
 }
+
+// On the wire a fault is its code (`pdf_header_missing`, ...).
+wire_code!(InvalidDocument, code, "a document check");
 
 /// How far from the end of a PDF its `%%EOF` marker may be (trailing whitespace and the odd
 /// appended byte are common; a marker buried mid-file is not an end marker).
@@ -385,14 +398,24 @@ pub struct Offered {
 }
 
 /// A file in the typed download list.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Download {
     /// Workspace-relative path.
     pub path: String,
     /// Size in bytes.
     pub bytes: u64,
-    /// Media type, from the extension.
-    pub media_type: &'static str,
+    /// Media type, from the extension ([`media_type`]).
+    pub media_type: String,
+}
+
+/// A document left out of the download list because it is not what its name says (OUT-4): the
+/// run errors naming it and the check it failed, and no reference to it is ever kept.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Rejected {
+    /// Workspace-relative path.
+    pub path: String,
+    /// The check it failed.
+    pub check: InvalidDocument,
 }
 
 /// Why an offered file is not in the download list.
@@ -426,6 +449,23 @@ pub struct Selection {
     pub artifact_bound_hit: bool,
 }
 
+impl Selection {
+    /// The documents left out because they failed verification (OUT-4).
+    #[must_use]
+    pub fn rejected(&self) -> Vec<Rejected> {
+        self.excluded
+            .iter()
+            .filter_map(|(path, excluded)| match excluded {
+                Excluded::Invalid(check) => Some(Rejected {
+                    path: path.clone(),
+                    check: *check,
+                }),
+                Excluded::OverArtifactBound => None,
+            })
+            .collect()
+    }
+}
+
 /// Chooses the downloads from `offered` (in path order): invalid documents are left out, and
 /// files are taken in order while their total stays within `max_artifact_bytes`.
 #[must_use]
@@ -451,7 +491,7 @@ pub fn select(offered: &[Offered], max_artifact_bytes: u64) -> Selection {
         selection.downloads.push(Download {
             path: file.path.clone(),
             bytes: file.bytes,
-            media_type: media_type(&file.path),
+            media_type: media_type(&file.path).to_owned(),
         });
     }
     assert!(total_bytes <= max_artifact_bytes);

@@ -98,6 +98,18 @@ impl fmt::Display for ImageId {
     }
 }
 
+/// Lower-case hexadecimal of `bytes`: the one text form of random ids, digests and keys.
+#[must_use]
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        text.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        text.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
+    }
+    text
+}
+
 /// Longest actor, member or conversation id, in bytes.
 pub const IDENTITY_MAX_BYTES: usize = 256;
 
@@ -154,6 +166,12 @@ pub struct LeaseScope {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_is_lower_case_and_two_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
+    }
 
     #[test]
     fn worker_id_round_trips_and_rejects_other_spellings() {

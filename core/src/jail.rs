@@ -1,19 +1,20 @@
-//! The rules of one run in the worker's jail (ISO-1, BOUND-1, PKG-6): which languages run, why a
-//! run is refused before it starts, which isolation posture is acceptable, which bounds a run hit,
-//! and how its output is capped.
+//! The rules of one run in the worker's jail (ISO-1, PKG-6): which languages run, why a run is
+//! refused before it starts, and which isolation posture is acceptable. The bounds a run may hit
+//! are [`crate::bounds`]'s.
 //!
 //! The worker (`corral-worker`) measures and enforces; every decision about what a measurement
 //! means is made here, so the control API, the operator tool and the tests agree.
 
 use std::collections::BTreeSet;
 
-use crate::config::ExecutionBounds;
-
 // ---------------------------------------------------------------------------------------------
 // Languages and refusals.
 
-/// A language the jail runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// A language the jail runs. On the wire, its name as the caller writes it (`python`, `node`).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Language {
     /// Python 3.
     Python,
@@ -69,9 +70,22 @@ pub enum NotRun {
     CodeTooLarge,
     /// The jail could not be built for another reason; the diagnostics say which step failed.
     JailSetupFailed,
+    /// A persistent kernel was asked for, and this release runs only ephemeral code (KER-1): the
+    /// code is refused rather than run ephemerally.
+    PersistentKernelUnavailable,
 }
 
 impl NotRun {
+    /// Every reason.
+    pub const ALL: [NotRun; 6] = [
+        Self::UnsupportedLanguage,
+        Self::IsolationUnavailable,
+        Self::WorkspaceTooLarge,
+        Self::CodeTooLarge,
+        Self::JailSetupFailed,
+        Self::PersistentKernelUnavailable,
+    ];
+
     /// The stable reason code.
     #[must_use]
     pub fn code(self) -> &'static str {
@@ -81,9 +95,13 @@ impl NotRun {
             Self::WorkspaceTooLarge => "workspace_too_large",
             Self::CodeTooLarge => "code_too_large",
             Self::JailSetupFailed => "jail_setup_failed",
+            Self::PersistentKernelUnavailable => "persistent_kernel_unavailable",
         }
     }
 }
+
+// On the wire a reason is its code (`unsupported_language`, ...).
+wire_code!(NotRun, code, "a not_run reason");
 
 // ---------------------------------------------------------------------------------------------
 // Isolation posture.
@@ -164,334 +182,6 @@ pub fn posture(
     Err(missing.clone())
 }
 
-// ---------------------------------------------------------------------------------------------
-// Bounds.
-
-/// A bound a run can hit (BOUND-1), each reported as its own error naming its setting. The
-/// declaration order is the order of precedence: when a run hits several, the first is the one
-/// the result names, because a resource exhausted explains a timeout better than the reverse.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Bound {
-    /// `SANDBOX_MAX_MEMORY_BYTES`.
-    Memory,
-    /// `SANDBOX_MAX_PROCESSES`.
-    Processes,
-    /// `SANDBOX_TMP_MAX_BYTES` (the run's /tmp and /dev/shm).
-    Tmp,
-    /// `SANDBOX_WORKSPACE_MAX_BYTES`.
-    Workspace,
-    /// `SANDBOX_MAX_ARTIFACT_BYTES`.
-    Artifacts,
-    /// `SANDBOX_MAX_OUTPUT_BYTES`.
-    Output,
-    /// `SANDBOX_MAX_WALL_SECONDS`.
-    Wall,
-}
-
-impl Bound {
-    /// The setting's name, verbatim.
-    #[must_use]
-    pub fn setting(self) -> &'static str {
-        match self {
-            Self::Memory => "SANDBOX_MAX_MEMORY_BYTES",
-            Self::Processes => "SANDBOX_MAX_PROCESSES",
-            Self::Tmp => "SANDBOX_TMP_MAX_BYTES",
-            Self::Workspace => "SANDBOX_WORKSPACE_MAX_BYTES",
-            Self::Artifacts => "SANDBOX_MAX_ARTIFACT_BYTES",
-            Self::Output => "SANDBOX_MAX_OUTPUT_BYTES",
-            Self::Wall => "SANDBOX_MAX_WALL_SECONDS",
-        }
-    }
-}
-
-/// Free space below which a size-bounded filesystem counts as full: tmpfs allocates whole pages,
-/// so a writer that stopped on "no space" can leave up to a page or so unused, and a little more
-/// when several files were open at once.
-pub const FILESYSTEM_FULL_SLACK_BYTES: u64 = 64 * 1024;
-
-/// What a size-bounded filesystem (the workspace, or /tmp with /dev/shm) looked like at the end.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FilesystemUse {
-    /// Bytes still free.
-    pub free_bytes: u64,
-    /// Inodes still free.
-    pub free_inodes: u64,
-    /// The sum of the apparent sizes of the regular files in it (a sparse file counts whole).
-    pub apparent_bytes: u64,
-}
-
-impl FilesystemUse {
-    /// Whether this filesystem reached the bound `max_bytes`: no room left, no inode left, or more
-    /// apparent content than the bound (a sparse file, which would not fit once archived).
-    #[must_use]
-    pub fn at_bound(&self, max_bytes: u64) -> bool {
-        self.free_bytes < FILESYSTEM_FULL_SLACK_BYTES
-            || self.free_inodes == 0
-            || self.apparent_bytes > max_bytes
-    }
-}
-
-/// What the worker measured about a finished run, for [`bounds_hit`]. A measurement the worker
-/// could not take is `None` and hits nothing: the posture, not this, records what was unmeasured.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BoundObservations {
-    /// The wall-clock limit expired and the run was killed.
-    pub wall_expired: bool,
-    /// Bytes of stdout and stderr dropped past the cap.
-    pub output_dropped_bytes: u64,
-    /// Times the memory controller found the run at its limit (`memory.failcnt`).
-    pub memory_limit_hits: Option<u64>,
-    /// Processes the kernel's OOM killer killed in the run's cgroup.
-    pub oom_kills: Option<u64>,
-    /// Forks the pids controller refused (`pids.events` `max`).
-    pub process_limit_hits: Option<u64>,
-    /// The run's /tmp and /dev/shm at the end.
-    pub scratch: Option<FilesystemUse>,
-    /// The run's workspace at the end.
-    pub workspace: Option<FilesystemUse>,
-    /// The files offered as downloads exceeded `SANDBOX_MAX_ARTIFACT_BYTES`.
-    pub artifacts_over: bool,
-}
-
-/// Every bound `observed` shows hit, in order of precedence (the first is the one to report).
-#[must_use]
-pub fn bounds_hit(
-    observed: &BoundObservations,
-    tmp_max_bytes: u64,
-    workspace_max_bytes: u64,
-) -> BTreeSet<Bound> {
-    let mut hit = BTreeSet::new();
-    let positive = |value: Option<u64>| value.is_some_and(|count| count > 0);
-    if positive(observed.memory_limit_hits) || positive(observed.oom_kills) {
-        hit.insert(Bound::Memory);
-    }
-    if positive(observed.process_limit_hits) {
-        hit.insert(Bound::Processes);
-    }
-    if observed
-        .scratch
-        .is_some_and(|fs| fs.at_bound(tmp_max_bytes))
-    {
-        hit.insert(Bound::Tmp);
-    }
-    if observed
-        .workspace
-        .is_some_and(|fs| fs.at_bound(workspace_max_bytes))
-    {
-        hit.insert(Bound::Workspace);
-    }
-    if observed.artifacts_over {
-        hit.insert(Bound::Artifacts);
-    }
-    if observed.output_dropped_bytes > 0 {
-        hit.insert(Bound::Output);
-    }
-    if observed.wall_expired {
-        hit.insert(Bound::Wall);
-    }
-    hit
-}
-
-// ---------------------------------------------------------------------------------------------
-// Output.
-
-/// One output stream of a run, kept up to a cap and counted past it.
-///
-/// The shell keeps reading past the cap and feeds every chunk here, so the code never blocks on a
-/// full pipe; only the first `cap_bytes` are kept.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CappedOutput {
-    kept: Vec<u8>,
-    cap_bytes: usize,
-    bytes_total: u64,
-}
-
-impl CappedOutput {
-    /// An empty stream that keeps at most `cap_bytes` (`SANDBOX_MAX_OUTPUT_BYTES`).
-    #[must_use]
-    pub fn new(cap_bytes: u64) -> Self {
-        Self {
-            kept: Vec::new(),
-            cap_bytes: usize::try_from(cap_bytes).unwrap_or(usize::MAX),
-            bytes_total: 0,
-        }
-    }
-
-    /// Takes the next chunk of the stream.
-    pub fn accept(&mut self, chunk: &[u8]) {
-        let room = self.cap_bytes.saturating_sub(self.kept.len());
-        let keep = room.min(chunk.len());
-        self.kept.extend_from_slice(&chunk[..keep]);
-        self.bytes_total = self
-            .bytes_total
-            .saturating_add(u64::try_from(chunk.len()).unwrap_or(u64::MAX));
-        assert!(self.kept.len() <= self.cap_bytes);
-    }
-
-    /// The bytes kept.
-    #[must_use]
-    pub fn kept(&self) -> &[u8] {
-        &self.kept
-    }
-
-    /// Every byte the stream carried, kept or not.
-    #[must_use]
-    pub fn bytes_total(&self) -> u64 {
-        self.bytes_total
-    }
-
-    /// Bytes past the cap, counted and discarded.
-    #[must_use]
-    pub fn bytes_dropped(&self) -> u64 {
-        self.bytes_total - self.kept.len() as u64
-    }
-
-    /// Whether anything was dropped.
-    #[must_use]
-    pub fn truncated(&self) -> bool {
-        self.bytes_dropped() > 0
-    }
-
-    /// Whether the cap is reached, so that further bytes will only be counted.
-    #[must_use]
-    pub fn full(&self) -> bool {
-        self.kept.len() >= self.cap_bytes
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Per-run bounds.
-
-/// Bounds a caller asks for one run, each in place of its configured setting. Each may only lower
-/// the configured bound: the operator's settings are the ceiling (BOUND-1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BoundOverrides {
-    /// In place of `SANDBOX_MAX_WALL_SECONDS`.
-    pub max_wall_seconds: Option<u64>,
-    /// In place of `SANDBOX_MAX_OUTPUT_BYTES`.
-    pub max_output_bytes: Option<u64>,
-    /// In place of `SANDBOX_MAX_ARTIFACT_BYTES`.
-    pub max_artifact_bytes: Option<u64>,
-    /// In place of `SANDBOX_MAX_MEMORY_BYTES`.
-    pub max_memory_bytes: Option<u64>,
-    /// In place of `SANDBOX_MAX_PROCESSES`.
-    pub max_processes: Option<u32>,
-}
-
-/// An override that is zero or above its configured bound, with the setting it names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OverrideRefused {
-    /// The setting the override would have raised (or zeroed).
-    pub setting: &'static str,
-}
-
-impl OverrideRefused {
-    /// The stable reason code.
-    #[must_use]
-    pub fn code(self) -> &'static str {
-        "bound_override_refused"
-    }
-}
-
-/// The bounds of one run: `configured` with each override applied, or the first override that is
-/// zero or higher than its configured bound.
-pub fn lowered_bounds(
-    configured: &ExecutionBounds,
-    overrides: &BoundOverrides,
-) -> Result<ExecutionBounds, OverrideRefused> {
-    fn lower(
-        configured: u64,
-        asked: Option<u64>,
-        setting: &'static str,
-    ) -> Result<u64, OverrideRefused> {
-        match asked {
-            None => Ok(configured),
-            Some(value) if (1..=configured).contains(&value) => Ok(value),
-            Some(_) => Err(OverrideRefused { setting }),
-        }
-    }
-    let mut bounds = configured.clone();
-    bounds.max_wall_seconds = lower(
-        configured.max_wall_seconds,
-        overrides.max_wall_seconds,
-        "SANDBOX_MAX_WALL_SECONDS",
-    )?;
-    bounds.max_output_bytes = lower(
-        configured.max_output_bytes,
-        overrides.max_output_bytes,
-        "SANDBOX_MAX_OUTPUT_BYTES",
-    )?;
-    bounds.max_artifact_bytes = lower(
-        configured.max_artifact_bytes,
-        overrides.max_artifact_bytes,
-        "SANDBOX_MAX_ARTIFACT_BYTES",
-    )?;
-    bounds.max_memory_bytes = lower(
-        configured.max_memory_bytes,
-        overrides.max_memory_bytes,
-        "SANDBOX_MAX_MEMORY_BYTES",
-    )?;
-    let processes = lower(
-        u64::from(configured.max_processes),
-        overrides.max_processes.map(u64::from),
-        "SANDBOX_MAX_PROCESSES",
-    )?;
-    bounds.max_processes = u32::try_from(processes).unwrap_or(configured.max_processes);
-    assert!(bounds.max_wall_seconds <= configured.max_wall_seconds);
-    assert!(bounds.max_memory_bytes <= configured.max_memory_bytes);
-    Ok(bounds)
-}
-
-#[cfg(test)]
-mod override_tests {
-    use super::*;
-    use crate::config::Settings;
-
-    #[test]
-    fn bound_1_overrides_only_lower_the_configured_bounds() {
-        let configured = Settings::from_pairs(&[]).unwrap().bounds;
-        let lowered = lowered_bounds(
-            &configured,
-            &BoundOverrides {
-                max_wall_seconds: Some(5),
-                max_processes: Some(8),
-                ..BoundOverrides::default()
-            },
-        )
-        .unwrap();
-        assert_eq!((lowered.max_wall_seconds, lowered.max_processes), (5, 8));
-        assert_eq!(lowered.max_output_bytes, configured.max_output_bytes);
-        for (overrides, setting) in [
-            (
-                BoundOverrides {
-                    max_wall_seconds: Some(configured.max_wall_seconds + 1),
-                    ..BoundOverrides::default()
-                },
-                "SANDBOX_MAX_WALL_SECONDS",
-            ),
-            (
-                BoundOverrides {
-                    max_memory_bytes: Some(0),
-                    ..BoundOverrides::default()
-                },
-                "SANDBOX_MAX_MEMORY_BYTES",
-            ),
-            (
-                BoundOverrides {
-                    max_output_bytes: Some(u64::MAX),
-                    ..BoundOverrides::default()
-                },
-                "SANDBOX_MAX_OUTPUT_BYTES",
-            ),
-        ] {
-            assert_eq!(
-                lowered_bounds(&configured, &overrides),
-                Err(OverrideRefused { setting })
-            );
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,103 +217,5 @@ mod tests {
         assert_eq!(posture(&fatal, true), Err(fatal.clone()));
         let root: BTreeSet<_> = [Primitive::Privileges].into();
         assert_eq!(posture(&root, true), Err(root.clone()));
-    }
-
-    #[test]
-    fn bound_01_each_bound_names_its_setting_and_resources_explain_timeouts() {
-        let observed = BoundObservations {
-            wall_expired: true,
-            process_limit_hits: Some(3),
-            ..BoundObservations::default()
-        };
-        let hit = bounds_hit(&observed, 1 << 20, 1 << 20);
-        assert_eq!(
-            hit.iter().copied().collect::<Vec<_>>(),
-            [Bound::Processes, Bound::Wall]
-        );
-        assert_eq!(
-            hit.first().map(|b| b.setting()),
-            Some("SANDBOX_MAX_PROCESSES")
-        );
-        let settings: BTreeSet<&str> = [
-            Bound::Memory,
-            Bound::Processes,
-            Bound::Tmp,
-            Bound::Workspace,
-            Bound::Artifacts,
-            Bound::Output,
-            Bound::Wall,
-        ]
-        .iter()
-        .map(|b| b.setting())
-        .collect();
-        assert_eq!(settings.len(), 7);
-        for name in settings {
-            assert!(crate::config::setting_doc(name).is_some(), "{name}");
-        }
-    }
-
-    #[test]
-    fn unmeasured_or_zero_counters_hit_nothing() {
-        let observed = BoundObservations {
-            memory_limit_hits: Some(0),
-            oom_kills: None,
-            process_limit_hits: Some(0),
-            scratch: Some(FilesystemUse {
-                free_bytes: 1 << 20,
-                free_inodes: 10,
-                apparent_bytes: 0,
-            }),
-            ..BoundObservations::default()
-        };
-        assert!(bounds_hit(&observed, 1 << 21, 1 << 21).is_empty());
-    }
-
-    #[test]
-    fn a_full_or_sparse_filesystem_is_at_its_bound() {
-        let roomy = FilesystemUse {
-            free_bytes: 1 << 20,
-            free_inodes: 100,
-            apparent_bytes: 1000,
-        };
-        assert!(!roomy.at_bound(1 << 21));
-        assert!(
-            FilesystemUse {
-                free_bytes: 4096,
-                ..roomy
-            }
-            .at_bound(1 << 21)
-        );
-        assert!(
-            FilesystemUse {
-                free_inodes: 0,
-                ..roomy
-            }
-            .at_bound(1 << 21)
-        );
-        assert!(
-            FilesystemUse {
-                apparent_bytes: 1 << 30,
-                ..roomy
-            }
-            .at_bound(1 << 21)
-        );
-    }
-
-    #[test]
-    fn output_keeps_the_cap_and_counts_the_rest() {
-        let mut out = CappedOutput::new(10);
-        out.accept(b"hello");
-        assert!(!out.truncated() && !out.full());
-        out.accept(b" world, and more");
-        assert_eq!(out.kept(), b"hello worl");
-        assert_eq!(out.bytes_total(), 21);
-        assert_eq!(out.bytes_dropped(), 11);
-        assert!(out.truncated() && out.full());
-        out.accept(&[0; 1000]);
-        assert_eq!(
-            (out.kept().len(), out.bytes_total(), out.bytes_dropped()),
-            (10, 1021, 1011)
-        );
     }
 }

@@ -7,11 +7,13 @@
 //! same code, so a bug the simulator finds is a bug in what ships.
 //!
 //! Modules:
+//! - [`bounds`]: the bounds of one run: ceilings, lower overrides, which were hit, output caps.
 //! - [`config`]: every setting, its default, fail-closed parsing.
 //! - [`downloads`]: which files a run returns, and document verification (OUT-4).
 //! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
 //! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
+//! - [`run`]: one `run_code`, decided: admission, and the outcome of what the worker reported.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
 //! - [`workspace`]: the judge of every entry of a workspace archive (paths, kinds, the bound).
@@ -20,6 +22,33 @@
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 #![warn(missing_docs)]
 
+/// Puts a code enum on the wire as its stable code: `wire_code!(Type, method, "what it is")`
+/// serializes a value as `value.method()` and reads back the one of `Type::ALL` whose
+/// `method()` is the text, refusing any other text. The crate using it depends on `serde`.
+#[macro_export]
+macro_rules! wire_code {
+    ($ty:ty, $method:ident, $what:literal) => {
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.$method())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+                <$ty>::ALL
+                    .into_iter()
+                    .find(|value| value.$method() == text)
+                    .ok_or_else(|| {
+                        serde::de::Error::custom(format!(concat!("not ", $what, ": {:?}"), text))
+                    })
+            }
+        }
+    };
+}
+
+pub mod bounds;
 pub mod config;
 pub mod downloads;
 pub mod egress;
@@ -27,6 +56,7 @@ pub mod ids;
 pub mod jail;
 pub mod pool;
 pub mod reset;
+pub mod run;
 pub mod store;
 pub mod time;
 pub mod workspace;

@@ -298,13 +298,45 @@ pub fn storage_key(actor: &str, conversation: &str) -> String {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part.as_bytes());
     }
-    hash.finalize()
-        .iter()
-        .fold(String::with_capacity(64), |mut hex, byte| {
-            use core::fmt::Write as _;
-            let _ = write!(hex, "{byte:02x}");
-            hex
-        })
+    crate::ids::hex(&hash.finalize())
+}
+
+/// The prefix of a retained output's reference.
+const OUTPUT_REFERENCE_PREFIX: &str = "output:";
+/// The length of a run id: 16 random bytes in hex.
+pub const RUN_ID_HEX_LEN: usize = 32;
+
+/// The reference a run's validated output is known by once retained (OUT-1):
+/// `output:<run id>/<path>`. It names the retained copy, which no later save of the workspace
+/// changes or prunes, and it is metadata only: reading it needs the caller's credential and the
+/// same actor and conversation.
+#[must_use]
+pub fn output_reference(run_id: &str, path: &str) -> String {
+    format!("{OUTPUT_REFERENCE_PREFIX}{run_id}/{path}")
+}
+
+/// The run id and path of an output reference, when `text` is one: a run id of
+/// [`RUN_ID_HEX_LEN`] lower-case hex digits and a path [`read_path`] accepts.
+#[must_use]
+pub fn parse_output_reference(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix(OUTPUT_REFERENCE_PREFIX)?;
+    let (run_id, path) = rest.split_once('/')?;
+    let run_id_ok = run_id.len() == RUN_ID_HEX_LEN
+        && run_id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (run_id_ok && read_path(path).ok() == Some(path)).then_some((run_id, path))
+}
+
+/// The object name, under its workspace's [`storage_key`], of a retained output:
+/// `<run id>/<sha256 of the path>`, so that no path can shape the name.
+#[must_use]
+pub fn output_object(run_id: &str, path: &str) -> String {
+    use sha2::Digest as _;
+    let mut hash = sha2::Sha256::new();
+    hash.update(b"corral-output-v1\0");
+    hash.update(path.as_bytes());
+    format!("{run_id}/{}", crate::ids::hex(&hash.finalize()))
 }
 
 /// Judges a path `read_workspace` (or an edit) is asked for (WS-4): the archive's own path rule,

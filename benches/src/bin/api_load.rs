@@ -1,9 +1,12 @@
 //! Load through the API: `print(1)` via `POST /v1/run_code` at concurrency 1, 8 and 32 (at 32,
-//! sixteen members with two runs each in flight), beside a bare `python3 -c 'print(1)'` spawn
-//! measured in the same run, at concurrency 1 and 32. Prints p50, p99 and runs per second for
-//! each, and the ratios the goals are stated in. `scripts/bench-api` starts a stack and runs it.
+//! sixteen members with two runs each in flight), beside two baselines measured in the same run,
+//! each at concurrency 1 and 32: a bare `python3 -c 'print(1)'` spawn (an explicit interpreter
+//! path), and the same under bubblewrap with every namespace unshared (`bwrap --unshare-all`,
+//! the read-only host root, a fresh /dev, /proc and /tmp): what a sandbox that does no more than
+//! unshare costs. Prints p50, p99 and runs per second for each, and the ratios the goals are
+//! stated in. `scripts/bench-api` starts a stack and runs it.
 //!
-//! `api_load --api URL --token-file FILE [--runs N] [--python PATH]`
+//! `api_load --api URL --token-file FILE [--runs N] [--python PATH] [--bwrap PATH]`
 
 use std::time::{Duration, Instant};
 
@@ -134,8 +137,34 @@ async fn settle(client: &Client) {
     tokio::time::sleep(Duration::from_secs(3)).await;
 }
 
-/// `runs` bare spawns of `python -c 'print(1)'`, `concurrency` at a time.
-async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
+/// The command of a baseline run: `python -c 'print(1)'`, under `bwrap` when one is given.
+fn baseline(python: &str, bwrap: Option<&str>) -> Vec<String> {
+    let mut command: Vec<String> = match bwrap {
+        Some(bwrap) => [
+            bwrap,
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--tmpfs",
+            "/tmp",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect(),
+        None => Vec::new(),
+    };
+    command.extend([python.to_owned(), "-c".to_owned(), "print(1)".to_owned()]);
+    command
+}
+
+/// `runs` spawns of `command` (which prints `1`), `concurrency` at a time.
+async fn bare(command: &[String], runs: usize, concurrency: usize) -> Figures {
     let cpu = cpu_jiffies();
     let started = Instant::now();
     let mut latencies = Vec::with_capacity(runs);
@@ -144,15 +173,15 @@ async fn bare(python: &str, runs: usize, concurrency: usize) -> Figures {
         let batch = remaining.min(concurrency);
         let spawned: Vec<_> = (0..batch)
             .map(|_| {
-                let python = python.to_owned();
+                let command = command.to_vec();
                 tokio::spawn(async move {
                     let t = Instant::now();
-                    let out = tokio::process::Command::new(&python)
-                        .args(["-c", "print(1)"])
+                    let out = tokio::process::Command::new(&command[0])
+                        .args(&command[1..])
                         .output()
                         .await
-                        .expect("python runs");
-                    assert_eq!(out.stdout, b"1\n");
+                        .expect("the baseline runs");
+                    assert_eq!(out.stdout, b"1\n", "{command:?}: {out:?}");
                     t.elapsed()
                 })
             })
@@ -242,40 +271,61 @@ async fn main() {
             .cloned()
     };
     let (Some(api_url), Some(token_file)) = (value("--api"), value("--token-file")) else {
-        eprintln!("usage: api_load --api URL --token-file FILE [--runs N] [--python PATH]");
+        eprintln!(
+            "usage: api_load --api URL --token-file FILE [--runs N] [--python PATH] [--bwrap PATH]"
+        );
         std::process::exit(2);
     };
     let runs: usize = value("--runs").and_then(|n| n.parse().ok()).unwrap_or(64);
     let python = value("--python").unwrap_or_else(|| String::from("/usr/bin/python3"));
+    let bwrap = value("--bwrap").unwrap_or_else(|| String::from("/usr/bin/bwrap"));
+    let plain = baseline(&python, None);
+    let unshared = baseline(&python, Some(&bwrap));
     let token = std::fs::read_to_string(&token_file).expect("token file");
     let client = Client::new(&api_url, token.trim()).expect("client");
     // Warm-up: one run per lane of the widest level, so no level pays for first connections.
     let _ = api(&client, 32, 32).await;
 
     settle(&client).await;
-    let bare_1 = bare(&python, runs, 1).await;
+    let bare_1 = bare(&plain, runs, 1).await;
+    let bwrap_1 = bare(&unshared, runs, 1).await;
     let api_1 = api(&client, runs, 1).await;
     settle(&client).await;
     let api_8 = api(&client, runs.max(8) / 8 * 8, 8).await;
     settle(&client).await;
     let api_32 = api(&client, (runs * 2).max(32) / 32 * 32, 32).await;
     settle(&client).await;
-    let bare_32 = bare(&python, (runs * 2).max(32) / 32 * 32, 32).await;
+    let bare_32 = bare(&plain, (runs * 2).max(32) / 32 * 32, 32).await;
+    let bwrap_32 = bare(&unshared, (runs * 2).max(32) / 32 * 32, 32).await;
     println!(
         "cores: {}",
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
     show("bare python3 -c 'print(1)', c=1", &bare_1);
+    show("bwrap --unshare-all python3, c=1", &bwrap_1);
     show("API run_code print(1), c=1", &api_1);
     show("API run_code print(1), c=8", &api_8);
     show("API run_code print(1), c=32", &api_32);
     show("bare python3 -c 'print(1)', c=32", &bare_32);
+    show("bwrap --unshare-all python3, c=32", &bwrap_32);
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!(
-        "ratio p50 API/bare at c=1: {:.2} (goal <= 1)",
-        api_1.p50.as_secs_f64() / bare_1.p50.as_secs_f64()
+        "ratio API/bare at c=1: p50 {:.2} (goal <= 1), p99 {:.2}; API/bwrap at c=1: p50 {:.2}, p99 {:.2}",
+        ratio(api_1.p50, bare_1.p50),
+        ratio(api_1.p99, bare_1.p99),
+        ratio(api_1.p50, bwrap_1.p50),
+        ratio(api_1.p99, bwrap_1.p99),
     );
     println!(
-        "ratio runs/s API/bare at c=32: {:.2} (1 = limited by the machine, as a bare spawn is)",
-        api_32.per_second / bare_32.per_second
+        "ratio API/bare at c=32: p50 {:.2}, p99 {:.2}; API/bwrap at c=32: p50 {:.2}, p99 {:.2}",
+        ratio(api_32.p50, bare_32.p50),
+        ratio(api_32.p99, bare_32.p99),
+        ratio(api_32.p50, bwrap_32.p50),
+        ratio(api_32.p99, bwrap_32.p99),
+    );
+    println!(
+        "ratio runs/s at c=32: API/bare {:.2}, API/bwrap {:.2} (1 = limited by the machine, as a bare spawn is)",
+        api_32.per_second / bare_32.per_second,
+        api_32.per_second / bwrap_32.per_second
     );
 }

@@ -234,15 +234,15 @@ pub(crate) mod tests {
             for target in [&literal_target, &name_target] {
                 let decision = decide_answer(&policy, target, &[probe]);
                 let expected = match (class, policy.mode()) {
-                    (_, crate::egress::mode::Mode::Isolated) => Err(Reason::ModeIsolated),
+                    (_, crate::egress::policy::Mode::Isolated) => Err(Reason::ModeIsolated),
                     (AddressClass::AlwaysDenied, _) => Err(Reason::AddressAlwaysDenied),
                     (AddressClass::EmbedsIpv4, _) => Err(Reason::AddressEmbeddedIpv4),
                     (AddressClass::SpecialPurpose, _) => Err(Reason::AddressSpecialPurpose),
-                    (AddressClass::Private, crate::egress::mode::Mode::PublicInternet) => {
+                    (AddressClass::Private, crate::egress::policy::Mode::PublicInternet) => {
                         Err(Reason::AddressPrivateNotConfigured)
                     }
                     (AddressClass::Private, _) => Ok(()),
-                    (AddressClass::GlobalUnicast, crate::egress::mode::Mode::PrivateNetwork) => {
+                    (AddressClass::GlobalUnicast, crate::egress::policy::Mode::PrivateNetwork) => {
                         Err(Reason::AddressPublicNotAllowed)
                     }
                     (AddressClass::GlobalUnicast, _) => Ok(()),

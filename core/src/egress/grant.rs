@@ -33,7 +33,7 @@ use sha2::Sha256;
 use zeroize::Zeroize as _;
 
 use super::address::Cidr;
-use super::mode::ResolutionNote;
+use super::mode::TokenTtl;
 use super::policy::{ALLOWED_HOSTS_MAX, AllowedHosts, AllowedPorts, Policy, PrivateCidrs};
 use super::reason::Reason;
 use super::target::{DnsName, Host};
@@ -61,75 +61,6 @@ pub const PROVIDER_HINT_MAX: usize = 256;
 
 const TOKEN_VERSION_PREFIX: &str = "cg1";
 const CLAIMS_VERSION: u8 = 1;
-
-/// A grant lifetime: 1 s to [`TokenTtl::CEILING_SECONDS`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct TokenTtl {
-    seconds: u64,
-}
-
-impl TokenTtl {
-    /// The lifetime of fresh configurations (EGR-6): 10 minutes.
-    pub const DEFAULT_SECONDS: u64 = 600;
-    /// The ceiling on any lifetime (EGR-6): 4 hours.
-    pub const CEILING_SECONDS: u64 = 4 * 60 * 60;
-    /// The default lifetime.
-    pub const DEFAULT: TokenTtl = TokenTtl {
-        seconds: TokenTtl::DEFAULT_SECONDS,
-    };
-
-    /// A lifetime of `seconds`, if within 1 s and the ceiling.
-    #[must_use]
-    pub fn from_seconds(seconds: u64) -> Option<TokenTtl> {
-        (1..=TokenTtl::CEILING_SECONDS)
-            .contains(&seconds)
-            .then_some(TokenTtl { seconds })
-    }
-
-    /// Resolves `SANDBOX_EGRESS_TOKEN_TTL_SECONDS`: absent is the default; plain decimal digits
-    /// are honoured up to the ceiling and clamped to it above (the operator's "long" is kept as
-    /// far as allowed; no value ever exceeds the ceiling); zero, a sign, spaces or anything not a
-    /// number fails closed to the default 600.
-    #[must_use]
-    pub fn resolve(text: Option<&str>) -> (TokenTtl, Option<ResolutionNote>) {
-        let Some(text) = text else {
-            return (TokenTtl::DEFAULT, None);
-        };
-        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-            return (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable));
-        }
-        // Only overflow can fail here: all digits, so it is a number above the ceiling.
-        let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
-        match TokenTtl::from_seconds(seconds) {
-            Some(ttl) => (ttl, None),
-            None if seconds == 0 => (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable)),
-            None => (
-                TokenTtl {
-                    seconds: TokenTtl::CEILING_SECONDS,
-                },
-                Some(ResolutionNote::TokenTtlClamped),
-            ),
-        }
-    }
-
-    /// The lifetime in seconds.
-    #[must_use]
-    pub fn seconds(self) -> u64 {
-        self.seconds
-    }
-
-    /// The lifetime in milliseconds.
-    #[must_use]
-    pub fn millis(self) -> u64 {
-        self.seconds.saturating_mul(1000)
-    }
-}
-
-impl Default for TokenTtl {
-    fn default() -> Self {
-        TokenTtl::DEFAULT
-    }
-}
 
 /// A unique id for one issued grant, drawn by the caller from its randomness (16 bytes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -490,6 +421,13 @@ pub fn parse_proxy_authorization(value: Option<&str>) -> Result<&str, Reason> {
     Ok(token)
 }
 
+/// Whether grant text can travel in a header as it is: non-empty, visible ASCII, no spaces. The
+/// worker refuses a request carrying one that cannot, and its relay never sends one.
+#[must_use]
+pub fn grant_is_sendable(grant: &str) -> bool {
+    !grant.is_empty() && grant.bytes().all(|b| b.is_ascii_graphic())
+}
+
 /// Applies a provider hint (EGR-4): in `host_allowlist` the hosts become those both configured
 /// and hinted (`isolated` when none is both); in every other mode the hint is ignored. Hint
 /// entries that do not parse as hosts match nothing, so they can only narrow further.
@@ -741,7 +679,8 @@ fn decode_policy(mode: u8, ports: Vec<u16>, cidrs: Vec<Cidr>, hosts: Vec<Host>) 
 pub(crate) mod tests {
     use super::*;
     use crate::egress::decide::{Decision, decide_answer};
-    use crate::egress::mode::Mode;
+    use crate::egress::policy::Mode;
+    use crate::egress::policy::SETTING_LIST_MAX_BYTES;
     use crate::egress::target::parse_connect_authority;
 
     pub(crate) const FIELD_KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
@@ -1102,46 +1041,6 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn egr_06_default_ttl_is_ten_minutes() {
-        assert_eq!(TokenTtl::resolve(None), (TokenTtl::DEFAULT, None));
-        assert_eq!(TokenTtl::DEFAULT.seconds(), 600);
-        assert_eq!(TokenTtl::default().millis(), 600_000);
-    }
-
-    #[test]
-    fn egr_06_explicit_ttl_is_honoured_up_to_four_hours_and_clamped_above() {
-        assert_eq!(TokenTtl::resolve(Some("60")).0.seconds(), 60);
-        assert_eq!(
-            TokenTtl::resolve(Some("14400")),
-            (TokenTtl::from_seconds(14_400).unwrap(), None)
-        );
-        assert_eq!(
-            TokenTtl::resolve(Some("14401")),
-            (
-                TokenTtl::from_seconds(14_400).unwrap(),
-                Some(ResolutionNote::TokenTtlClamped)
-            )
-        );
-        assert_eq!(
-            TokenTtl::resolve(Some("99999999999999999999999"))
-                .0
-                .seconds(),
-            14_400
-        );
-    }
-
-    #[test]
-    fn egr_06_non_number_ttl_fails_closed_to_the_default() {
-        for text in ["", "ten", "-5", "+600", " 600", "600s", "6e2", "0", "1.5"] {
-            assert_eq!(
-                TokenTtl::resolve(Some(text)),
-                (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable)),
-                "{text:?}"
-            );
-        }
-    }
-
-    #[test]
     fn egr_08_isolated_gets_no_credential() {
         let actor = actor();
         assert_eq!(
@@ -1292,11 +1191,12 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_largest_allowlist_grant_fits_its_bound() {
+    fn the_largest_allowlist_grant_is_refused_not_truncated() {
         let actor = ActorId("a".repeat(ACTOR_MAX_BYTES));
-        let label = "h".repeat(60);
+        // As many names as an allowlist holds, as long as its text allows.
+        let label = "h".repeat(SETTING_LIST_MAX_BYTES / ALLOWED_HOSTS_MAX - 8);
         let hosts: Vec<String> = (0..ALLOWED_HOSTS_MAX)
-            .map(|i| format!("{label}.{label}.{label}.{label}.h{i:03}"))
+            .map(|i| format!("{label}.h{i:03}"))
             .collect();
         let policy = Policy::HostAllowlist {
             ports: AllowedPorts::new(1..=64).unwrap(),
@@ -1310,7 +1210,42 @@ pub(crate) mod tests {
         let run = "r".repeat(RUN_ID_MAX_BYTES);
         req.run = &run;
         let minted = signer().mint(&req);
-        // 64 names of about 250 bytes do not fit in one header-sized grant: refused, not truncated.
+        // 16 KiB of names do not fit in one header-sized grant: refused, not truncated.
         assert_eq!(minted.unwrap_err(), MintError::TooLarge);
+    }
+
+    #[test]
+    fn egr_01_an_allowlist_of_200_hosts_mints_a_grant_within_the_bound() {
+        let actor = actor();
+        let hosts: Vec<String> = (0..200)
+            .map(|i| format!("api-{i:03}.example-provider.com"))
+            .collect();
+        let policy = Policy::HostAllowlist {
+            ports: AllowedPorts::parse_list("80,443").unwrap(),
+            hosts: AllowedHosts::parse_list(&hosts.join(",")).unwrap(),
+            cidrs: PrivateCidrs::default(),
+        };
+        let minted = signer().mint(&request(&policy, &actor)).expect("a grant");
+        assert!(
+            minted.token.len() > 4_096,
+            "longer than the old worker limit"
+        );
+        assert!(minted.token.len() <= GRANT_TOKEN_MAX_BYTES);
+        let verified = signer()
+            .verifier()
+            .verify(&minted.token, UnixMillis(1_000_000))
+            .expect("verifies");
+        let Policy::HostAllowlist { hosts: granted, .. } = &verified.policy else {
+            panic!("an allowlist grant");
+        };
+        assert_eq!(granted.iter().count(), 200);
+    }
+
+    #[test]
+    fn a_grant_that_cannot_travel_in_a_header_is_not_sendable() {
+        assert!(grant_is_sendable("cg1.bG9n-_x.c2ln"));
+        for bad in ["", "a b", "a\r\nX-Evil: 1", "caf\u{e9}"] {
+            assert!(!grant_is_sendable(bad), "{bad:?}");
+        }
     }
 }

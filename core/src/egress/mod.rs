@@ -39,10 +39,10 @@ pub use address::{AddressClass, Cidr, classify};
 pub use decide::{Decision, TargetDecision, decide_answer, decide_target, judge_address};
 pub use grant::{
     ExecutionId, GrantClaims, GrantRequest, GrantSigner, GrantVerifier, MintError, MintedGrant,
-    TokenTtl, narrow_by_hint, parse_proxy_authorization,
+    narrow_by_hint, parse_proxy_authorization,
 };
-pub use mode::{ConfiguredMode, EgressSettings, Mode, Resolution, ResolutionNote, resolve};
-pub use policy::{AllowedHosts, AllowedPorts, Policy, PrivateCidrs};
+pub use mode::{ConfiguredMode, EgressSettings, Resolution, ResolutionNote, TokenTtl, resolve};
+pub use policy::{AllowedHosts, AllowedPorts, Mode, Policy, PrivateCidrs};
 pub use reason::{Reason, ReasonKind};
 pub use target::{
     DnsName, Host, HttpRequestTarget, Target, check_host_header, parse_absolute_url,

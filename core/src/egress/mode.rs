@@ -25,57 +25,79 @@
 
 use std::fmt;
 
-use super::grant::TokenTtl;
-use super::policy::{AllowedHosts, AllowedPorts, Policy, PrivateCidrs};
+use super::policy::{AllowedHosts, AllowedPorts, Mode, Policy, PrivateCidrs};
 
 /// The mode a fresh configuration is written with (ISO-4).
 pub const DEFAULT_MODE_TEXT: &str = "public_internet";
 /// The longest configured mode text kept for display.
 pub const MODE_TEXT_DISPLAY_MAX_BYTES: usize = 64;
 
-/// An egress mode.
+/// A grant lifetime: 1 s to [`TokenTtl::CEILING_SECONDS`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Mode {
-    /// Nothing is reachable.
-    Isolated,
-    /// Public global addresses on allowed ports.
-    PublicInternet,
-    /// Only configured private CIDRs.
-    PrivateNetwork,
-    /// Exact configured hosts, resolved and checked on every connection.
-    HostAllowlist,
+pub struct TokenTtl {
+    seconds: u64,
 }
 
-impl Mode {
-    /// Every mode.
-    pub const ALL: [Mode; 4] = [
-        Mode::Isolated,
-        Mode::PublicInternet,
-        Mode::PrivateNetwork,
-        Mode::HostAllowlist,
-    ];
+impl TokenTtl {
+    /// The lifetime of fresh configurations (EGR-6): 10 minutes.
+    pub const DEFAULT_SECONDS: u64 = 600;
+    /// The ceiling on any lifetime (EGR-6): 4 hours.
+    pub const CEILING_SECONDS: u64 = 4 * 60 * 60;
+    /// The default lifetime.
+    pub const DEFAULT: TokenTtl = TokenTtl {
+        seconds: TokenTtl::DEFAULT_SECONDS,
+    };
 
-    /// The mode's exact spelling.
+    /// A lifetime of `seconds`, if within 1 s and the ceiling.
     #[must_use]
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Mode::Isolated => "isolated",
-            Mode::PublicInternet => "public_internet",
-            Mode::PrivateNetwork => "private_network",
-            Mode::HostAllowlist => "host_allowlist",
+    pub fn from_seconds(seconds: u64) -> Option<TokenTtl> {
+        (1..=TokenTtl::CEILING_SECONDS)
+            .contains(&seconds)
+            .then_some(TokenTtl { seconds })
+    }
+
+    /// Resolves `SANDBOX_EGRESS_TOKEN_TTL_SECONDS`: absent is the default; plain decimal digits
+    /// are honoured up to the ceiling and clamped to it above (the operator's "long" is kept as
+    /// far as allowed; no value ever exceeds the ceiling); zero, a sign, spaces or anything not a
+    /// number fails closed to the default 600.
+    #[must_use]
+    pub fn resolve(text: Option<&str>) -> (TokenTtl, Option<ResolutionNote>) {
+        let Some(text) = text else {
+            return (TokenTtl::DEFAULT, None);
+        };
+        if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable));
+        }
+        // Only overflow can fail here: all digits, so it is a number above the ceiling.
+        let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
+        match TokenTtl::from_seconds(seconds) {
+            Some(ttl) => (ttl, None),
+            None if seconds == 0 => (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable)),
+            None => (
+                TokenTtl {
+                    seconds: TokenTtl::CEILING_SECONDS,
+                },
+                Some(ResolutionNote::TokenTtlClamped),
+            ),
         }
     }
 
-    /// The mode spelled exactly so, or `None`: no case folding, no trimming.
+    /// The lifetime in seconds.
     #[must_use]
-    pub fn parse(text: &str) -> Option<Mode> {
-        Mode::ALL.into_iter().find(|mode| mode.as_str() == text)
+    pub fn seconds(self) -> u64 {
+        self.seconds
+    }
+
+    /// The lifetime in milliseconds.
+    #[must_use]
+    pub fn millis(self) -> u64 {
+        self.seconds.saturating_mul(1000)
     }
 }
 
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+impl Default for TokenTtl {
+    fn default() -> Self {
+        TokenTtl::DEFAULT
     }
 }
 
@@ -580,5 +602,45 @@ mod tests {
                 .iter()
                 .all(|c| crate::egress::reason::is_snake_case(c))
         );
+    }
+
+    #[test]
+    fn egr_06_default_ttl_is_ten_minutes() {
+        assert_eq!(TokenTtl::resolve(None), (TokenTtl::DEFAULT, None));
+        assert_eq!(TokenTtl::DEFAULT.seconds(), 600);
+        assert_eq!(TokenTtl::default().millis(), 600_000);
+    }
+
+    #[test]
+    fn egr_06_explicit_ttl_is_honoured_up_to_four_hours_and_clamped_above() {
+        assert_eq!(TokenTtl::resolve(Some("60")).0.seconds(), 60);
+        assert_eq!(
+            TokenTtl::resolve(Some("14400")),
+            (TokenTtl::from_seconds(14_400).unwrap(), None)
+        );
+        assert_eq!(
+            TokenTtl::resolve(Some("14401")),
+            (
+                TokenTtl::from_seconds(14_400).unwrap(),
+                Some(ResolutionNote::TokenTtlClamped)
+            )
+        );
+        assert_eq!(
+            TokenTtl::resolve(Some("99999999999999999999999"))
+                .0
+                .seconds(),
+            14_400
+        );
+    }
+
+    #[test]
+    fn egr_06_non_number_ttl_fails_closed_to_the_default() {
+        for text in ["", "ten", "-5", "+600", " 600", "600s", "6e2", "0", "1.5"] {
+            assert_eq!(
+                TokenTtl::resolve(Some(text)),
+                (TokenTtl::DEFAULT, Some(ResolutionNote::TokenTtlUnusable)),
+                "{text:?}"
+            );
+        }
     }
 }

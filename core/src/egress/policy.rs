@@ -10,7 +10,6 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use super::address::{Cidr, CidrError};
-use super::mode::Mode;
 use super::reason::Reason;
 use super::target::Host;
 
@@ -18,8 +17,10 @@ use super::target::Host;
 pub const ALLOWED_PORTS_MAX: usize = 64;
 /// The most private CIDRs a policy may hold.
 pub const PRIVATE_CIDRS_MAX: usize = 64;
-/// The most hosts an allowlist may hold (bounded so that a grant fits in one header).
-pub const ALLOWED_HOSTS_MAX: usize = 64;
+/// The most hosts an allowlist may hold: as many as a grant's claims can count (one byte). The
+/// list's text is bounded too ([`SETTING_LIST_MAX_BYTES`]), and a policy whose grant would not fit
+/// in one header is refused at minting, never truncated.
+pub const ALLOWED_HOSTS_MAX: usize = 255;
 /// The longest configuration list text we read.
 pub const SETTING_LIST_MAX_BYTES: usize = 16 * 1024;
 
@@ -44,6 +45,52 @@ pub enum PolicyError {
     BadHost(Reason),
     /// A list longer than [`SETTING_LIST_MAX_BYTES`], or with an empty item.
     BadList,
+}
+
+/// An egress mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// Nothing is reachable.
+    Isolated,
+    /// Public global addresses on allowed ports.
+    PublicInternet,
+    /// Only configured private CIDRs.
+    PrivateNetwork,
+    /// Exact configured hosts, resolved and checked on every connection.
+    HostAllowlist,
+}
+
+impl Mode {
+    /// Every mode.
+    pub const ALL: [Mode; 4] = [
+        Mode::Isolated,
+        Mode::PublicInternet,
+        Mode::PrivateNetwork,
+        Mode::HostAllowlist,
+    ];
+
+    /// The mode's exact spelling.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Isolated => "isolated",
+            Mode::PublicInternet => "public_internet",
+            Mode::PrivateNetwork => "private_network",
+            Mode::HostAllowlist => "host_allowlist",
+        }
+    }
+
+    /// The mode spelled exactly so, or `None`: no case folding, no trimming.
+    #[must_use]
+    pub fn parse(text: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|mode| mode.as_str() == text)
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// The ports a policy allows: 1-65535, at least one, at most [`ALLOWED_PORTS_MAX`].

@@ -5,8 +5,14 @@
 //! or, until an administrator sets any, the deployment's settings (revision 0). Resolution is the
 //! core's and fails closed: a value this release does not define, a missing field key or proxy
 //! address, resolve to `isolated`. On top of that the API refuses a credential when the proxy
-//! does not answer (`proxy_unreachable`): being enabled is not being open (EGR-8). With no grant
-//! the worker's relay refuses every connection.
+//! cannot enforce it (EGR-8): when it does not answer (`proxy_unreachable`), and when it holds no
+//! verifying key for this API's grants (`proxy_key_unavailable`). Being enabled is not being
+//! open. With no grant the worker's relay refuses every connection.
+//!
+//! The proxy is probed at most once a second with a grant of its own, for a target every policy
+//! refuses (`CONNECT 0.0.0.0:1`): a proxy that verified the grant answers 403 for the target,
+//! one without the key answers 407. So the probe proves what a run needs, not just a listening
+//! socket.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,8 +28,45 @@ use corral_store::ValkeyStore;
 use corral_store::policy::StoredPolicy;
 use serde_json::{Value, json};
 
-/// How long the API waits for the proxy to accept a connection before calling it unreachable.
+/// How long the API waits for the proxy's answer to a probe before calling it unreachable.
 const PROXY_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The largest probe answer head read.
+const PROXY_PROBE_ANSWER_MAX_BYTES: usize = 4096;
+
+/// What the last probe of the proxy found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyState {
+    /// No `SANDBOX_EGRESS_PROXY_URL`.
+    NotConfigured,
+    /// It did not answer the probe.
+    Unreachable,
+    /// It answered, but holds no verifying key for this API's grants: it would refuse them all.
+    NoVerifyingKey,
+    /// It verified this API's grant.
+    Ready,
+}
+
+impl ProxyState {
+    /// How an administrator and `/readyz` see it.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NotConfigured => "not_configured",
+            Self::Unreachable => "unreachable",
+            Self::NoVerifyingKey => "no_verifying_key",
+            Self::Ready => "reachable",
+        }
+    }
+
+    /// The note a run's egress report carries when the proxy is why it has no grant.
+    fn note(self) -> Option<&'static str> {
+        match self {
+            Self::NotConfigured | Self::Ready => None,
+            Self::Unreachable => Some("proxy_unreachable"),
+            Self::NoVerifyingKey => Some("proxy_key_unavailable"),
+        }
+    }
+}
 
 /// What a run got: its grant (a credential: never logged, never returned to a caller) and why.
 #[derive(Clone, Default)]
@@ -43,7 +86,7 @@ pub struct Egress {
     proxy: Option<SocketAddr>,
     key_problem: Option<String>,
     /// The last probe of the proxy and when it was made.
-    probed: std::sync::Mutex<Option<(std::time::Instant, bool)>>,
+    probed: std::sync::Mutex<Option<(std::time::Instant, ProxyState)>>,
 }
 
 /// How long one probe of the proxy stands for.
@@ -74,26 +117,77 @@ impl Egress {
             .map(|signer| signer.verifier().public_key_text())
     }
 
-    /// Whether the proxy accepted a connection within the last second (probed again when older).
-    pub async fn proxy_reachable(&self) -> bool {
+    /// What the proxy is now: probed at most once a second.
+    pub async fn proxy_state(&self) -> ProxyState {
         let Some(address) = self.proxy else {
-            return false;
+            return ProxyState::NotConfigured;
         };
         if let Ok(probed) = self.probed.lock()
-            && let Some((at, reachable)) = *probed
+            && let Some((at, state)) = *probed
             && at.elapsed() < PROXY_PROBE_VALID
         {
-            return reachable;
+            return state;
         }
-        let reachable = matches!(
-            tokio::time::timeout(PROXY_PROBE_TIMEOUT, tokio::net::TcpStream::connect(address))
-                .await,
-            Ok(Ok(_))
-        );
+        let state = tokio::time::timeout(PROXY_PROBE_TIMEOUT, self.probe(address))
+            .await
+            .unwrap_or(ProxyState::Unreachable);
         if let Ok(mut probed) = self.probed.lock() {
-            *probed = Some((std::time::Instant::now(), reachable));
+            *probed = Some((std::time::Instant::now(), state));
         }
-        reachable
+        state
+    }
+
+    /// Asks the proxy to judge a grant of this API's for a target every policy refuses.
+    async fn probe(&self, address: SocketAddr) -> ProxyState {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+            return ProxyState::Unreachable;
+        };
+        let Some(signer) = &self.signer else {
+            // Without a signer no run gets a grant; that it answers is all there is to know.
+            return ProxyState::Ready;
+        };
+        let Ok(ports) = corral_core::egress::AllowedPorts::new([1]) else {
+            return ProxyState::NoVerifyingKey;
+        };
+        let policy = corral_core::egress::Policy::PublicInternet { ports };
+        let actor = ActorId(String::from("corral-api"));
+        let request = GrantRequest {
+            policy: &policy,
+            provider_hint: None,
+            run: "corral-proxy-probe",
+            actor: &actor,
+            execution_id: ExecutionId(corral_contract::credential::random_bytes()),
+            policy_revision: 0,
+            now: wall_clock(),
+            ttl: corral_core::egress::TokenTtl::DEFAULT,
+        };
+        let Ok(minted) = signer.mint(&request) else {
+            return ProxyState::NoVerifyingKey;
+        };
+        let head = format!(
+            "CONNECT 0.0.0.0:1 HTTP/1.1\r\nHost: 0.0.0.0:1\r\nProxy-Authorization: Bearer {}\r\n\r\n",
+            minted.token
+        );
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            return ProxyState::Unreachable;
+        }
+        let mut answer = vec![0u8; PROXY_PROBE_ANSWER_MAX_BYTES];
+        let mut read = 0;
+        while read < answer.len() && !answer[..read].windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut answer[read..]).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => read += n,
+            }
+        }
+        let head = String::from_utf8_lossy(&answer[..read]);
+        match head.split_whitespace().nth(1) {
+            // The grant verified; the target was refused, as every policy refuses it.
+            Some("403") => ProxyState::Ready,
+            // The grant did not verify: no key, or not this API's.
+            Some("407") => ProxyState::NoVerifyingKey,
+            _ => ProxyState::Unreachable,
+        }
     }
 
     /// The values in force: the administrator's, else the deployment's.
@@ -117,7 +211,11 @@ impl Egress {
             return (0, values);
         };
         for (name, value) in &mut values {
-            *value = stored.fields.get(*name).cloned();
+            *value = stored
+                .fields
+                .get(*name)
+                .and_then(|v| corral_core::config::setting_value(v))
+                .map(str::to_owned);
         }
         (stored.revision, values)
     }
@@ -126,7 +224,7 @@ impl Egress {
     fn resolve(
         &self,
         values: &BTreeMap<&'static str, Option<String>>,
-        proxy_reachable: bool,
+        proxy: ProxyState,
     ) -> Resolution {
         let get = |name: &str| values.get(name).and_then(|v| v.as_deref());
         resolve(&EgressSettings {
@@ -136,7 +234,7 @@ impl Egress {
             private_cidrs: get("SANDBOX_EGRESS_PRIVATE_CIDRS"),
             allowed_hosts: get("SANDBOX_EGRESS_ALLOWED_HOSTS"),
             token_ttl_seconds: get("SANDBOX_EGRESS_TOKEN_TTL_SECONDS"),
-            proxy_address_present: self.proxy.is_some() && proxy_reachable,
+            proxy_address_present: proxy == ProxyState::Ready,
             field_key_present: self.signer.is_some(),
         })
     }
@@ -149,21 +247,17 @@ impl Egress {
     ) -> Result<Value, corral_core::store::Unavailable> {
         let stored = store.egress_policy().await?;
         let (revision, values) = self.values(stored.as_ref());
-        let reachable = self.proxy_reachable().await;
-        let resolution = self.resolve(&values, reachable);
+        let proxy = self.proxy_state().await;
+        let resolution = self.resolve(&values, proxy);
         Ok(json!({
             "revision": revision,
             "source": if stored.is_some() { "admin" } else { "deployment_settings" },
             "values": values,
             "configured_mode": resolution.configured.display_text(),
             "effective_mode": resolution.effective_mode().as_str(),
-            "notes": notes(&resolution, self.proxy.is_some() && !reachable),
+            "notes": notes(&resolution, proxy),
             "field_key": if self.signer.is_some() { "present" } else { self.key_problem.as_deref().unwrap_or("missing") },
-            "proxy": match (self.proxy, reachable) {
-                (None, _) => "not_configured",
-                (Some(_), true) => "reachable",
-                (Some(_), false) => "unreachable",
-            },
+            "proxy": proxy.as_str(),
         }))
     }
 
@@ -188,11 +282,11 @@ impl Egress {
             }
         };
         let (revision, values) = self.values(stored.as_ref());
-        let reachable = self.proxy_reachable().await;
-        let resolution = self.resolve(&values, reachable);
+        let proxy = self.proxy_state().await;
+        let resolution = self.resolve(&values, proxy);
         let hint: Option<Vec<&str>> = hint.map(|h| h.iter().map(String::as_str).collect());
         let policy = narrow_by_hint(&resolution.policy, hint.as_deref());
-        let mut notes = notes(&resolution, self.proxy.is_some() && !reachable);
+        let mut notes = notes(&resolution, proxy);
         let grant = match &self.signer {
             Some(signer) if policy.mode().as_str() != "isolated" => {
                 let request = GrantRequest {
@@ -200,7 +294,7 @@ impl Egress {
                     provider_hint: None,
                     run,
                     actor,
-                    execution_id: ExecutionId(random_bytes()),
+                    execution_id: ExecutionId(corral_contract::credential::random_bytes()),
                     policy_revision: revision,
                     now,
                     ttl: resolution.token_ttl,
@@ -233,12 +327,18 @@ impl Egress {
     }
 }
 
-fn notes(resolution: &Resolution, proxy_unreachable: bool) -> Vec<&'static str> {
+fn notes(resolution: &Resolution, proxy: ProxyState) -> Vec<&'static str> {
     let mut notes: Vec<&'static str> = resolution.notes.iter().map(|n| n.code()).collect();
-    if proxy_unreachable {
-        notes.push("proxy_unreachable");
-    }
+    notes.extend(proxy.note());
     notes
+}
+
+/// This host's wall clock, for the probe grant's issue time (the proxy checks it against its own).
+fn wall_clock() -> UnixMillis {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    UnixMillis(u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// `http://host:port` (an IP literal host) to its socket address.
@@ -248,14 +348,4 @@ fn proxy_address(url: &str) -> Option<SocketAddr> {
         use std::net::ToSocketAddrs as _;
         rest.to_socket_addrs().ok()?.next()
     })
-}
-
-/// 16 bytes from the system's randomness.
-pub fn random_bytes() -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    if getrandom::fill(&mut bytes).is_err() {
-        // No randomness means no unique ids: never fall back to something guessable silently.
-        panic!("the system has no randomness");
-    }
-    bytes
 }

@@ -9,13 +9,14 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use corral_contract::credential;
+use corral_core::run::admission::RunCodeRequest;
 use corral_core::store::Loaded;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq as _;
 
 use crate::AppState;
-use crate::run::{RunCode, run_code};
+use crate::run::run_code;
 use crate::workspaces::FileLookup;
 
 /// The routes.
@@ -27,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let caller = Router::new()
         .route("/v1/run_code", post(run_code_handler))
         .route("/v1/read_workspace", get(read_workspace))
+        .route("/v1/read_output", get(read_output))
         .layer(middleware::from_fn_with_state(state.clone(), caller_auth));
     let admin = Router::new()
         .route("/v1/admin/egress_policy", get(policy_get).put(policy_put))
@@ -58,16 +60,12 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
         .into_response()
 }
 
-fn presented(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
+fn presented(headers: &HeaderMap) -> Option<&[u8]> {
+    credential::bearer(headers.get(header::AUTHORIZATION)?.as_bytes())
 }
 
-fn matches(presented: Option<&str>, expected: &str) -> bool {
-    presented.is_some_and(|p| bool::from(p.as_bytes().ct_eq(expected.as_bytes())))
+fn matches(presented: Option<&[u8]>, expected: &str) -> bool {
+    presented.is_some_and(|p| credential::matches(p, expected.as_bytes()))
 }
 
 /// Lets `request` through when it carries `expected`; otherwise 401 naming `who`.
@@ -92,9 +90,13 @@ async fn admin_auth(State(state): State<Arc<AppState>>, request: Request, next: 
 }
 
 async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
-    let request: RunCode = match serde_json::from_slice(&body) {
+    let request: RunCodeRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e) => {
+            // Truncated, not JSON, or not a run_code request: the same codes as the workers'.
+            let code = corral_contract::ErrorBody::of_json(&e).error.code();
+            return error(StatusCode::BAD_REQUEST, code, e.to_string());
+        }
     };
     let (status, body) = run_code(state, request).await;
     let retry = body["error"]["retry_after_seconds"].as_u64();
@@ -105,6 +107,20 @@ async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
+}
+
+/// The refusal of a workspace's identity that is not one (WS-1), or `None`.
+fn workspace_identity_refused(actor: &str, conversation: &str) -> Option<Response> {
+    [actor, conversation]
+        .into_iter()
+        .any(|value| !corral_core::ids::identity_is_valid(value))
+        .then(|| {
+            error(
+                StatusCode::BAD_REQUEST,
+                "invalid_identity",
+                "actor and conversation must be 1 to 256 bytes with no control character",
+            )
+        })
 }
 
 #[derive(Deserialize)]
@@ -120,14 +136,8 @@ async fn read_workspace(
     State(state): State<Arc<AppState>>,
     Query(query): Query<ReadQuery>,
 ) -> Response {
-    for value in [&query.actor, &query.conversation] {
-        if !corral_core::ids::identity_is_valid(value) {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_identity",
-                "actor and conversation must be 1 to 256 bytes with no control character",
-            );
-        }
+    if let Some(refused) = workspace_identity_refused(&query.actor, &query.conversation) {
+        return refused;
     }
     let path = match corral_core::workspace::read_path(&query.path) {
         Ok(path) => path.to_owned(),
@@ -174,6 +184,51 @@ async fn read_workspace(
     }
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutputQuery {
+    actor: String,
+    conversation: String,
+    reference: String,
+}
+
+/// One retained output (OUT-1), by the reference a run returned: the same actor and conversation
+/// only, and it stays readable whatever later runs save.
+async fn read_output(
+    State(state): State<Arc<AppState>>,
+    Query(query): Query<OutputQuery>,
+) -> Response {
+    if let Some(refused) = workspace_identity_refused(&query.actor, &query.conversation) {
+        return refused;
+    }
+    let Some((run_id, path)) = corral_core::workspace::parse_output_reference(&query.reference)
+    else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "output_reference_invalid",
+            "a reference is output:<run id>/<relative path>, as a run returned it",
+        );
+    };
+    let key = corral_core::workspace::storage_key(&query.actor, &query.conversation);
+    match state.workspaces.read_output(&key, run_id, path).await {
+        Ok(Some(bytes)) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                corral_core::downloads::media_type(path),
+            )],
+            bytes,
+        )
+            .into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "output_not_found",
+            "no output by this reference for this actor in this conversation",
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+    }
+}
+
 async fn policy_get(State(state): State<Arc<AppState>>) -> Response {
     match state.egress.describe(&state.store).await {
         Ok(described) => axum::Json(described).into_response(),
@@ -205,6 +260,7 @@ async fn policy_put(State(state): State<Arc<AppState>>, body: axum::body::Bytes)
             );
         }
         let text = match value {
+            Value::Null => continue,
             Value::String(s) => s,
             Value::Bool(b) => b.to_string(),
             Value::Number(n) => n.to_string(),
@@ -221,7 +277,21 @@ async fn policy_put(State(state): State<Arc<AppState>>, body: axum::body::Bytes)
                 );
             }
         };
-        values.insert(name, text);
+        // Read as the environment's values are: trimmed, and blank is unset.
+        let Some(text) = corral_core::config::setting_value(&text) else {
+            continue;
+        };
+        if text.len() > corral_core::egress::policy::SETTING_LIST_MAX_BYTES {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "policy_value_too_long",
+                format!(
+                    "{name}: at most {} bytes",
+                    corral_core::egress::policy::SETTING_LIST_MAX_BYTES
+                ),
+            );
+        }
+        values.insert(name, text.to_owned());
     }
     if state.store.replace_egress_policy(&values).await.is_err() {
         return error(
@@ -253,7 +323,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         .latest("0000000000000000000000000000000000000000000000000000000000000000")
         .await
         .is_ok();
-    let proxy = state.egress.proxy_reachable().await;
+    let proxy = state.egress.proxy_state().await;
     let key = state.egress.verifying_key().is_some();
     let ready = coordination && storage;
     (
@@ -266,7 +336,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
             "ready": ready,
             "coordination": if coordination { "ok" } else { "unavailable" },
             "storage": if storage { "ok" } else { "unavailable" },
-            "egress_proxy": if proxy { "reachable" } else { "unreachable" },
+            "egress_proxy": proxy.as_str(),
             "field_key": if key { "present" } else { "missing" },
         })),
     )

@@ -13,7 +13,8 @@
 //! Callers present `Authorization: Bearer <credential>` (the caller credential for runs and
 //! reads, the admin credential for the policy), compared in constant time. Every refusal is a
 //! JSON `{"outcome": "refused", "error": {"code", "message", ...}}` with a stable code. Storage is
-//! the API's alone ([`workspaces`]); workers hold no storage credential ([`workers`]).
+//! the API's alone ([`workspaces`]); workers hold no storage credential, and the API reaches them
+//! only through the one worker client (`corral_contract::WorkerClient`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +28,6 @@ pub mod http;
 pub mod metrics;
 pub mod openapi;
 pub mod run;
-pub mod workers;
 pub mod workspaces;
 
 /// Everything a request handler needs.
@@ -39,7 +39,7 @@ pub struct AppState {
     /// Workspace snapshots.
     pub workspaces: workspaces::Workspaces,
     /// The workers' control APIs.
-    pub workers: workers::Workers,
+    pub workers: corral_contract::WorkerClient,
     /// The egress policy, signer and proxy.
     pub egress: egress::Egress,
     /// Counters.
@@ -64,48 +64,7 @@ pub async fn serve(
         .await
 }
 
-/// Reads a credential from the file named by `<name>_FILE`, else from `<name>`; `None` if neither.
-///
-/// # Errors
-/// An unreadable file, or a credential shorter than 16 bytes.
-pub fn credential_from_env(
-    lookup: impl Fn(&str) -> Option<String>,
-    name: &str,
-) -> Result<Option<String>, String> {
-    let text = match lookup(&format!("{name}_FILE")).filter(|p| !p.is_empty()) {
-        Some(path) => {
-            std::fs::read_to_string(&path).map_err(|e| format!("{name}_FILE {path}: {e}"))?
-        }
-        None => match lookup(name).filter(|v| !v.is_empty()) {
-            Some(value) => value,
-            None => return Ok(None),
-        },
-    };
-    let text = text.trim().to_owned();
-    if text.len() < 16 {
-        return Err(format!("{name}: a credential must be at least 16 bytes"));
-    }
-    Ok(Some(text))
-}
-
-/// A fresh credential: 32 random bytes in hex.
-#[must_use]
-pub fn fresh_credential() -> String {
-    let a = egress::random_bytes();
-    let b = egress::random_bytes();
-    a.iter()
-        .chain(b.iter())
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
-/// Makes ring the process's TLS crypto provider, once (idempotent). Every HTTP client Corral
-/// builds (to workers, to S3, to the API) uses rustls; the workspace's one provider is ring (kube
-/// uses it too), and rustls refuses to guess when none is installed. Called before any client is
-/// built.
-pub fn ensure_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use corral_contract::ensure_crypto_provider;
 
 /// Where the API listens by default (the parent API's port in the specification).
 pub const DEFAULT_LISTEN: SocketAddr =

@@ -23,6 +23,7 @@ struct Counters {
     runs: BTreeMap<&'static str, u64>,
     bounds: BTreeMap<String, u64>,
     refusals: BTreeMap<&'static str, u64>,
+    unperformed: BTreeMap<&'static str, u64>,
     grants: BTreeMap<&'static str, u64>,
     acquire_buckets: [u64; ACQUIRE_BUCKETS.len()],
     acquire_count: u64,
@@ -55,6 +56,12 @@ impl Metrics {
     /// Admission refused a run with `code`.
     pub fn refusal(&self, code: &'static str) {
         self.with(|c| *c.refusals.entry(code).or_default() += 1);
+    }
+
+    /// Something the pool ordered or a holder owed was not performed here, with why
+    /// (`reset_unanswered`, `delete_left_to_controller`, ...): never silently.
+    pub fn unperformed(&self, what: &'static str) {
+        self.with(|c| *c.unperformed.entry(what).or_default() += 1);
     }
 
     /// A run was dispatched with effective egress `mode` (`isolated`: no grant).
@@ -96,6 +103,10 @@ impl Metrics {
                 out,
                 "corral_admission_refusals_total{{reason=\"{code}\"}} {n}"
             );
+        }
+        let _ = writeln!(out, "# TYPE corral_unperformed_total counter");
+        for (what, n) in &c.unperformed {
+            let _ = writeln!(out, "corral_unperformed_total{{what=\"{what}\"}} {n}");
         }
         let _ = writeln!(out, "# TYPE corral_egress_dispatch_total counter");
         for (mode, n) in &c.grants {

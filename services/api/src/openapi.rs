@@ -47,7 +47,7 @@ pub fn document() -> Value {
                 "RunResult": { "type": "object", "properties": {
                     "run_id": { "type": "string" },
                     "outcome": { "enum": ["succeeded", "failed", "bound_exceeded", "not_run", "error"] },
-                    "error": { "type": ["object", "null"] },
+                    "error": { "type": ["object", "null"], "description": "When the outcome is error: a stable code (output_invalid, declared_document_missing, workspace_conflict, workspace_storage_unavailable, workspace_not_packed, workspace_not_returned, worker_record_inconsistent), a message, and the paths, checks, reason or setting it is about" },
                     "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
                         "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
                         "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },
@@ -55,7 +55,9 @@ pub fn document() -> Value {
                         "diagnostics": { "type": "array", "items": { "type": "string" } },
                         "downloads": { "type": "array", "items": { "type": "object", "properties": {
                             "path": { "type": "string" }, "bytes": { "type": "integer" }, "media_type": { "type": "string" },
-                            "reference": { "type": ["string", "null"] } } } },
+                            "reference": { "type": ["string", "null"], "description": "output:<run id>/<path>, readable through /v1/read_output whatever later runs save" } } } },
+                        "rejected": { "type": "array", "description": "Documents that failed verification (OUT-4), removed from the downloads", "items": { "type": "object", "properties": {
+                            "path": { "type": "string" }, "check": { "type": "string" } } } },
                         "egress": { "type": "object" },
                         "workspace": { "type": "object", "properties": { "generation": { "type": ["integer", "null"] }, "saved": { "type": "boolean" } } } } },
                     "member": { "type": "object", "description": "For members: outcome, exit state and references only", "properties": {
@@ -73,6 +75,16 @@ pub fn document() -> Value {
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunResult" } } } },
                     "400": refusal(), "401": refusal(), "409": refusal(), "413": refusal(), "422": refusal(),
                     "429": refusal(), "502": refusal(), "503": refusal() } } },
+            "/v1/read_output": { "get": {
+                "summary": "Read one retained output by the reference a run returned (OUT-1)",
+                "security": [{ "caller": [] }],
+                "parameters": [
+                    { "name": "actor", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "conversation", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "reference", "in": "query", "required": true, "schema": { "type": "string" } } ],
+                "responses": {
+                    "200": { "description": "The output's bytes, with its media type" },
+                    "400": refusal(), "401": refusal(), "404": refusal(), "503": refusal() } } },
             "/v1/read_workspace": { "get": {
                 "summary": "Read one file of a workspace by relative path",
                 "security": [{ "caller": [] }],

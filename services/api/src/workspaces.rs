@@ -224,6 +224,62 @@ impl Workspaces {
     }
 }
 
+impl Workspaces {
+    /// Where a retained output of `key`'s workspace is kept: `out/<key>/<run id>/<digest>`.
+    fn output_path(&self, key: &str, run_id: &str, path: &str) -> Path {
+        let name = corral_core::workspace::output_object(run_id, path);
+        name.split('/')
+            .fold(self.root.clone().join("out").join(key), |dir, part| {
+                dir.join(part)
+            })
+    }
+
+    /// Retains one validated output of run `run_id` (OUT-1), create-only: no later save of the
+    /// workspace changes or prunes it.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when it could not be written (or, impossibly for a fresh
+    /// run id, already exists).
+    pub async fn retain_output(
+        &self,
+        key: &str,
+        run_id: &str,
+        path: &str,
+        bytes: Bytes,
+    ) -> Result<(), StorageError> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        self.store
+            .put_opts(
+                &self.output_path(key, run_id, path),
+                PutPayload::from_bytes(bytes),
+                options,
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(&e))
+    }
+
+    /// A retained output, if there is one.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when it cannot be read.
+    pub async fn read_output(
+        &self,
+        key: &str,
+        run_id: &str,
+        path: &str,
+    ) -> Result<Option<Bytes>, StorageError> {
+        match self.store.get(&self.output_path(key, run_id, path)).await {
+            Ok(found) => found.bytes().await.map(Some).map_err(|e| unavailable(&e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+}
+
 /// `g<20 digits>.tar` to its generation.
 fn parse_generation(name: &str) -> Option<u64> {
     let digits = name.strip_prefix('g')?.strip_suffix(".tar")?;
@@ -245,36 +301,48 @@ pub enum FileLookup {
 }
 
 /// Finds the regular file `path` in `archive` (the worker packs regular files and directories
-/// only; links never enter a snapshot, so nothing here can be followed).
+/// only; links never enter a snapshot, so nothing here can be followed). Of two entries with one
+/// path, the later stands, as tar has it.
 #[must_use]
 pub fn find_file(archive: &[u8], path: &str, max_bytes: u64) -> FileLookup {
+    match files(archive, &[path], max_bytes) {
+        Ok(mut found) => found
+            .pop()
+            .map_or(FileLookup::NotFound, |(_, bytes)| FileLookup::Found(bytes)),
+        Err(e) => FileLookup::Corrupt(e),
+    }
+}
+
+/// The regular files at `paths` in `archive`, each read up to `max_bytes`, in archive order.
+///
+/// # Errors
+/// The tar could not be read.
+pub fn files(
+    archive: &[u8],
+    paths: &[&str],
+    max_bytes: u64,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut found = Vec::with_capacity(paths.len());
     let mut reader = tar::Archive::new(archive);
-    let entries = match reader.entries() {
-        Ok(entries) => entries,
-        Err(e) => return FileLookup::Corrupt(e.to_string()),
-    };
-    for entry in entries {
-        let mut entry = match entry {
-            Ok(entry) => entry,
-            Err(e) => return FileLookup::Corrupt(e.to_string()),
-        };
+    for entry in reader.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
         let raw = entry.path_bytes().into_owned();
         let Ok(name) = corral_core::workspace::normalise(&raw) else {
             continue;
         };
-        if name != path || entry.header().entry_type() != tar::EntryType::Regular {
+        if !paths.contains(&name) || entry.header().entry_type() != tar::EntryType::Regular {
             continue;
         }
+        let name = name.to_owned();
         let mut content = Vec::new();
-        return match std::io::Read::read_to_end(
+        std::io::Read::read_to_end(
             &mut std::io::Read::take(&mut entry, max_bytes),
             &mut content,
-        ) {
-            Ok(_) => FileLookup::Found(content),
-            Err(e) => FileLookup::Corrupt(e.to_string()),
-        };
+        )
+        .map_err(|e| e.to_string())?;
+        found.push((name, content));
     }
-    FileLookup::NotFound
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -64,9 +64,9 @@ pub const LABEL_POOL: &str = "corral.dev/pool";
 /// The annotation holding the pool's image id (too long and too free-form for a label).
 pub const ANNOTATION_IMAGE: &str = "corral.dev/image";
 /// The worker's authenticated control API (BROW-7).
-pub const CONTROL_PORT: u16 = 8091;
+pub const CONTROL_PORT: u16 = corral_core::config::WorkerPorts::DEFAULT_CONTROL;
 /// The worker's browser-media HTTP and signaling adapter (BROW-7).
-pub const BROWSER_PORT: u16 = 8080;
+pub const BROWSER_PORT: u16 = corral_core::config::WorkerPorts::DEFAULT_BROWSER;
 /// The one container of a worker pod.
 pub const CONTAINER_NAME: &str = "worker";
 /// The key, in the operator's Secret, of the workers' control credential (the one the API and the

@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::future::Future;
 
+use corral_contract::WorkerClient;
 use corral_core::ids::{ImageId, OpToken, WorkerId};
 use corral_core::pool::{Applied, Command, Effect, Outcome, PoolConfig};
 use corral_core::reset::ResetEvidence;
@@ -17,10 +18,8 @@ use corral_core::time::UnixMillis;
 use corral_store::ValkeyStore;
 
 pub mod claim;
-pub mod http_control;
 pub mod kube;
 pub mod local;
-pub mod locate;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.
 pub trait Backend: Send + Sync {
@@ -63,12 +62,23 @@ impl<B: Backend> Backend for std::sync::Arc<B> {
 
 /// How the controller asks a worker to reset.
 pub trait WorkerControl: Send + Sync {
-    /// Resets `worker` under `token`; `None` when the worker did not answer (unproven).
+    /// Resets `worker` under `token`; `None` when the worker did not answer with evidence
+    /// (unproven: the pool's reset deadline discards it).
     fn reset(
         &self,
         worker: WorkerId,
         token: OpToken,
     ) -> impl Future<Output = Option<ResetEvidence>> + Send;
+}
+
+/// The one worker client resets through the worker's control API.
+impl WorkerControl for WorkerClient {
+    async fn reset(&self, worker: WorkerId, token: OpToken) -> Option<ResetEvidence> {
+        WorkerClient::reset(self, worker, token)
+            .await
+            .ok()
+            .map(|reply| reply.reset_evidence.evidence)
+    }
 }
 
 /// What one pass did.

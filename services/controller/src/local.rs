@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use corral_contract::locate::LocalRecord;
 use corral_core::ids::{ImageId, WorkerId};
 use corral_core::pool::Outcome;
 use corral_core::store::Unavailable;
@@ -26,15 +27,6 @@ pub struct LocalBackend {
     image: ImageId,
     ready_timeout: Duration,
     env: Vec<(String, String)>,
-}
-
-/// Where a worker listens and which process it is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Record {
-    /// Its process id.
-    pub pid: i32,
-    /// Its control port on 127.0.0.1.
-    pub port: u16,
 }
 
 impl LocalBackend {
@@ -57,12 +49,7 @@ impl LocalBackend {
             digest.update(arg.as_bytes());
             digest.update(b"\0");
         }
-        let hex: String = digest
-            .finalize()
-            .iter()
-            .take(12)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let hex = corral_core::ids::hex(&digest.finalize()[..12]);
         Ok(Self {
             state_dir: state_dir.to_path_buf(),
             program: program.to_path_buf(),
@@ -80,34 +67,20 @@ impl LocalBackend {
         self
     }
 
-    fn record_path(&self, worker: WorkerId) -> PathBuf {
-        self.state_dir.join(format!("{worker}.worker"))
-    }
-
     /// The directory holding the records.
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
     }
 
     /// The record of `worker`, if this backend (or an earlier run of it) started one.
-    pub fn record(&self, worker: WorkerId) -> Option<Record> {
-        Self::read_record(&self.state_dir, worker)
+    pub fn record(&self, worker: WorkerId) -> Option<LocalRecord> {
+        LocalRecord::read(&self.state_dir, worker)
     }
 
-    /// The record of `worker` in `state_dir`.
-    pub fn read_record(state_dir: &Path, worker: WorkerId) -> Option<Record> {
-        let text = std::fs::read_to_string(state_dir.join(format!("{worker}.worker"))).ok()?;
-        let (pid, port) = text.trim().split_once(' ')?;
-        Some(Record {
-            pid: pid.parse().ok()?,
-            port: port.parse().ok()?,
-        })
-    }
-
-    fn write_record(&self, worker: WorkerId, record: Record) -> std::io::Result<()> {
-        let path = self.record_path(worker);
+    fn write_record(&self, worker: WorkerId, record: LocalRecord) -> std::io::Result<()> {
+        let path = LocalRecord::path(&self.state_dir, worker);
         let staging = path.with_extension("staging");
-        std::fs::write(&staging, format!("{} {}\n", record.pid, record.port))?;
+        std::fs::write(&staging, record.render())?;
         std::fs::rename(staging, path)
     }
 }
@@ -174,7 +147,10 @@ impl Backend for LocalBackend {
         let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
             return Outcome::Unknown;
         };
-        if self.write_record(worker, Record { pid, port }).is_err() {
+        if self
+            .write_record(worker, LocalRecord { pid, port })
+            .is_err()
+        {
             // Without a record a restarted controller could not find it: take it down again.
             let _ = child.start_kill();
             let _ = child.wait().await;
@@ -189,7 +165,7 @@ impl Backend for LocalBackend {
                 return Outcome::Done;
             }
             if let Ok(Some(_)) = child.try_wait() {
-                let _ = std::fs::remove_file(self.record_path(worker));
+                let _ = std::fs::remove_file(LocalRecord::path(&self.state_dir, worker));
                 return Outcome::Failed;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -218,7 +194,7 @@ impl Backend for LocalBackend {
             }
         }
         // Confirmed absent: only now does the record go.
-        match std::fs::remove_file(self.record_path(worker)) {
+        match std::fs::remove_file(LocalRecord::path(&self.state_dir, worker)) {
             Ok(()) => Outcome::Done,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Outcome::Done,
             Err(_) => Outcome::Unknown,

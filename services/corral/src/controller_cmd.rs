@@ -25,12 +25,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use corral_api::credential_from_env;
+use corral_contract::{Locator, WorkerClient, credential};
 use corral_controller::claim::{AgentSandbox, AgentSandboxBackend, ClaimSettings};
-use corral_controller::http_control::HttpControl;
 use corral_controller::kube::{KubeBackend, KubeSettings};
 use corral_controller::local::LocalBackend;
-use corral_controller::locate::Locator;
 use corral_controller::{Backend, Reconciler};
 use corral_core::config::{PoolModeSetting, Settings};
 use corral_core::ids::ImageId;
@@ -168,26 +166,15 @@ pub fn local_backend(
     ))
 }
 
-/// The workers' credential: from `CORRAL_WORKER_TOKEN_FILE`, or generated once into the state dir.
-pub fn credential(state_dir: &Path) -> Result<String, String> {
-    if let Some(path) = std::env::var_os("CORRAL_WORKER_TOKEN_FILE") {
-        return std::fs::read_to_string(&path)
-            .map(|t| t.trim().to_string())
-            .map_err(|e| format!("CORRAL_WORKER_TOKEN_FILE: {e}"));
+/// The workers' credential: from `CORRAL_WORKER_TOKEN[_FILE]`, or generated once into the state
+/// dir (mode 0600) and read from there after.
+pub fn worker_credential(state_dir: &Path) -> Result<String, String> {
+    if let Some(token) =
+        credential::from_env(|name| std::env::var(name).ok(), "CORRAL_WORKER_TOKEN")?
+    {
+        return Ok(token);
     }
-    let path = state_dir.join("worker-token");
-    if let Ok(existing) = std::fs::read_to_string(&path) {
-        return Ok(existing.trim().to_string());
-    }
-    let mut bytes = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .map_err(|e| format!("no randomness for a credential: {e}"))?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&path, &token).map_err(|e| format!("{}: {e}", path.display()))?;
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .map_err(|e| e.to_string())?;
-    Ok(token)
+    crate::stack::secret_file(&state_dir.join("worker-token"))
 }
 
 pub fn run(args: &[String]) -> ExitCode {
@@ -247,10 +234,10 @@ async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
             }
             std::fs::create_dir_all(&args.state_dir)
                 .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
-            let token = credential(&args.state_dir)?;
+            let token = worker_credential(&args.state_dir)?;
             let backend = local_backend(&args.state_dir, &token, &[])?;
             let locator = template.unwrap_or_else(|| Locator::StateDir(args.state_dir.clone()));
-            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
+            reconcile(args, settings, backend, WorkerClient::new(locator, token)?).await
         }
         BackendArgs::Kube {
             namespace,
@@ -277,7 +264,7 @@ async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
             let client = cluster_client().await?;
             let backend = KubeBackend::new(client, kube_settings)?;
             let locator = template.unwrap_or_else(|| Locator::kube(namespace));
-            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
+            reconcile(args, settings, backend, WorkerClient::new(locator, token)?).await
         }
         BackendArgs::AgentSandbox {
             namespace,
@@ -299,7 +286,7 @@ async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
             let client = cluster_client().await?;
             let backend = AgentSandboxBackend::new(client, platform, claim_settings);
             let locator = template.ok_or("--backend agent-sandbox needs --worker-url-template")?;
-            reconcile(args, settings, backend, HttpControl::new(locator, token)).await
+            reconcile(args, settings, backend, WorkerClient::new(locator, token)?).await
         }
     }
 }
@@ -313,7 +300,7 @@ fn mode_mismatch(backend: &str) -> String {
 /// The workers' credential on a cluster: the operator's, never generated (every worker pod reads
 /// the same one from its Secret).
 fn cluster_credential() -> Result<String, String> {
-    credential_from_env(|name| std::env::var(name).ok(), "CORRAL_WORKER_TOKEN")?.ok_or_else(|| {
+    credential::from_env(|name| std::env::var(name).ok(), "CORRAL_WORKER_TOKEN")?.ok_or_else(|| {
         String::from(
             "set CORRAL_WORKER_TOKEN_FILE (or CORRAL_WORKER_TOKEN) to the credential in the workers' Secret",
         )
@@ -322,7 +309,7 @@ fn cluster_credential() -> Result<String, String> {
 
 /// The cluster, with the one TLS provider of this binary installed first.
 async fn cluster_client() -> Result<corral_controller::kube::Client, String> {
-    corral_api::ensure_crypto_provider();
+    corral_contract::ensure_crypto_provider();
     corral_controller::kube::cluster_client().await
 }
 
@@ -331,7 +318,7 @@ async fn reconcile<B: Backend>(
     args: &Args,
     settings: &Settings,
     backend: B,
-    control: HttpControl,
+    control: WorkerClient,
 ) -> Result<ExitCode, String> {
     let store = ValkeyStore::connect(&args.valkey, &args.pool)
         .await

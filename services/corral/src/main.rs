@@ -7,6 +7,7 @@ mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
 mod run_cmd;
+mod stack;
 mod up_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]

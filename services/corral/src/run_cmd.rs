@@ -65,7 +65,7 @@ fn language_of(file: &str) -> Option<&'static str> {
 
 fn credential() -> Result<String, String> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-    if let Some(token) = corral_api::credential_from_env(env, "CORRAL_API_TOKEN")? {
+    if let Some(token) = corral_contract::credential::from_env(env, "CORRAL_API_TOKEN")? {
         return Ok(token);
     }
     std::fs::read_to_string(".corral/api-token")

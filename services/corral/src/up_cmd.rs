@@ -15,15 +15,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_api::client::Client;
-use corral_api::workers::Locator;
+use corral_contract::{Locator, WorkerClient};
 use corral_controller::Backend as _;
 use corral_controller::Reconciler;
-use corral_controller::http_control::HttpControl;
 use corral_core::config::Settings;
 use corral_core::store::Loaded;
 use corral_store::valkey_server::ValkeyServer;
 
-use crate::api_cmd::{ApiParts, field_key_bytes, secret_file};
+use crate::stack::{ApiParts, build, field_key_bytes, secret_file, stop_signal};
 
 const USAGE: &str =
     "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample] [--no-field-key]
@@ -86,11 +85,6 @@ fn parse(args: &[String]) -> Result<Args, String> {
         }
     }
     Ok(parsed)
-}
-
-/// Resolves on SIGINT or SIGTERM.
-pub async fn stop_signal() {
-    corral_egress_proxy::run::shutdown_signal().await;
 }
 
 fn say(line: &str) {
@@ -273,7 +267,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
         worker: worker_token.clone(),
         field_key,
     };
-    let state = crate::api_cmd::build(settings.clone(), parts).await?;
+    let state = build(settings.clone(), parts).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     started.stop = Some(stop);
     let mut api_stopped = stopped.clone();
@@ -296,7 +290,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
     let store = corral_store::ValkeyStore::connect(&valkey, "default")
         .await
         .map_err(|e| e.to_string())?;
-    let control = HttpControl::new(Locator::StateDir(workers_dir.clone()), worker_token);
+    let control = WorkerClient::new(Locator::StateDir(workers_dir.clone()), worker_token)?;
     let reconciler = Reconciler::new(store, backend, control, settings.pool());
     let mut controller_stopped = stopped.clone();
     started.tasks.push(tokio::spawn(async move {

@@ -8,9 +8,8 @@ use common::{is_root, skip};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use corral_controller::http_control::HttpControl;
+use corral_contract::{Locator, WorkerClient};
 use corral_controller::local::LocalBackend;
-use corral_controller::locate::Locator;
 use corral_controller::{Backend, Pass, Reconciler};
 use corral_core::ids::{ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, TicketId};
 use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateKind};
@@ -47,7 +46,8 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
     )
     .expect("backend")
     .with_env("CORRAL_WORKER_TOKEN", credential);
-    let control = HttpControl::new(Locator::StateDir(state.clone()), credential.to_string());
+    let control = WorkerClient::new(Locator::StateDir(state.clone()), credential.to_string())
+        .expect("client");
     let config = PoolConfig {
         warm_min: 2,
         max_allocated: 3,

@@ -141,6 +141,21 @@ impl Stack {
         }
     }
 
+    async fn read_output(
+        &self,
+        actor: &str,
+        conversation: &str,
+        reference: &str,
+    ) -> (u16, Vec<u8>) {
+        let query = format!(
+            "/v1/read_output?actor={}&conversation={}&reference={}",
+            encode(actor),
+            encode(conversation),
+            encode(reference)
+        );
+        self.caller.get(&query).await.expect("the API answers")
+    }
+
     async fn read(&self, actor: &str, conversation: &str, path: &str) -> (u16, Vec<u8>) {
         let query = format!(
             "/v1/read_workspace?actor={}&conversation={}&path={}",
@@ -200,6 +215,7 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
     for path in [
         "/v1/run_code",
         "/v1/read_workspace",
+        "/v1/read_output",
         "/v1/admin/egress_policy",
         "/v1/egress/verifying_key",
     ] {
@@ -307,38 +323,83 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
         Some(first_worker.as_str())
     );
 
-    // Typed downloads (OUT-4): a valid document is a member reference; a corrupt declared one is
-    // not, and the run does not report success.
+    // Typed downloads (OUT-4): a valid document is a member reference; an invalid one, declared
+    // or not, is removed from the downloads and makes the run an error naming the file and the
+    // check it failed, with no reference to it anywhere.
+    const GOOD_PDF: &[u8] = b"%PDF-1.4\n1 0 obj<<>>endobj\ntrailer<<>>\n%%EOF\n";
     let mut documents = python(
         "alice",
         "docs",
         "open('good.pdf', 'wb').write(b'%PDF-1.4\\n1 0 obj<<>>endobj\\ntrailer<<>>\\n%%EOF\\n')\nopen('bad.pdf', 'wb').write(b'not a pdf')",
     );
-    documents["declared_outputs"] = json!(["good.pdf"]);
-    let (status, body) = stack.run(documents.clone()).await;
+    for declared in [json!(["good.pdf"]), json!(["bad.pdf"]), json!([])] {
+        documents["declared_outputs"] = declared.clone();
+        let (status, body) = stack.run(documents.clone()).await;
+        assert_eq!(
+            (
+                status,
+                body["outcome"].as_str(),
+                body["error"]["code"].as_str()
+            ),
+            (200, Some("error"), Some("output_invalid")),
+            "declared {declared}: {body}"
+        );
+        assert_eq!(
+            body["error"]["checks"],
+            json!([{ "path": "bad.pdf", "check": "pdf_header_missing" }]),
+            "{body}"
+        );
+        let references: Vec<&str> = body["member"]["references"]
+            .as_array()
+            .expect("references")
+            .iter()
+            .filter_map(|r| r["path"].as_str())
+            .collect();
+        assert_eq!(references, ["good.pdf"], "{body}");
+        assert!(!body["member"].to_string().contains("bad.pdf"), "{body}");
+    }
+    let only_good = python(
+        "alice",
+        "docs",
+        "import os\nos.remove('bad.pdf')\nopen('good.pdf', 'ab').write(b'')",
+    );
+    let mut declared_good = only_good.clone();
+    declared_good["declared_outputs"] = json!(["good.pdf"]);
+    let (status, body) = stack.run(declared_good).await;
     assert_eq!(
         (status, body["outcome"].as_str()),
         (200, Some("succeeded")),
         "{body}"
     );
-    let references: Vec<&str> = body["member"]["references"]
-        .as_array()
-        .expect("references")
-        .iter()
-        .filter_map(|r| r["path"].as_str())
-        .collect();
-    assert_eq!(references, ["good.pdf"], "{body}");
-    documents["declared_outputs"] = json!(["bad.pdf"]);
-    let (_, body) = stack.run(documents).await;
-    assert_eq!(body["outcome"], "error", "{body}");
-    assert_eq!(body["error"]["code"], "declared_document_missing");
-    assert!(
-        body["member"]["references"]
-            .as_array()
-            .expect("references")
-            .iter()
-            .all(|r| r["path"] != "bad.pdf")
-    );
+    let reference = body["member"]["references"][0]["reference"]
+        .as_str()
+        .expect("a reference to good.pdf")
+        .to_owned();
+
+    // OUT-1: the reference names the retained output, which later saves (pruning the generation
+    // it was written in) never take away; another actor cannot read it.
+    for n in 0..3 {
+        let (status, body) = stack
+            .run(python(
+                "alice",
+                "docs",
+                &format!("open('n{n}.txt', 'w').write('{n}')"),
+            ))
+            .await;
+        assert_eq!(
+            (status, body["outcome"].as_str()),
+            (200, Some("succeeded")),
+            "{body}"
+        );
+    }
+    let (status, bytes) = stack.read_output("alice", "docs", &reference).await;
+    assert_eq!((status, bytes.as_slice()), (200, GOOD_PDF), "{reference}");
+    let (status, _) = stack.read_output("bob", "docs", &reference).await;
+    assert_eq!(status, 404, "another actor's output");
+    let (status, reply) = stack
+        .read_output("alice", "docs", "workspace:1/good.pdf")
+        .await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&reply));
 
     // Unsupported language and a persistent kernel: not run, beside a nonzero exit (PKG-6, KER-1).
     let (status, body) = stack
@@ -777,6 +838,48 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
         lines[2], "status 403 address_private_not_configured",
         "{body}"
     );
+
+    // host_allowlist with 200 hosts: a grant longer than the worker's old 4,096-byte limit runs
+    // (the contract's limit is corral-core's). The values are padded as an administrator might
+    // paste them: read as the environment's are (trimmed), so the mode is not mistaken for an
+    // unknown one.
+    let mut hosts: Vec<String> = (0..199)
+        .map(|i| format!("api-{i:03}.example-provider.com"))
+        .collect();
+    hosts.push(upstream.ip().to_string());
+    let policy = json!({
+        "SANDBOX_EGRESS_MODE": "  host_allowlist\n",
+        "SANDBOX_EGRESS_ALLOWED_HOSTS": format!(" {} ", hosts.join(",")),
+        "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{}/32 ", upstream.ip()),
+        "SANDBOX_EGRESS_ALLOWED_PORTS": " 80,443",
+    });
+    let (status, described) = stack
+        .admin
+        .put("/v1/admin/egress_policy", &policy)
+        .await
+        .expect("admin");
+    assert_eq!(
+        (status, described["effective_mode"].as_str()),
+        (200, Some("host_allowlist")),
+        "{described}"
+    );
+    let (status, body) = stack.run(python("net", "e", &code)).await;
+    assert_eq!(
+        (
+            status,
+            body["outcome"].as_str(),
+            body["model"]["egress"]["effective_mode"].as_str()
+        ),
+        (200, Some("succeeded"), Some("host_allowlist")),
+        "{body}"
+    );
+    let lines: Vec<&str> = stdout(&body).lines().collect();
+    assert!(
+        lines[0].starts_with("status 200 method=GET path=/hello"),
+        "{body}"
+    );
+    assert_eq!(lines[1], "status 403 host_not_allowlisted", "{body}");
+    assert_eq!(lines[2], "status 403 host_not_allowlisted", "{body}");
 
     // Isolated: the run gets no grant and the relay refuses everything.
     let (status, _) = stack

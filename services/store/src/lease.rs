@@ -39,6 +39,9 @@ pub enum AcquireError {
     Refused(&'static str),
     /// The ticket waited its whole wait and was withdrawn.
     WaitTimeout,
+    /// The ticket left the queue before its wait was over without being granted: the
+    /// coordination store lost it (data loss, a new epoch). Nothing was leased.
+    TicketLost,
     /// The coordination store could not be reached, or lost the ticket: fail closed (POOL-11).
     CoordinationUnavailable,
 }
@@ -50,8 +53,23 @@ impl AcquireError {
         match self {
             Self::Refused(code) => code,
             Self::WaitTimeout => "wait_timeout",
+            Self::TicketLost => "ticket_lost",
             Self::CoordinationUnavailable => "coordination_unavailable",
         }
+    }
+}
+
+/// How long before its wait is over a ticket may be expired by the pool, whose clock (Valkey's)
+/// may run a little ahead of this process's.
+const CLOCK_ALLOWANCE: Duration = Duration::from_secs(1);
+
+/// Why a queued ticket that is no longer in the pool after `waited` of its `wait` got nothing: the
+/// pool expires a ticket at the end of its wait; one gone sooner was lost with the store's data.
+fn gone(waited: Duration, wait: Duration) -> AcquireError {
+    if waited + CLOCK_ALLOWANCE >= wait {
+        AcquireError::WaitTimeout
+    } else {
+        AcquireError::TicketLost
     }
 }
 
@@ -93,7 +111,8 @@ pub async fn acquire(
     if watch.is_none() {
         *watch = store.subscribe().await.ok();
     }
-    let deadline = Instant::now() + wait + Duration::from_secs(1);
+    let started = Instant::now();
+    let deadline = started + wait + Duration::from_secs(1);
     while Instant::now() < deadline {
         match store.load().await {
             Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
@@ -109,7 +128,7 @@ pub async fn acquire(
                         expires_at,
                     });
                 }
-                TicketStatus::Gone => return Err(AcquireError::WaitTimeout),
+                TicketStatus::Gone => return Err(gone(started.elapsed(), wait)),
                 TicketStatus::Queued { .. } => {}
             },
             Ok(Loaded::Absent) | Err(_) => return Err(AcquireError::CoordinationUnavailable),
@@ -126,4 +145,24 @@ pub async fn acquire(
         .commit(&Command::Cancel { ticket }, config, RETRIES)
         .await;
     Err(AcquireError::WaitTimeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_03_a_ticket_gone_before_its_wait_is_lost_not_timed_out() {
+        let wait = Duration::from_secs(30);
+        assert_eq!(
+            gone(Duration::from_secs(30), wait),
+            AcquireError::WaitTimeout
+        );
+        assert_eq!(
+            gone(Duration::from_millis(29_500), wait),
+            AcquireError::WaitTimeout
+        );
+        assert_eq!(gone(Duration::from_secs(2), wait), AcquireError::TicketLost);
+        assert_eq!(AcquireError::TicketLost.code(), "ticket_lost");
+    }
 }

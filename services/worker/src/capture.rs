@@ -7,7 +7,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::time::{Duration, Instant};
 
-use corral_core::jail::CappedOutput;
+use corral_core::bounds::CappedOutput;
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 

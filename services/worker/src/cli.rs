@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use corral_core::config::Settings;
 use corral_core::ids::OpToken;
+use corral_core::jail::{Language, NotRun};
 
 use crate::stage;
 use crate::supervisor::{Reexec, RunRequest, Worker, refusal_text};
@@ -147,12 +148,12 @@ fn read_code(path: &PathBuf, max_bytes: u64) -> Result<Vec<u8>, String> {
 
 /// Reads a grant file: its one token, surrounding whitespace (a final newline) not part of it.
 fn read_grant(path: &PathBuf) -> Result<String, String> {
-    let max_bytes = crate::serve::GRANT_MAX_BYTES as u64;
+    let max_bytes = corral_contract::limits::GRANT_MAX_BYTES as u64;
     let raw = read_code(path, max_bytes)?;
     let grant = String::from_utf8(raw)
         .map_err(|_| format!("--grant-file {}: not UTF-8", path.display()))?;
     let grant = grant.trim();
-    if grant.len() as u64 > max_bytes || !crate::relay::grant_is_sendable(grant) {
+    if grant.len() as u64 > max_bytes || !corral_core::egress::grant::grant_is_sendable(grant) {
         return Err(format!(
             "--grant-file {}: expected one token of printable ASCII, at most {max_bytes} bytes",
             path.display()
@@ -184,28 +185,32 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
         Err(message) => return usage_error(&message),
     };
     let mut worker = Worker::start(settings, Reexec::this_binary(prefix));
-    let result = worker.run(&RunRequest {
-        language: args.language,
-        code,
-        workspace: args.workspace,
-        wall_seconds: args.wall_seconds,
-        declared: Vec::new(),
-        token: OpToken(0),
-        bounds: None,
-        pack_workspace: false,
-        grant,
-    });
-    if result.not_run == Some("isolation_unavailable") {
-        eprintln!("{}", refusal_text(&result.isolation, &result.diagnostics));
+    let result = match Language::parse(&args.language) {
+        Ok(language) => worker.run(&RunRequest {
+            language,
+            code,
+            workspace: args.workspace,
+            wall_seconds: args.wall_seconds,
+            declared: Vec::new(),
+            token: OpToken(0),
+            bounds: None,
+            pack_workspace: false,
+            grant,
+        }),
+        Err(reason) => worker.refuse(reason, OpToken(0)),
+    };
+    let reply = result.reply;
+    if reply.not_run == Some(NotRun::IsolationUnavailable) {
+        eprintln!("{}", refusal_text(&reply.isolation, &reply.diagnostics));
     }
-    match serde_json::to_string(&result) {
+    match serde_json::to_string(&reply) {
         Ok(json) => println!("{json}"),
         Err(error) => {
             eprintln!("corral jail: cannot encode the result: {error}");
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    ExitCode::from(if result.not_run.is_some() {
+    ExitCode::from(if reply.not_run.is_some() {
         EXIT_NOT_RUN
     } else {
         EXIT_RAN

@@ -72,5 +72,5 @@ mod supervisor;
 mod sweep;
 mod workspace;
 
-pub use result::{RunResult, StreamResult};
+pub use result::RunResult;
 pub use supervisor::{Reexec, RunRequest, Worker};

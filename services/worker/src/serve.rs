@@ -53,18 +53,20 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use base64::Engine;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use corral_core::config::{ExecutionBounds, Settings};
-use corral_core::ids::OpToken;
-use corral_core::jail::{BoundOverrides, Language, lowered_bounds};
-use serde::Deserialize;
-use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
+use corral_contract::error::{ErrorBody, ErrorCode, ErrorDetail};
+use corral_contract::limits::execute_body_max_bytes;
+use corral_contract::messages::{
+    EvidenceReport, ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest,
+    WorkspaceReturn,
+};
+use corral_contract::{credential, routes};
+use corral_core::bounds::ExecutionBounds;
+use corral_core::config::Settings;
+use corral_core::jail::Language;
 use tokio::sync::Mutex;
 
 use crate::archive::{self, ArchiveError};
-use crate::result::{EvidenceResult, RunResult};
+use crate::result::RunResult;
 use crate::supervisor::{Reexec, RunRequest, Worker};
 
 /// Usage of `corral worker`.
@@ -77,32 +79,10 @@ serve   the worker's control API: GET /health, POST /v1/execute, POST /v1/reset,
         --listen ADDR says otherwise, and prints `listening on ADDR` once bound.
 ";
 
-/// Shortest credential accepted: shorter ones are guessable.
-pub const TOKEN_MIN_BYTES: usize = 16;
-/// Longest credential (and credential file) read.
-pub const TOKEN_MAX_BYTES: usize = 4_096;
-/// Longest grant string a request may carry.
-pub const GRANT_MAX_BYTES: usize = 4_096;
-/// Most names a request may declare as outputs, and the longest name.
-pub const DECLARED_MAX: usize = 64;
-/// See [`DECLARED_MAX`].
-pub const DECLARED_NAME_MAX_BYTES: usize = 1_024;
-/// Room in a request body beyond the workspace and the code: the JSON around them.
-const BODY_MARGIN_BYTES: u64 = 64 * 1024;
 /// Where requests' workspaces are staged, in the supervisor's private mount namespace.
 const STAGING_DIR: &str = "/run/corral-worker-api";
 
 const EXIT_USAGE: u8 = 2;
-
-/// The largest request body for a workspace bound of `workspace_max_bytes`: the archive in
-/// base64, the code (at most as large as a workspace) twice over for JSON escaping, and a margin.
-#[must_use]
-pub fn body_max_bytes(workspace_max_bytes: u64) -> u64 {
-    let base64_bytes = workspace_max_bytes.div_ceil(3).saturating_mul(4);
-    base64_bytes
-        .saturating_add(workspace_max_bytes.saturating_mul(2))
-        .saturating_add(BODY_MARGIN_BYTES)
-}
 
 /// One operation on the worker, run on its thread.
 type Job = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -206,12 +186,11 @@ impl PreparedLanguages {
         self.0.store(bits, Ordering::Relaxed);
     }
 
-    fn get(&self) -> Vec<&'static str> {
+    fn get(&self) -> Vec<Language> {
         let bits = self.0.load(Ordering::Relaxed);
         Self::ALL
             .into_iter()
             .filter(|l| bits & Self::bit(*l) != 0)
-            .map(Language::as_str)
             .collect()
     }
 }
@@ -234,9 +213,6 @@ struct AppState {
     /// new worker may have taken) is refused rather than run on the wrong worker.
     worker_id: Option<String>,
 }
-
-/// The header naming the worker a request is meant for.
-pub const WORKER_ID_HEADER: &str = "x-corral-worker-id";
 
 /// Runs `corral worker <args>`. `prefix` is what re-executes this binary into the jail's stages
 /// (`["jail"]` for `corral`).
@@ -283,38 +259,14 @@ fn parse(args: &[String]) -> Result<Option<SocketAddr>, String> {
 }
 
 /// Reads the credential: the file named by `CORRAL_WORKER_TOKEN_FILE`, else
-/// `CORRAL_WORKER_TOKEN`. Surrounding whitespace (a file's final newline) is not part of it.
+/// `CORRAL_WORKER_TOKEN`.
 fn read_token() -> Result<Vec<u8>, String> {
-    let raw = if let Some(path) = std::env::var_os("CORRAL_WORKER_TOKEN_FILE") {
-        let path = PathBuf::from(path);
-        let shown = |e: std::io::Error| format!("CORRAL_WORKER_TOKEN_FILE {}: {e}", path.display());
-        let file = std::fs::File::open(&path).map_err(shown)?;
-        // One byte past the bound, so that an oversized file is seen as such without reading it.
-        let mut raw = Vec::new();
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(file, TOKEN_MAX_BYTES as u64 + 1),
-            &mut raw,
-        )
-        .map_err(shown)?;
-        raw
-    } else if let Some(value) = std::env::var_os("CORRAL_WORKER_TOKEN") {
-        value.into_encoded_bytes()
-    } else {
-        return Err(
+    credential::from_env(|name| std::env::var(name).ok(), "CORRAL_WORKER_TOKEN")?
+        .map(String::into_bytes)
+        .ok_or_else(|| {
             "no credential: set CORRAL_WORKER_TOKEN_FILE or CORRAL_WORKER_TOKEN; the control API never runs unauthenticated"
-                .to_owned(),
-        );
-    };
-    let token = raw.trim_ascii().to_vec();
-    if !(TOKEN_MIN_BYTES..=TOKEN_MAX_BYTES).contains(&token.len()) {
-        return Err(format!(
-            "the credential must be {TOKEN_MIN_BYTES} to {TOKEN_MAX_BYTES} bytes"
-        ));
-    }
-    if token.iter().any(|b| !b.is_ascii_graphic()) {
-        return Err("the credential must be printable ASCII without spaces".to_owned());
-    }
-    Ok(token)
+                .to_owned()
+        })
 }
 
 /// Prepares the worker and the staging directory, then serves until the process ends.
@@ -341,7 +293,7 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
         token,
         prepared,
         worker: Arc::new(Mutex::new(worker)),
-        body_max_bytes: body_max_bytes(bounds.workspace_max_bytes),
+        body_max_bytes: execute_body_max_bytes(bounds.workspace_max_bytes),
         bounds,
         posture,
         staging,
@@ -381,9 +333,9 @@ fn prepare_staging(dir: &Path, workspace_max_bytes: u64) -> Result<PathBuf, Stri
 fn router(state: Arc<AppState>) -> Router {
     let body_max = usize::try_from(state.body_max_bytes).unwrap_or(usize::MAX);
     Router::new()
-        .route("/health", get(health))
-        .route("/v1/execute", post(execute))
-        .route("/v1/reset", post(reset))
+        .route(routes::HEALTH, get(health))
+        .route(routes::EXECUTE, post(execute))
+        .route(routes::RESET, post(reset))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_max))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -406,13 +358,14 @@ async fn serve(state: Arc<AppState>, listen: SocketAddr) -> Result<(), String> {
         .map_err(|e| format!("serve: {e}"))
 }
 
-/// A JSON error response.
-fn error(status: StatusCode, code: &str, detail: impl Into<Value>) -> Response {
-    (
-        status,
-        axum::Json(json!({ "error": code, "detail": detail.into() })),
-    )
-        .into_response()
+/// A refusal: the contract's code, its status and body.
+fn error(code: ErrorCode, detail: ErrorDetail) -> Response {
+    refusal(ErrorBody::new(code, detail))
+}
+
+fn refusal(body: ErrorBody) -> Response {
+    let status = StatusCode::from_u16(body.error.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    (status, axum::Json(body)).into_response()
 }
 
 /// Refuses a request without the credential (401), or with a declared body over the bound (413)
@@ -425,12 +378,10 @@ async fn authenticate(
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
-        .and_then(|value| value.as_bytes().strip_prefix(b"Bearer "))
+        .and_then(|value| credential::bearer(value.as_bytes()))
         .unwrap_or_default();
-    // `ct_eq` on slices of different lengths is false without comparing contents; the length of
-    // the credential is not the secret.
-    if !bool::from(presented.ct_eq(&state.token)) {
-        let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", Value::Null);
+    if !credential::matches(presented, &state.token) {
+        let mut response = error(ErrorCode::Unauthorized, ErrorDetail::default());
         response.headers_mut().insert(
             header::WWW_AUTHENTICATE,
             header::HeaderValue::from_static("Bearer"),
@@ -444,83 +395,54 @@ async fn authenticate(
         .and_then(|value| value.parse::<u64>().ok());
     if declared.is_some_and(|bytes| bytes > state.body_max_bytes) {
         return error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "body_too_large",
-            json!({ "max_bytes": state.body_max_bytes }),
+            ErrorCode::BodyTooLarge,
+            ErrorDetail {
+                max: Some(state.body_max_bytes),
+                ..ErrorDetail::default()
+            },
         );
     }
     if let Some(id) = &state.worker_id
-        && request.uri().path().starts_with("/v1/")
+        && routes::names_its_worker(request.uri().path())
         && request
             .headers()
-            .get(WORKER_ID_HEADER)
+            .get(routes::WORKER_ID_HEADER)
             .is_none_or(|named| named.as_bytes() != id.as_bytes())
     {
-        // 421: the request reached a worker it was not meant for; nothing ran.
+        // The request reached a worker it was not meant for; nothing ran.
         return error(
-            StatusCode::MISDIRECTED_REQUEST,
-            "wrong_worker",
-            json!({ "this_worker": id }),
+            ErrorCode::WrongWorker,
+            ErrorDetail {
+                this_worker: Some(id.clone()),
+                ..ErrorDetail::default()
+            },
         );
     }
     next.run(request).await
 }
 
 async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "not_found", Value::Null)
+    error(ErrorCode::NotFound, ErrorDetail::default())
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Response {
     let prepared = state.prepared.get();
-    axum::Json(json!({
-        "status": "ok",
-        "posture": state.posture,
-        "busy": state.worker.try_lock().is_err(),
-        "prepared": !prepared.is_empty(),
-        "prepared_languages": prepared,
-        "body_max_bytes": state.body_max_bytes,
-    }))
+    axum::Json(HealthReply {
+        status: "ok".to_owned(),
+        posture: state.posture.to_owned(),
+        busy: state.worker.try_lock().is_err(),
+        prepared: !prepared.is_empty(),
+        prepared_languages: prepared,
+        body_max_bytes: state.body_max_bytes,
+    })
     .into_response()
 }
 
-/// Per-run bounds a request may ask for; each no higher than the configured one.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BoundsRequest {
-    wall_seconds: Option<u64>,
-    output_bytes: Option<u64>,
-    artifact_bytes: Option<u64>,
-    memory_bytes: Option<u64>,
-    processes: Option<u32>,
-}
-
-/// The body of `POST /v1/execute`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecuteRequest {
-    language: String,
-    code: String,
-    /// A tar of the workspace, base64.
-    #[serde(default)]
-    workspace: Option<String>,
-    #[serde(default)]
-    bounds: BoundsRequest,
-    /// The run's egress grant (EGR-8).
-    #[serde(default)]
-    grant: Option<String>,
-    /// Names the run declares as outputs (WS-7).
-    #[serde(default)]
-    declared: Vec<String>,
-    /// The operation token the reset evidence carries.
-    #[serde(default)]
-    token: u64,
-}
-
-/// The body of `POST /v1/reset`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ResetRequest {
-    token: u64,
+fn busy() -> Response {
+    error(
+        ErrorCode::Busy,
+        ErrorDetail::message("another operation is in progress"),
+    )
 }
 
 /// Why an execute was refused before the code ran.
@@ -531,30 +453,28 @@ enum Refusal {
 
 async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Ok(worker) = state.worker.clone().try_lock_owned() else {
-        return error(
-            StatusCode::CONFLICT,
-            "busy",
-            "another operation is in progress",
-        );
+        return busy();
     };
     let request: ExecuteRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
     drop(body);
-    let (bounds, archive) = match admit(&request, &state.bounds) {
-        Ok(admitted) => admitted,
-        Err(response) => return *response,
+    let accepted = match request.accept(&state.bounds) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refusal(refused),
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
     let request_dir = state.staging.join(format!("request-{number}"));
+    let bounds = accepted.bounds;
+    let archive = accepted.archive;
     let run = RunRequest {
         language: request.language,
         code: request.code.into_bytes(),
         workspace: Some(request_dir.join("workspace")),
         wall_seconds: None,
-        declared: request.declared,
-        token: OpToken(request.token),
+        declared: accepted.declared,
+        token: request.token,
         bounds: Some(bounds.clone()),
         pack_workspace: true,
         grant: request.grant,
@@ -569,94 +489,19 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         .await;
     drop(worker);
     match ran {
-        Ok(Ok(result)) => execute_response(result),
+        Ok(Ok(result)) => axum::Json(execute_reply(result)).into_response(),
         Ok(Err(Refusal::Archive(e))) => error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "workspace_archive_refused",
-            json!({ "reason": e.code(), "setting": e.setting(), "message": e.to_string() }),
+            ErrorCode::WorkspaceArchiveRefused,
+            ErrorDetail {
+                reason: Some(e.code().to_owned()),
+                setting: e.setting().map(str::to_owned),
+                message: Some(e.to_string()),
+                ..ErrorDetail::default()
+            },
         ),
-        Ok(Err(Refusal::Staging(e))) => {
-            error(StatusCode::INTERNAL_SERVER_ERROR, "staging_failed", e)
-        }
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "run_failed",
-            e.to_string(),
-        ),
+        Ok(Err(Refusal::Staging(e))) => error(ErrorCode::StagingFailed, ErrorDetail::message(e)),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
     }
-}
-
-/// Checks what an execute asks: the grant and declared names within their bounds, each bound
-/// override no higher than configured, the archive's encoding. Returns the run's bounds and the
-/// archive's bytes, or the response refusing the request.
-fn admit(
-    request: &ExecuteRequest,
-    configured: &ExecutionBounds,
-) -> Result<(ExecutionBounds, Option<Vec<u8>>), Box<Response>> {
-    if request
-        .grant
-        .as_ref()
-        .is_some_and(|g| g.len() > GRANT_MAX_BYTES)
-    {
-        return Err(Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "grant_too_long",
-            GRANT_MAX_BYTES,
-        )));
-    }
-    // The relay puts the grant in a header: nothing that could end the header or start another.
-    if request
-        .grant
-        .as_deref()
-        .is_some_and(|g| !crate::relay::grant_is_sendable(g))
-    {
-        return Err(Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "grant_malformed",
-            "a grant is non-empty printable ASCII without spaces",
-        )));
-    }
-    if request.declared.len() > DECLARED_MAX
-        || request
-            .declared
-            .iter()
-            .any(|n| n.len() > DECLARED_NAME_MAX_BYTES)
-    {
-        return Err(Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "declared_too_many",
-            DECLARED_MAX,
-        )));
-    }
-    let overrides = BoundOverrides {
-        max_wall_seconds: request.bounds.wall_seconds,
-        max_output_bytes: request.bounds.output_bytes,
-        max_artifact_bytes: request.bounds.artifact_bytes,
-        max_memory_bytes: request.bounds.memory_bytes,
-        max_processes: request.bounds.processes,
-    };
-    let bounds = match lowered_bounds(configured, &overrides) {
-        Ok(bounds) => bounds,
-        Err(refused) => {
-            return Err(Box::new(error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                refused.code(),
-                json!({ "setting": refused.setting }),
-            )));
-        }
-    };
-    let archive = match request.workspace.as_deref().map(|text| BASE64.decode(text)) {
-        None => None,
-        Some(Ok(bytes)) => Some(bytes),
-        Some(Err(e)) => {
-            return Err(Box::new(error(
-                StatusCode::BAD_REQUEST,
-                "workspace_not_base64",
-                e.to_string(),
-            )));
-        }
-    };
-    Ok((bounds, archive))
 }
 
 /// Unpacks the archive (if any) as the request's workspace, then runs. Blocking.
@@ -681,48 +526,34 @@ fn run_staged(
     Ok(worker.run(run))
 }
 
-/// The run's result as `corral jail run` prints it, plus the packed workspace.
-fn execute_response(mut result: RunResult) -> Response {
-    let packed = result.workspace_archive.take();
-    let Ok(mut body) = serde_json::to_value(&result) else {
-        return error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "encode_failed",
-            Value::Null,
-        );
+/// The run's result as `corral jail run` prints it, with the workspace packed into it.
+fn execute_reply(result: RunResult) -> ExecuteReply {
+    let mut reply = result.reply;
+    reply.workspace = match result.workspace_archive {
+        Some(Ok(bytes)) => WorkspaceReturn::of_archive(&bytes),
+        Some(Err(e)) => WorkspaceReturn::Refused {
+            reason: e.code().to_owned(),
+            setting: e.setting().map(str::to_owned),
+            message: e.to_string(),
+        },
+        None => WorkspaceReturn::NotPacked,
     };
-    let (archive, archive_error) = match packed {
-        Some(Ok(bytes)) => (Value::String(BASE64.encode(bytes)), Value::Null),
-        Some(Err(e)) => (
-            Value::Null,
-            json!({ "reason": e.code(), "setting": e.setting(), "message": e.to_string() }),
-        ),
-        None => (Value::Null, Value::Null),
-    };
-    if let Some(object) = body.as_object_mut() {
-        object.insert("workspace_archive".to_owned(), archive);
-        object.insert("workspace_error".to_owned(), archive_error);
-    }
-    axum::Json(body).into_response()
+    reply
 }
 
 async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Ok(worker) = state.worker.clone().try_lock_owned() else {
-        return error(
-            StatusCode::CONFLICT,
-            "busy",
-            "another operation is in progress",
-        );
+        return busy();
     };
     let request: ResetRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
     let staging = state.staging.clone();
     let done = worker
         .run(move |worker| {
             let mut diagnostics = Vec::new();
-            let mut evidence = worker.reset_all(OpToken(request.token), &mut diagnostics);
+            let mut evidence = worker.reset_all(request.token, &mut diagnostics);
             // Staged workspaces are removed after every request; any left are wiped and counted.
             let left = wipe_staging(&staging, &mut diagnostics);
             evidence.workspace_entries = match (evidence.workspace_entries, left) {
@@ -740,16 +571,12 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     }
     drop(worker);
     match done {
-        Ok((evidence, diagnostics)) => axum::Json(json!({
-            "reset_evidence": EvidenceResult::judged(&evidence),
-            "diagnostics": diagnostics,
-        }))
+        Ok((evidence, diagnostics)) => axum::Json(ResetReply {
+            reset_evidence: EvidenceReport::judged(evidence),
+            diagnostics,
+        })
         .into_response(),
-        Err(e) => error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "reset_failed",
-            e.to_string(),
-        ),
+        Err(e) => error(ErrorCode::ResetFailed, ErrorDetail::message(e)),
     }
 }
 
@@ -782,13 +609,5 @@ mod tests {
         );
         assert!(parse(&strings(&["serve", "--listen", "nowhere"])).is_err());
         assert!(parse(&strings(&["run"])).is_err());
-    }
-
-    #[test]
-    fn the_body_bound_covers_a_full_workspace_in_base64_and_the_code() {
-        let eight_mib = 8 * 1024 * 1024;
-        let bound = body_max_bytes(eight_mib);
-        assert!(bound >= eight_mib / 3 * 4 + eight_mib);
-        assert!(bound < 4 * eight_mib);
     }
 }

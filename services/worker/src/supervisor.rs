@@ -14,11 +14,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_core::config::{ExecutionBounds, Settings};
+use corral_contract::messages::{EvidenceReport, Isolation};
+use corral_core::bounds::{
+    BoundObservations, ExecutionBounds, OutputStream, bounds_hit, code_fits,
+};
+use corral_core::config::Settings;
 use corral_core::downloads;
 use corral_core::ids::OpToken;
-use corral_core::jail::{self, BoundObservations, Language, NotRun, Posture, Primitive};
+use corral_core::jail::{self, Language, NotRun, Posture, Primitive};
 use corral_core::reset::ResetEvidence;
+use corral_core::run::outcome::NOT_RUN_EXIT_CODE;
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, unshare};
 use nix::sys::prctl;
@@ -35,9 +40,7 @@ use crate::plan::{
 };
 use crate::probe::{self, Missing};
 use crate::relay::{self, ProxyAddress, Relay};
-use crate::result::{
-    DownloadResult, EvidenceResult, IsolationResult, RunResult, StreamResult, note,
-};
+use crate::result::{RunResult, note};
 use crate::sweep;
 use crate::workspace::{self, CopyInError, RunDirs};
 
@@ -94,8 +97,8 @@ impl Reexec {
 /// One piece of code to run.
 #[derive(Clone, Debug)]
 pub struct RunRequest {
-    /// The language as given (`python` or `node`; anything else is refused).
-    pub language: String,
+    /// The language.
+    pub language: Language,
     /// The code.
     pub code: Vec<u8>,
     /// An operator's directory whose files the code sees and to which validated downloads are
@@ -108,7 +111,7 @@ pub struct RunRequest {
     /// The operation token the reset evidence carries.
     pub token: OpToken,
     /// Bounds in place of the configured ones for this run only; the caller has checked that none
-    /// is higher than configured (`corral_core::jail::lowered_bounds`).
+    /// is higher than configured (`corral_core::bounds::lowered_bounds`).
     pub bounds: Option<ExecutionBounds>,
     /// Whether to pack the workspace into a tar after the run (the control API returns it).
     pub pack_workspace: bool,
@@ -257,7 +260,11 @@ impl Worker {
                 Ok(())
             }
             Err(reason) => {
-                let mut why = format!("{}: {}", reason.code(), scratch.diagnostics.join("; "));
+                let mut why = format!(
+                    "{}: {}",
+                    reason.code(),
+                    scratch.reply.diagnostics.join("; ")
+                );
                 let evidence = self.reset(&mut run, OpToken(0), &mut notes);
                 if !matches!(
                     corral_core::reset::judge(&evidence, evidence.token),
@@ -332,10 +339,10 @@ impl Worker {
         );
         // The grant is not known yet: it is attached when a run takes the jail.
         let (mut started, program) =
-            self.start_jail(&plan, run, None, &mut result.diagnostics, true)?;
+            self.start_jail(&plan, run, None, &mut result.reply.diagnostics, true)?;
         let Some(program) = program else {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 "the jail's program pipe is missing",
             );
             return Err(NotRun::JailSetupFailed);
@@ -349,19 +356,22 @@ impl Worker {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     note(
-                        &mut result.diagnostics,
+                        &mut result.reply.diagnostics,
                         "the bootstrap ended before it waited for the code",
                     );
                     return Err(NotRun::JailSetupFailed);
                 }
                 Err(error) => {
-                    note(&mut result.diagnostics, format!("the bootstrap: {error}"));
+                    note(
+                        &mut result.reply.diagnostics,
+                        format!("the bootstrap: {error}"),
+                    );
                     return Err(NotRun::JailSetupFailed);
                 }
             }
         }
         note(
-            &mut result.diagnostics,
+            &mut result.reply.diagnostics,
             "the bootstrap printed too much before it waited for the code",
         );
         Err(NotRun::JailSetupFailed)
@@ -412,7 +422,7 @@ impl Worker {
         request: &RunRequest,
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
-        let language = Language::parse(&request.language).ok()?;
+        let language = request.language;
         let Some(prepared) = self.prepared.remove(&language) else {
             if let Some(why) = self.prepare_failures.get(&language) {
                 note(
@@ -482,20 +492,20 @@ impl Worker {
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
         let mut result = RunResult::default();
-        let prepared = self.take_prepared(request, &mut result.diagnostics);
+        let prepared = self.take_prepared(request, &mut result.reply.diagnostics);
         if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 format!("a grant was given, but {why}: the egress relay refused every connection"),
             );
         }
         if request
             .grant
             .as_deref()
-            .is_some_and(|grant| !relay::grant_is_sendable(grant))
+            .is_some_and(|grant| !corral_core::egress::grant::grant_is_sendable(grant))
         {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 "the grant is not a header-safe token: the egress relay refused every connection",
             );
         }
@@ -507,7 +517,7 @@ impl Worker {
             .map(|bounds| std::mem::replace(&mut self.settings.bounds, bounds));
         let (mut run, executed) = match prepared {
             Some(prepared) => {
-                result.warm = true;
+                result.reply.warm = true;
                 let Prepared {
                     mut run,
                     started: jail,
@@ -527,14 +537,30 @@ impl Worker {
             self.settings.bounds = configured;
         }
         if let Err(reason) = executed {
-            result.not_run = Some(reason.code());
-            result.exit_code = None;
+            // PKG-6: a not_run record goes beside a nonzero exit.
+            result.reply.not_run = Some(reason);
+            result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
         }
         let reset_started = Instant::now();
-        let evidence = self.reset(&mut run, request.token, &mut result.diagnostics);
-        result.reset_evidence = Some(EvidenceResult::judged(&evidence));
-        result.durations.reset_ms = millis(reset_started.elapsed());
-        result.durations.total_ms = millis(started.elapsed());
+        let evidence = self.reset(&mut run, request.token, &mut result.reply.diagnostics);
+        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
+        result.reply.durations.reset_ms = millis(reset_started.elapsed());
+        result.reply.durations.total_ms = millis(started.elapsed());
+        result
+    }
+
+    /// The answer to a request refused before anything of it ran (`reason`): the posture it would
+    /// have had, the `not_run` record beside a nonzero exit (PKG-6), and the evidence of a reset
+    /// under `token`.
+    pub fn refuse(&mut self, reason: NotRun, token: OpToken) -> RunResult {
+        let mut result = RunResult::default();
+        // Recorded so that the refusal reports the posture; the reason given stands regardless.
+        let _posture = self.decide_posture(&mut result);
+        result.reply.not_run = Some(reason);
+        result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
+        let mut run = self.new_run();
+        let evidence = self.reset(&mut run, token, &mut result.reply.diagnostics);
+        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
         result
     }
 
@@ -590,15 +616,12 @@ impl Worker {
         run: &mut ActiveRun,
         result: &mut RunResult,
     ) -> Result<(), NotRun> {
-        // The posture is recorded first so that every refusal reports it, but the language is
-        // refused before the posture is (PKG-6: an unsupported language is its own reason).
-        let posture = self.decide_posture(result);
-        let language = Language::parse(&request.language)?;
-        let posture = posture?;
+        let posture = self.decide_posture(result)?;
+        let language = request.language;
         let bounds = &self.settings.bounds;
-        if request.code.len() as u64 > bounds.workspace_max_bytes {
+        if !code_fits(request.code.len(), bounds) {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
             );
             return Err(NotRun::CodeTooLarge);
@@ -610,7 +633,8 @@ impl Worker {
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
         let grant = request.grant.as_deref();
-        let (started, _) = self.start_jail(&plan, run, grant, &mut result.diagnostics, false)?;
+        let (started, _) =
+            self.start_jail(&plan, run, grant, &mut result.reply.diagnostics, false)?;
         let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
@@ -628,11 +652,11 @@ impl Worker {
         result: &mut RunResult,
     ) -> Result<(), NotRun> {
         self.decide_posture(result)?;
-        let language = Language::parse(&request.language)?;
+        let language = request.language;
         let bounds = &self.settings.bounds;
-        if request.code.len() as u64 > bounds.workspace_max_bytes {
+        if !code_fits(request.code.len(), bounds) {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
             );
             return Err(NotRun::CodeTooLarge);
@@ -657,7 +681,7 @@ impl Worker {
         ) {
             // The interpreter stopped reading: what it did is reported like any run's end.
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 format!("deliver the code: {error}"),
             );
         }
@@ -684,7 +708,7 @@ impl Worker {
         run.dirs = Some(RunDirs {
             run_dir: run.run_dir.clone(),
         });
-        dirs.map_err(|e| setup_failed(&mut result.diagnostics, e))
+        dirs.map_err(|e| setup_failed(&mut result.reply.diagnostics, e))
     }
 
     /// Creates the run's cgroups (recorded in `run`, for the reset).
@@ -706,7 +730,7 @@ impl Worker {
         )
         .map_err(|(primitive, e)| {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 format!("{}: {e}", primitive.code()),
             );
             NotRun::JailSetupFailed
@@ -735,18 +759,18 @@ impl Worker {
                 &dirs.workspace(),
                 (run.uids[1], run.uids[1]),
                 bounds.workspace_max_bytes,
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
             ) {
                 Ok(()) => {}
                 Err(CopyInError::TooLarge(why)) => {
                     note(
-                        &mut result.diagnostics,
+                        &mut result.reply.diagnostics,
                         format!("workspace: {why} (SANDBOX_WORKSPACE_MAX_BYTES)"),
                     );
                     return Err(NotRun::WorkspaceTooLarge);
                 }
                 Err(CopyInError::Io(why)) => {
-                    return Err(setup_failed(&mut result.diagnostics, why));
+                    return Err(setup_failed(&mut result.reply.diagnostics, why));
                 }
             }
         }
@@ -754,9 +778,9 @@ impl Worker {
         // file, as it can in a cold run.
         let code_name = format!("main.{}", language.extension());
         dirs.write_code(&code_name, &request.code)
-            .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+            .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
         let (before, _, _) = workspace::snapshot(&dirs.workspace())
-            .map_err(|e| setup_failed(&mut result.diagnostics, e))?;
+            .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
         Ok(before)
     }
 
@@ -822,27 +846,28 @@ impl Worker {
 
     /// Records the posture in `result`, or refuses with the missing primitives.
     fn decide_posture(&self, result: &mut RunResult) -> Result<Posture, NotRun> {
-        result.isolation.missing = self.missing.keys().map(|p| p.code()).collect();
+        result.reply.isolation.missing = self.missing.keys().map(|p| p.code().to_owned()).collect();
         match self.posture() {
             Ok(posture) => {
-                result.isolation.posture = match posture {
+                result.reply.isolation.posture = match posture {
                     Posture::Full => "full",
                     Posture::Weaker { .. } => "weaker",
-                };
+                }
+                .to_owned();
                 for (primitive, why) in &self.missing {
                     note(
-                        &mut result.diagnostics,
+                        &mut result.reply.diagnostics,
                         format!("waived {}: {why}", primitive.code()),
                     );
                 }
                 Ok(posture)
             }
             Err(refusing) => {
-                result.isolation.posture = "refused";
+                result.reply.isolation.posture = "refused".to_owned();
                 for primitive in refusing {
                     let why = self.missing.get(&primitive).map_or("", String::as_str);
                     note(
-                        &mut result.diagnostics,
+                        &mut result.reply.diagnostics,
                         format!("missing {}: {why}", primitive.code()),
                     );
                 }
@@ -996,7 +1021,7 @@ impl Worker {
             self.settings.bounds.max_output_bytes,
             deadline,
         );
-        result.durations.run_ms = millis(started.go_at.elapsed());
+        result.reply.durations.run_ms = millis(started.go_at.elapsed());
         let mut status = None;
         if pidfd.is_none() && !captured.deadline_hit {
             // Without a pidfd the capture loop ends with the pipes, and code that closed its
@@ -1021,11 +1046,11 @@ impl Worker {
         let (left, _) = sweep::kill_run(None, &run.cgroups, &run.uids);
         if left != Some(0) {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 format!("processes still alive after the kill: {left:?}"),
             );
         }
-        result.exit_code = match (captured.deadline_hit, status) {
+        result.reply.exit_code = match (captured.deadline_hit, status) {
             (true, _) | (false, None) => None,
             (false, Some(WaitStatus::Exited(_, code))) => Some(code),
             (false, Some(WaitStatus::Signaled(_, signal, _))) => {
@@ -1033,8 +1058,8 @@ impl Worker {
             }
             (false, Some(_)) => None,
         };
-        result.stdout = StreamResult::from(&captured.stdout);
-        result.stderr = StreamResult::from(&captured.stderr);
+        result.reply.stdout = OutputStream::from(&captured.stdout);
+        result.reply.stderr = OutputStream::from(&captured.stderr);
         let counters = run.cgroups.counters();
         let observed = BoundObservations {
             wall_expired: captured.deadline_hit,
@@ -1064,7 +1089,7 @@ impl Worker {
         let offered = match workspace::snapshot(&dirs.workspace()) {
             Ok(_) if !all_dead => {
                 note(
-                    &mut result.diagnostics,
+                    &mut result.reply.diagnostics,
                     "no downloads: a process of the run survived the kill",
                 );
                 Vec::new()
@@ -1073,7 +1098,7 @@ impl Worker {
                 observed.workspace = workspace::filesystem_use(&dirs.workspace(), apparent_bytes);
                 if unnamed > 0 {
                     note(
-                        &mut result.diagnostics,
+                        &mut result.reply.diagnostics,
                         format!("{unnamed} files with names that are not UTF-8 were ignored"),
                     );
                 }
@@ -1082,12 +1107,12 @@ impl Worker {
                     &dirs.workspace(),
                     &candidates,
                     bounds.max_artifact_bytes,
-                    &mut result.diagnostics,
+                    &mut result.reply.diagnostics,
                 )
             }
             Err(error) => {
                 note(
-                    &mut result.diagnostics,
+                    &mut result.reply.diagnostics,
                     format!("workspace snapshot: {error}"),
                 );
                 Vec::new()
@@ -1097,7 +1122,7 @@ impl Worker {
         observed.artifacts_over = selection.artifact_bound_hit;
         for (path, excluded) in &selection.excluded {
             note(
-                &mut result.diagnostics,
+                &mut result.reply.diagnostics,
                 format!("download {path} excluded: {}", excluded.code()),
             );
         }
@@ -1107,20 +1132,13 @@ impl Worker {
                     workspace::copy_out(&dirs.workspace(), &download.path, destination)
             {
                 note(
-                    &mut result.diagnostics,
+                    &mut result.reply.diagnostics,
                     format!("download {} not copied back: {error}", download.path),
                 );
             }
         }
-        result.downloads = selection
-            .downloads
-            .into_iter()
-            .map(|d| DownloadResult {
-                path: d.path,
-                bytes: d.bytes,
-                media_type: d.media_type,
-            })
-            .collect();
+        result.reply.rejected = selection.rejected();
+        result.reply.downloads = selection.downloads;
         if request.pack_workspace {
             // Packed only once nothing of the run is alive: a live process could swap a file
             // for a link between the check and the read (the pack follows no link either way).
@@ -1132,9 +1150,9 @@ impl Worker {
                 ))
             });
         }
-        let hit = jail::bounds_hit(&observed, bounds.tmp_max_bytes, bounds.workspace_max_bytes);
-        result.bounds = hit.iter().map(|b| b.setting()).collect();
-        result.bound = hit.first().map(|b| b.setting());
+        let hit = bounds_hit(&observed, bounds.tmp_max_bytes, bounds.workspace_max_bytes);
+        result.reply.bounds = hit.iter().copied().collect();
+        result.reply.bound = hit.first().copied();
     }
 
     /// Kills every process of the run, wipes its directories, removes its cgroups, and measures.
@@ -1406,7 +1424,7 @@ fn millis(duration: Duration) -> u64 {
 }
 
 /// The JSON of the isolation result for a refusal printed at start (used by the CLI).
-pub fn refusal_text(result: &IsolationResult, diagnostics: &[String]) -> String {
+pub fn refusal_text(result: &Isolation, diagnostics: &[String]) -> String {
     format!(
         "corral jail: refusing to run code: isolation unavailable ({}): {}. Set CORRAL_JAIL_ALLOW_WEAKER_ISOLATION=1 to accept a weaker jail where that is possible.",
         result.missing.join(", "),

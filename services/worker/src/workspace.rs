@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt, lchown};
 use std::path::{Path, PathBuf};
 
+use corral_core::bounds::FilesystemUse;
 use corral_core::downloads::{self, DocumentKind, Entry, FileStamp, Offered, Snapshot};
-use corral_core::jail::FilesystemUse;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::statvfs::statvfs;
 

@@ -100,9 +100,63 @@ fn api_executes_python_and_node_with_a_clean_reset() {
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "4\n", "{json}");
     assert_clean(&json);
+    // The language is a type on the contract: one the worker does not run is not a message.
     let (status, json) = server.execute(&json!({ "language": "ruby", "code": "puts 1" }));
+    assert_eq!(
+        (status, &json["error"]),
+        (400, &json!("body_invalid")),
+        "{json}"
+    );
+}
+
+/// Every malformed message gets a typed error with a stable code from the contract, before
+/// anything runs, and the worker serves the next request as if nothing had happened.
+#[test]
+fn contract_malformed_messages_get_typed_codes_and_leave_the_worker_serving() {
+    if !root_or_skip("api_malformed") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    let grant_max = corral_contract::limits::GRANT_MAX_BYTES;
+    // Route, credential, body, and the status and code expected.
+    type Case<'a> = (&'a str, Option<&'a str>, Vec<u8>, u16, &'a str);
+    let cases: [Case; 8] = [
+        ("/v1/execute", Some(TOKEN), br#"{"language":"python","code":"print(1)","tok"#.to_vec(), 400, "body_truncated"),
+        ("/v1/execute", Some(TOKEN), b"not json at all".to_vec(), 400, "body_malformed"),
+        ("/v1/execute", Some(TOKEN), br#"{"language":"python","code":"1","token":1,"sudo":true}"#.to_vec(), 400, "body_invalid"),
+        ("/v1/execute", Some(TOKEN), br#"{"language":"python","code":"1"}"#.to_vec(), 400, "body_invalid"),
+        (
+            "/v1/execute",
+            Some(TOKEN),
+            json!({ "language": "python", "code": "1", "token": 1, "grant": "g".repeat(grant_max + 1) })
+                .to_string()
+                .into_bytes(),
+            400,
+            "grant_too_long",
+        ),
+        ("/v1/execute", Some("wrong-credential-0123456789abcdef"), br#"{"language":"python","code":"1","token":1}"#.to_vec(), 401, "unauthorized"),
+        ("/v1/reset", Some(TOKEN), br#"{"token":"one"}"#.to_vec(), 400, "body_invalid"),
+        ("/v1/reset", Some(TOKEN), b"{".to_vec(), 400, "body_truncated"),
+    ];
+    for (path, token, body, status, code) in cases {
+        let (got, json) = server.request("POST", path, token, &body);
+        assert_eq!(
+            (got, &json["error"]),
+            (status, &json!(code)),
+            "{path}: {json}"
+        );
+    }
+    // A grant at the contract's limit (corral-core's) is accepted, and the worker runs on.
+    let (status, json) = server.execute(&json!({
+        "language": "python",
+        "code": "print(1)",
+        "token": 9,
+        "grant": "g".repeat(grant_max),
+    }));
     assert_eq!(status, 200, "{json}");
-    assert_eq!(json["not_run"], "unsupported_language", "{json}");
+    assert_eq!(json["stdout"]["text"], "1\n", "{json}");
+    assert_clean(&json);
 }
 
 #[test]
@@ -121,10 +175,10 @@ fn api_workspace_archive_in_and_out() {
     }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "hello\n", "{json}");
-    assert_eq!(json["workspace_error"], Value::Null, "{json}");
+    assert_eq!(json["workspace"]["state"], "packed", "{json}");
     assert_clean(&json);
     let packed = BASE64
-        .decode(json["workspace_archive"].as_str().expect("an archive"))
+        .decode(json["workspace"]["archive"].as_str().expect("an archive"))
         .unwrap();
     let out = TempDir::new("api-out");
     let target = out.path().join("workspace");
@@ -241,7 +295,12 @@ fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
     let server = Server::start(&[("SANDBOX_WORKSPACE_MAX_BYTES", "1MiB")]);
     let (_, health) = server.request("GET", "/health", Some(TOKEN), b"");
     let body_max = health["body_max_bytes"].as_u64().unwrap();
-    assert!(body_max < 4 << 20, "{health}");
+    // The contract's bound for this workspace bound, not a default.
+    assert_eq!(
+        body_max,
+        corral_contract::limits::execute_body_max_bytes(1 << 20),
+        "{health}"
+    );
     // A declared length over the bound is refused before any of the body is sent.
     let mut stream = TcpStream::connect(server.addr).unwrap();
     stream.set_read_timeout(Some(RESPONSE_TIMEOUT)).unwrap();
@@ -750,7 +809,7 @@ fn a_request_naming_another_worker_is_refused_and_nothing_runs() {
     let server = Server::start(&[("CORRAL_WORKER_ID", "w-test-7")]);
     let send = |named: Option<&str>| {
         let body =
-            json!({ "language": "python", "code": "open('ran', 'w').write('x')\nprint('ran')" })
+            json!({ "language": "python", "code": "open('ran', 'w').write('x')\nprint('ran')", "token": 1 })
                 .to_string();
         let mut head = format!(
             "POST /v1/execute HTTP/1.1\r\nHost: worker\r\nConnection: close\r\nContent-Type: application/json\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n",

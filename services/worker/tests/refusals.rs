@@ -31,7 +31,8 @@ fn assert_refused_for(ran: &common::Ran, primitive: &str) {
         ran.stderr
     );
     assert!(!ran.stdout().contains("ran as"));
-    assert!(ran.json["exit_code"].is_null());
+    // PKG-6: the record goes beside a nonzero exit.
+    assert_eq!(ran.json["exit_code"], 1);
     ran.assert_clean_reset();
 }
 
@@ -140,7 +141,7 @@ fn pkg_06_an_unsupported_language_is_refused_before_it_runs() {
     let ran = jail.run();
     assert_eq!(ran.status, 3, "{}", ran.json);
     assert_eq!(ran.json["not_run"], "unsupported_language");
-    assert!(ran.json["exit_code"].is_null());
+    assert_eq!(ran.json["exit_code"], 1);
     ran.assert_clean_reset();
 }
 

@@ -1,4 +1,5 @@
 //! What the binary's service tests share: whether they can run here, and how they skip.
+#![allow(dead_code)]
 
 /// Whether this process runs as root (the worker's jail needs it).
 pub fn is_root() -> bool {

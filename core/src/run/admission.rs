@@ -1,0 +1,388 @@
+//! What a `run_code` request may ask (ISO-1, WS-4, WS-7, KER-1, BOUND-1, POOL-3, EGR-4, PKG-6).
+//!
+//! [`admit`] takes the request as received and the deployment's settings, and answers one of:
+//! - [`Admission::Admitted`]: every field checked and typed, ready to lease a worker for;
+//! - [`Admission::NotRun`]: a `not_run` record, answered before any lease (PKG-6: an unsupported
+//!   language, a persistent kernel this release does not run);
+//! - [`Admission::Refused`]: a malformed request, with a stable code and the field it names.
+//!
+//! The worker checks what reaches it again with the same functions (the language is a type on the
+//! wire, the bounds go through [`crate::bounds::lowered_bounds`], the code through
+//! [`crate::bounds::code_fits`]), so nothing an admitted request asks can differ at the worker.
+
+use crate::bounds::{BoundOverrides, ExecutionBounds, code_fits, lowered_bounds};
+use crate::config::Settings;
+use crate::downloads::relative_path;
+use crate::egress::grant::PROVIDER_HINT_MAX;
+use crate::egress::target::NAME_MAX_BYTES;
+use crate::ids::{ActorId, ConversationId, MemberId, identity_is_valid};
+use crate::jail::{Language, NotRun};
+
+/// The most names a run may declare as outputs (WS-7).
+pub const DECLARED_MAX: usize = 64;
+
+/// The body of `POST /v1/run_code`, as received: strings where the caller may be wrong, so that
+/// [`admit`] can say exactly what is wrong.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCodeRequest {
+    /// Whose workspace (with the conversation).
+    pub actor: String,
+    /// The conversation.
+    pub conversation: String,
+    /// The member the lease counts against (POOL-3).
+    pub member: String,
+    /// `python` or `node`.
+    pub language: String,
+    /// The program.
+    pub code: String,
+    /// Relative names the run will create (WS-7): shown as progress, granting nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub declared_outputs: Vec<String>,
+    /// Hosts the provider hints at (EGR-4): narrows `host_allowlist`, ignored elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_hint: Option<Vec<String>>,
+    /// `ephemeral` (the default) or `persistent` (KER-1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// Per-run bounds, each no higher than the deployment's.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub bounds: BoundOverrides,
+    /// How long to wait for a worker, capped by `SANDBOX_ACQUIRE_WAIT_SECONDS`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_seconds: Option<u64>,
+}
+
+fn is_default(overrides: &BoundOverrides) -> bool {
+    *overrides == BoundOverrides::default()
+}
+
+/// A request admitted: every field checked and typed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Admitted {
+    /// Whose workspace.
+    pub actor: ActorId,
+    /// The conversation.
+    pub conversation: ConversationId,
+    /// The member the lease counts against.
+    pub member: MemberId,
+    /// The language, parsed once.
+    pub language: Language,
+    /// The program, within [`code_fits`].
+    pub code: String,
+    /// The declared outputs, each a normalized relative path, without repeats, in the order given.
+    pub declared: Vec<String>,
+    /// The overrides asked for, forwarded to the worker (which applies them to its own ceiling).
+    pub overrides: BoundOverrides,
+    /// The bounds the run gets here: the configured ones, lowered by the overrides.
+    pub bounds: ExecutionBounds,
+    /// The provider hint, at most [`PROVIDER_HINT_MAX`] names.
+    pub provider_hint: Option<Vec<String>>,
+    /// How long to wait for a worker, at most `SANDBOX_ACQUIRE_WAIT_SECONDS`, over every attempt.
+    pub wait_ms: u64,
+}
+
+/// Why a request is refused. The codes are stable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefusalCode {
+    /// An actor, conversation or member that is empty, too long or has a control character.
+    InvalidIdentity,
+    /// A kernel other than `ephemeral` or `persistent`.
+    KernelUnknown,
+    /// The code is larger than `SANDBOX_WORKSPACE_MAX_BYTES`.
+    CodeTooLarge,
+    /// A bound override that is zero or above the deployment's bound.
+    BoundOverrideRefused,
+    /// Too many declared outputs, or one that is not a relative path inside the workspace.
+    DeclaredOutputInvalid,
+    /// Too many provider-hint names, or one longer than a DNS name.
+    ProviderHintInvalid,
+}
+
+impl RefusalCode {
+    /// The stable code.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidIdentity => "invalid_identity",
+            Self::KernelUnknown => "kernel_unknown",
+            Self::CodeTooLarge => "code_too_large",
+            Self::BoundOverrideRefused => "bound_override_refused",
+            Self::DeclaredOutputInvalid => "declared_output_invalid",
+            Self::ProviderHintInvalid => "provider_hint_invalid",
+        }
+    }
+}
+
+/// A refused request: the code, the field it names, the setting when a bound refused it, and a
+/// sentence for a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The stable code.
+    pub code: RefusalCode,
+    /// The request field at fault.
+    pub field: &'static str,
+    /// The setting whose bound refused it, if one did.
+    pub setting: Option<&'static str>,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+/// What [`admit`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Ready to lease a worker for.
+    Admitted(Box<Admitted>),
+    /// Answered with a `not_run` record, before any lease.
+    NotRun(NotRun),
+    /// Refused as malformed.
+    Refused(Refusal),
+}
+
+fn refused(
+    code: RefusalCode,
+    field: &'static str,
+    setting: Option<&'static str>,
+    message: impl Into<String>,
+) -> Admission {
+    Admission::Refused(Refusal {
+        code,
+        field,
+        setting,
+        message: message.into(),
+    })
+}
+
+/// Judges `request` under `settings`. Checks run in a fixed order (identity, kernel, language,
+/// code, bounds, declared outputs, provider hint) and the first failure answers.
+#[must_use]
+pub fn admit(request: RunCodeRequest, settings: &Settings) -> Admission {
+    for (field, value) in [
+        ("actor", &request.actor),
+        ("conversation", &request.conversation),
+        ("member", &request.member),
+    ] {
+        if !identity_is_valid(value) {
+            return refused(
+                RefusalCode::InvalidIdentity,
+                field,
+                None,
+                format!("{field} must be 1 to 256 bytes with no control character"),
+            );
+        }
+    }
+    match request.kernel.as_deref() {
+        None | Some("ephemeral") => {}
+        Some("persistent") => return Admission::NotRun(NotRun::PersistentKernelUnavailable),
+        Some(_) => {
+            return refused(
+                RefusalCode::KernelUnknown,
+                "kernel",
+                None,
+                "kernel must be ephemeral or persistent",
+            );
+        }
+    }
+    let language = match Language::parse(&request.language) {
+        Ok(language) => language,
+        Err(reason) => return Admission::NotRun(reason),
+    };
+    let configured = &settings.bounds;
+    if !code_fits(request.code.len(), configured) {
+        return refused(
+            RefusalCode::CodeTooLarge,
+            "code",
+            Some("SANDBOX_WORKSPACE_MAX_BYTES"),
+            format!(
+                "the code is over {} bytes (SANDBOX_WORKSPACE_MAX_BYTES)",
+                configured.workspace_max_bytes
+            ),
+        );
+    }
+    let bounds = match lowered_bounds(configured, &request.bounds) {
+        Ok(bounds) => bounds,
+        Err(refusal) => {
+            return refused(
+                RefusalCode::BoundOverrideRefused,
+                "bounds",
+                Some(refusal.setting),
+                format!(
+                    "a bound override must be at least 1 and at most the deployment's {}",
+                    refusal.setting
+                ),
+            );
+        }
+    };
+    let declared = match declared_outputs(&request.declared_outputs) {
+        Ok(declared) => declared,
+        Err(message) => {
+            return refused(
+                RefusalCode::DeclaredOutputInvalid,
+                "declared_outputs",
+                None,
+                message,
+            );
+        }
+    };
+    if let Some(hint) = &request.provider_hint
+        && (hint.len() > PROVIDER_HINT_MAX || hint.iter().any(|h| h.len() > NAME_MAX_BYTES))
+    {
+        return refused(
+            RefusalCode::ProviderHintInvalid,
+            "provider_hint",
+            None,
+            format!("at most {PROVIDER_HINT_MAX} host names of at most {NAME_MAX_BYTES} bytes"),
+        );
+    }
+    let wait_max_ms = settings.pool().acquire_wait_ms;
+    let wait_ms = request
+        .wait_seconds
+        .map_or(wait_max_ms, |s| s.saturating_mul(1_000).min(wait_max_ms));
+    Admission::Admitted(Box::new(Admitted {
+        actor: ActorId(request.actor),
+        conversation: ConversationId(request.conversation),
+        member: MemberId(request.member),
+        language,
+        code: request.code,
+        declared,
+        overrides: request.bounds,
+        bounds,
+        provider_hint: request.provider_hint,
+        wait_ms,
+    }))
+}
+
+/// The declared outputs as normalized relative paths without repeats, or what is wrong with them.
+///
+/// # Errors
+/// Too many names, or a name that is not a relative path inside the workspace (WS-4).
+pub fn declared_outputs(names: &[String]) -> Result<Vec<String>, String> {
+    if names.len() > DECLARED_MAX {
+        return Err(format!("at most {DECLARED_MAX} declared outputs"));
+    }
+    let mut declared: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        let path = relative_path(name)
+            .map_err(|refused| format!("declared output {name:?}: {}", refused.code()))?;
+        if !declared.contains(&path) {
+            declared.push(path);
+        }
+    }
+    Ok(declared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> RunCodeRequest {
+        RunCodeRequest {
+            actor: "a".into(),
+            conversation: "c".into(),
+            member: "m".into(),
+            language: "python".into(),
+            code: "print(1)".into(),
+            ..RunCodeRequest::default()
+        }
+    }
+
+    fn settings() -> Settings {
+        Settings::from_pairs(&[("SANDBOX_ACQUIRE_WAIT_SECONDS", "30")]).unwrap()
+    }
+
+    fn refusal(request: RunCodeRequest) -> Refusal {
+        match admit(request, &settings()) {
+            Admission::Refused(refusal) => refusal,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn iso_01_an_admitted_request_is_typed_and_bounded() {
+        let mut asked = request();
+        asked.bounds.max_wall_seconds = Some(5);
+        asked.declared_outputs = vec!["./out/report.pdf".into(), "out/report.pdf".into()];
+        asked.wait_seconds = Some(3_600);
+        let Admission::Admitted(admitted) = admit(asked, &settings()) else {
+            panic!("not admitted");
+        };
+        assert_eq!(admitted.language, Language::Python);
+        assert_eq!(admitted.bounds.max_wall_seconds, 5);
+        assert_eq!(admitted.declared, ["out/report.pdf"]);
+        assert_eq!(
+            admitted.wait_ms, 30_000,
+            "the wait is capped by the setting"
+        );
+    }
+
+    #[test]
+    fn pkg_06_unsupported_language_and_persistent_kernel_are_not_run_before_a_lease() {
+        let mut ruby = request();
+        ruby.language = "ruby".into();
+        assert_eq!(
+            admit(ruby, &settings()),
+            Admission::NotRun(NotRun::UnsupportedLanguage)
+        );
+        let mut persistent = request();
+        persistent.kernel = Some("persistent".into());
+        assert_eq!(
+            admit(persistent, &settings()),
+            Admission::NotRun(NotRun::PersistentKernelUnavailable)
+        );
+    }
+
+    #[test]
+    fn each_malformed_field_is_refused_with_its_own_code() {
+        let mut bad_actor = request();
+        bad_actor.actor = "a\nb".into();
+        let bad_actor = refusal(bad_actor);
+        assert_eq!(
+            (bad_actor.code, bad_actor.field),
+            (RefusalCode::InvalidIdentity, "actor")
+        );
+        let mut kernel = request();
+        kernel.kernel = Some("warm".into());
+        assert_eq!(refusal(kernel).code, RefusalCode::KernelUnknown);
+        let mut big = request();
+        big.code = "x".repeat(8 * 1024 * 1024 + 1);
+        let big = refusal(big);
+        assert_eq!(
+            (big.code, big.setting),
+            (
+                RefusalCode::CodeTooLarge,
+                Some("SANDBOX_WORKSPACE_MAX_BYTES")
+            )
+        );
+        let mut raised = request();
+        raised.bounds.max_memory_bytes = Some(u64::MAX);
+        let raised = refusal(raised);
+        assert_eq!(
+            (raised.code, raised.setting),
+            (
+                RefusalCode::BoundOverrideRefused,
+                Some("SANDBOX_MAX_MEMORY_BYTES")
+            )
+        );
+        for names in [
+            vec!["../x.pdf".to_owned()],
+            vec!["/etc/passwd".to_owned()],
+            vec![String::new()],
+            (0..=DECLARED_MAX).map(|i| format!("f{i}")).collect(),
+        ] {
+            let mut declared = request();
+            declared.declared_outputs = names;
+            assert_eq!(refusal(declared).code, RefusalCode::DeclaredOutputInvalid);
+        }
+        let mut hint = request();
+        hint.provider_hint = Some(vec!["h".repeat(NAME_MAX_BYTES + 1)]);
+        assert_eq!(refusal(hint).code, RefusalCode::ProviderHintInvalid);
+    }
+
+    #[test]
+    fn an_unknown_field_is_not_a_request() {
+        let parsed: Result<RunCodeRequest, _> = serde_json::from_str(
+            r#"{"actor":"a","conversation":"c","member":"m","language":"python","code":"1","sudo":true}"#,
+        );
+        assert!(parsed.is_err());
+    }
+}

@@ -1,0 +1,179 @@
+//! The answers `run_code` gives: a refusal with a stable code, or a run's outcome with the
+//! model's and the member's projections (corral-core's), as JSON.
+
+use axum::http::StatusCode;
+use corral_contract::{ErrorBody, ExecuteReply};
+use corral_core::bounds::OutputStream;
+use corral_core::jail::NotRun;
+use corral_core::run::admission::{Refusal, RefusalCode};
+use corral_core::run::outcome::{Decided, ErrorCode};
+use corral_store::lease::AcquireError;
+use serde_json::{Value, json};
+
+use super::keep::Keeping;
+use crate::AppState;
+
+/// An answer: its HTTP status and body.
+pub type Reply = (StatusCode, Value);
+
+/// A refusal: `{"outcome": "refused", "error": {"code", "message", ...extra}}`.
+pub fn refusal(status: StatusCode, code: &str, message: impl Into<String>, extra: Value) -> Reply {
+    let mut error = json!({ "code": code, "message": message.into() });
+    if let (Some(error), Value::Object(extra)) = (error.as_object_mut(), extra) {
+        error.extend(extra);
+    }
+    (status, json!({ "outcome": "refused", "error": error }))
+}
+
+/// A request admission refused (corral-core's code, the field and setting it names).
+pub fn request_refused(refused: &Refusal) -> Reply {
+    let status = match refused.code {
+        RefusalCode::CodeTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        RefusalCode::BoundOverrideRefused => StatusCode::UNPROCESSABLE_ENTITY,
+        RefusalCode::InvalidIdentity
+        | RefusalCode::KernelUnknown
+        | RefusalCode::DeclaredOutputInvalid
+        | RefusalCode::ProviderHintInvalid => StatusCode::BAD_REQUEST,
+    };
+    refusal(
+        status,
+        refused.code.code(),
+        refused.message.clone(),
+        json!({ "field": refused.field, "setting": refused.setting }),
+    )
+}
+
+/// No lease was granted.
+pub fn admission_refused(state: &AppState, error: &AcquireError, wait_ms: u64) -> Reply {
+    let code = error.code();
+    state.metrics.refusal(code);
+    let (status, message, retry) = match error {
+        AcquireError::Refused("queue_full") => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "the wait queue is full (SANDBOX_ACQUIRE_QUEUE_MAX)",
+            1,
+        ),
+        AcquireError::WaitTimeout => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no worker became free within the wait (SANDBOX_ACQUIRE_WAIT_SECONDS)",
+            wait_ms.div_ceil(1_000).clamp(1, 30),
+        ),
+        AcquireError::TicketLost => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the coordination store lost the ticket before its wait was over; nothing ran",
+            1,
+        ),
+        AcquireError::Refused("inventory_unavailable") | AcquireError::CoordinationUnavailable => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "coordination is unavailable: admission fails closed (POOL-11)",
+            5,
+        ),
+        AcquireError::Refused(_) => (StatusCode::CONFLICT, "the pool refused the ticket", 1),
+    };
+    refusal(
+        status,
+        code,
+        message,
+        json!({ "retry_after_seconds": retry }),
+    )
+}
+
+/// The worker vanished mid-run (or none could be reached): nothing of the run was kept.
+pub fn worker_lost(run_id: &str, message: String) -> Reply {
+    refusal(
+        StatusCode::BAD_GATEWAY,
+        "worker_lost",
+        message,
+        json!({ "run_id": run_id }),
+    )
+}
+
+/// The worker refused the run before it started, with its typed error.
+pub fn worker_refused(run_id: &str, body: &ErrorBody) -> Reply {
+    let status = StatusCode::from_u16(body.error.status())
+        .ok()
+        .filter(StatusCode::is_client_error)
+        .unwrap_or(StatusCode::BAD_GATEWAY);
+    refusal(
+        status,
+        body.error.code(),
+        "the worker refused the run before it started",
+        json!({ "run_id": run_id, "details": body.detail }),
+    )
+}
+
+/// A `not_run` record answered before any lease (PKG-6).
+pub fn not_run_before_lease(run_id: &str, reason: NotRun) -> Reply {
+    let decided = Decided::not_run_before_lease(reason);
+    let empty = OutputStream::default();
+    let model = decided.model(&empty, &empty, &[], &[]);
+    (
+        StatusCode::OK,
+        json!({
+            "run_id": run_id,
+            "outcome": decided.outcome,
+            "error": null,
+            "model": model,
+            "member": decided.member(),
+        }),
+    )
+}
+
+/// What the API adds to the model's projection of a run.
+pub struct Context<'a> {
+    /// The run's id.
+    pub run_id: &'a str,
+    /// The declared outputs.
+    pub declared: &'a [String],
+    /// The egress report.
+    pub egress: Value,
+    /// The worker that ran it.
+    pub worker: String,
+    /// Where the API's time went.
+    pub phases: serde_json::Map<String, Value>,
+}
+
+/// A run's outcome: corral-core's decision, with the worker's output and the API's context.
+pub fn decided(
+    decided: &Decided,
+    reply: &ExecuteReply,
+    keeping: &Keeping,
+    context: Context<'_>,
+) -> Reply {
+    let status = match decided.error.as_ref().map(|e| e.code) {
+        Some(ErrorCode::WorkspaceConflict) => StatusCode::CONFLICT,
+        Some(ErrorCode::WorkspaceStorageUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::OK,
+    };
+    let mut model = serde_json::to_value(decided.model(
+        &reply.stdout,
+        &reply.stderr,
+        &reply.diagnostics,
+        &reply.rejected,
+    ))
+    .unwrap_or(Value::Null);
+    if let Some(model) = model.as_object_mut() {
+        model.insert("bounds".into(), json!(reply.bounds));
+        model.insert("declared_outputs".into(), json!(context.declared));
+        model.insert("egress".into(), context.egress);
+        model.insert(
+            "workspace".into(),
+            json!({ "generation": decided.generation, "saved": keeping.saved, "unchanged": keeping.unchanged }),
+        );
+        model.insert("warm".into(), json!(reply.warm));
+        model.insert("worker".into(), json!(context.worker));
+        let mut durations = json!(reply.durations);
+        durations["api"] = Value::Object(context.phases);
+        model.insert("durations".into(), durations);
+    }
+    (
+        status,
+        json!({
+            "run_id": context.run_id,
+            "outcome": decided.outcome,
+            "error": decided.error,
+            "model": model,
+            "member": decided.member(),
+        }),
+    )
+}

@@ -1,0 +1,111 @@
+//! Keeping what a run left, as corral-core's plan says (WS-2, WS-5, OUT-1): each validated
+//! download retained as an output of its own, then the workspace saved create-only. Outputs go
+//! first: a save refused after them leaves outputs nothing refers to, where the other order could
+//! leave a saved workspace that the run's answer calls unsaved.
+
+use bytes::Bytes;
+use corral_contract::ExecuteReply;
+use corral_core::run::outcome::Kept;
+
+use crate::AppState;
+use crate::workspaces::{Snapshot, StorageError, files};
+
+/// What keeping did, with what the model is told of the workspace.
+pub struct Keeping {
+    /// For corral-core's outcome.
+    pub kept: Kept,
+    /// A new generation was written.
+    pub saved: bool,
+    /// The workspace was exactly what was restored, so nothing was written.
+    pub unchanged: bool,
+}
+
+impl Keeping {
+    fn kept(kept: Kept) -> Self {
+        Self {
+            kept,
+            saved: false,
+            unchanged: false,
+        }
+    }
+}
+
+fn failed(error: &StorageError) -> Kept {
+    match error {
+        StorageError::Conflict { generation } => Kept::Conflict {
+            generation: *generation,
+        },
+        StorageError::Unavailable(message) => Kept::Unavailable {
+            message: message.clone(),
+        },
+    }
+}
+
+/// Keeps `archive` (the packed workspace of `reply`) for workspace `key`, restored from
+/// `restored`.
+pub async fn keep(
+    state: &AppState,
+    key: &str,
+    run_id: &str,
+    restored: Option<&Snapshot>,
+    reply: &ExecuteReply,
+    archive: Vec<u8>,
+) -> Keeping {
+    let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
+    let found = match files(&archive, &paths, state.settings.bounds.max_artifact_bytes) {
+        Ok(found) if found.len() == paths.len() => found,
+        Ok(_) => {
+            return Keeping::kept(Kept::Unavailable {
+                message: "a download is missing from the workspace the worker returned".into(),
+            });
+        }
+        Err(e) => {
+            return Keeping::kept(Kept::Unavailable {
+                message: format!("the workspace the worker returned cannot be read: {e}"),
+            });
+        }
+    };
+    for (path, bytes) in found {
+        if let Err(e) = state
+            .workspaces
+            .retain_output(key, run_id, &path, Bytes::from(bytes))
+            .await
+        {
+            return Keeping::kept(failed(&e));
+        }
+    }
+    if !state.settings.workspace_persist {
+        return Keeping::kept(Kept::Stored { generation: None });
+    }
+    let base = restored.map_or(0, |s| s.generation);
+    if unchanged(restored.map(|s| &s.archive), &archive) {
+        return Keeping {
+            kept: Kept::Stored {
+                generation: restored.map(|s| s.generation),
+            },
+            saved: false,
+            unchanged: true,
+        };
+    }
+    match state.workspaces.save(key, base, Bytes::from(archive)).await {
+        Ok(generation) => Keeping {
+            kept: Kept::Stored {
+                generation: Some(generation),
+            },
+            saved: true,
+            unchanged: false,
+        },
+        Err(e) => Keeping::kept(failed(&e)),
+    }
+}
+
+/// Whether `archive` is what was restored: the same bytes, or (with nothing restored) no entry.
+/// An unchanged workspace is not written again.
+fn unchanged(restored: Option<&Bytes>, archive: &[u8]) -> bool {
+    match restored {
+        Some(bytes) => bytes.as_ref() == archive,
+        None => tar::Archive::new(archive)
+            .entries()
+            .is_ok_and(|mut entries| entries.next().is_none()),
+    }
+}

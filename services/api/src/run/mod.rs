@@ -1,0 +1,257 @@
+//! `run_code`, end to end (ISO-1, POOL-3, WS-1 to WS-6, OUT-1 to OUT-4, KER-1, PKG-6, EGR-8).
+//!
+//! A shell: corral-core decides and this module performs, in one line of steps.
+//! 1. Admit the request (`corral_core::run::admission`): a refusal or a `not_run` record answers
+//!    before any lease.
+//! 2. Lease a worker ([`lease`]), with one wait for the whole request however many workers are
+//!    tried, and renew the lease while the run lasts.
+//! 3. Read the egress policy and mint the run's grant (EGR-9), and restore the workspace.
+//! 4. Execute on the leased worker through the one worker client. A worker that refused the
+//!    connection never saw the code: it is discarded and the run taken to another.
+//! 5. Plan what may be kept (`corral_core::run::outcome::plan`), keep it ([`keep`]), and decide
+//!    the outcome (`corral_core::run::outcome::decide`).
+//! 6. Release the lease, as the outcome says: reset and reused on evidence, or discarded.
+//!
+//! The run is a task of its own: a caller that hangs up does not cancel it halfway, so a lease is
+//! always released and a worker always reset or discarded. Code never runs anywhere but a leased
+//! worker: no step falls back to running it here (ISO-1).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use corral_contract::messages::archive_text;
+use corral_contract::{CallError, ExecuteRequest};
+use corral_core::pool::Disposition;
+use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
+use corral_core::run::outcome::{Kept, Packed, Plan, Reported, decide, plan};
+use serde_json::{Value, json};
+
+use crate::AppState;
+use answer::{Context, Reply};
+
+pub mod answer;
+pub mod keep;
+pub mod lease;
+
+/// How many leases one request may take: a worker that refuses the connection is discarded and
+/// the run taken to the next, at most this many in all.
+pub const LEASES_MAX: u32 = 3;
+
+/// Runs `request`. Spawned, so that it finishes (lease released, worker reset) whatever the
+/// caller does.
+pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
+    match tokio::spawn(run(state, request)).await {
+        Ok(reply) => reply,
+        Err(e) => answer::refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            e.to_string(),
+            Value::Null,
+        ),
+    }
+}
+
+async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
+    let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
+    let admitted = match admit(request, &state.settings) {
+        Admission::Admitted(admitted) => admitted,
+        Admission::NotRun(reason) => {
+            state.metrics.run("not_run");
+            return answer::not_run_before_lease(&run_id, reason);
+        }
+        Admission::Refused(refused) => {
+            state.metrics.refusal(refused.code.code());
+            return answer::request_refused(&refused);
+        }
+    };
+    let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
+    let mut watch = None;
+    let mut unreachable = String::new();
+    for _ in 0..LEASES_MAX {
+        let granted = match lease::acquire(&state, &admitted, deadline, &mut watch).await {
+            Ok(granted) => granted,
+            Err(error) => return answer::admission_refused(&state, &error, admitted.wait_ms),
+        };
+        let holder = lease::Holder::start(state.clone(), granted);
+        match leased(&state, &admitted, &run_id, &holder).await {
+            Leased::Done(reply, disposition) => {
+                holder.release(disposition).await;
+                return reply;
+            }
+            Leased::Unreachable(message) => {
+                holder.release(Disposition::Discard).await;
+                unreachable = message;
+            }
+        }
+    }
+    state.metrics.run("worker_lost");
+    answer::worker_lost(
+        &run_id,
+        format!("no leased worker could be reached ({unreachable}); the code did not run"),
+    )
+}
+
+/// How a leased run ended.
+enum Leased {
+    /// With this answer; the lease ends this way.
+    Done(Reply, Disposition),
+    /// The worker could not be reached: the code did not run.
+    Unreachable(String),
+}
+
+/// Where a run's time went, in microseconds, reported as `model.durations.api`.
+struct Phases {
+    marks: serde_json::Map<String, Value>,
+    since: Instant,
+}
+
+impl Phases {
+    fn new() -> Self {
+        Self {
+            marks: serde_json::Map::new(),
+            since: Instant::now(),
+        }
+    }
+
+    /// Marks the time since the last mark.
+    fn lap(&mut self, name: &str) {
+        let took = self.since.elapsed();
+        self.marks.insert(
+            name.to_owned(),
+            json!(u64::try_from(took.as_micros()).unwrap_or(u64::MAX)),
+        );
+        self.since = Instant::now();
+    }
+}
+
+/// The part of a run that holds the lease.
+async fn leased(
+    state: &AppState,
+    admitted: &Admitted,
+    run_id: &str,
+    holder: &lease::Holder,
+) -> Leased {
+    let settings = &state.settings;
+    let granted = holder.granted();
+    let mut phases = Phases::new();
+    let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
+    // Deployment time at the grant, from the lease itself: no extra round trip.
+    let now = corral_core::time::UnixMillis(
+        granted
+            .expires_at
+            .0
+            .saturating_sub(settings.lease_ttl_seconds.saturating_mul(1_000)),
+    );
+    // The policy and the snapshot are independent: read both at once.
+    let (egress, snapshot) = tokio::join!(
+        state.egress.for_run(
+            &state.store,
+            run_id,
+            &admitted.actor,
+            admitted.provider_hint.as_deref(),
+            now,
+        ),
+        async {
+            if settings.workspace_persist {
+                state.workspaces.latest(&key).await
+            } else {
+                Ok(None)
+            }
+        }
+    );
+    state.metrics.egress(egress.effective_mode);
+    let snapshot = match snapshot {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            let reply = answer::refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                e.code(),
+                e.to_string(),
+                json!({ "run_id": run_id }),
+            );
+            return Leased::Done(reply, Disposition::Reset);
+        }
+    };
+    phases.lap("egress_and_restore_us");
+    let request = ExecuteRequest {
+        language: admitted.language,
+        code: admitted.code.clone(),
+        workspace: snapshot.as_ref().map(|s| archive_text(&s.archive)),
+        bounds: admitted.overrides,
+        grant: egress.grant,
+        declared: admitted.declared.clone(),
+        token: granted.token,
+    };
+    let reply = match state
+        .workers
+        .execute(granted.worker, &request, &admitted.bounds)
+        .await
+    {
+        Ok(reply) => reply,
+        Err(CallError::Unreachable(message)) => return Leased::Unreachable(message),
+        Err(CallError::Lost(message) | CallError::ReplyInvalid(message)) => {
+            state.metrics.run("worker_lost");
+            // Nobody can vouch for a worker that vanished mid-run or answered nonsense.
+            let reply = answer::worker_lost(
+                run_id,
+                format!(
+                    "the worker stopped answering during the run ({message}); the workspace was not changed"
+                ),
+            );
+            return Leased::Done(reply, Disposition::Discard);
+        }
+        Err(CallError::Refused(body)) => {
+            state.metrics.run("refused");
+            // A refusal before anything ran leaves the worker as it was; any other is unproven.
+            let disposition = if body.error.before_anything_ran() {
+                Disposition::Reset
+            } else {
+                Disposition::Discard
+            };
+            return Leased::Done(answer::worker_refused(run_id, &body), disposition);
+        }
+    };
+    phases.lap("execute_us");
+    let archive = reply.workspace.archive();
+    let packed = match (reply.workspace.packed(), &archive) {
+        // A packed workspace that does not decode was not returned.
+        (Packed::Archive, None) => Packed::Missing,
+        (packed, _) => packed,
+    };
+    let reported = Reported {
+        exit_code: reply.exit_code,
+        not_run: reply.not_run,
+        bound: reply.bound,
+        downloads: &reply.downloads,
+        rejected: &reply.rejected,
+        packed: &packed,
+    };
+    let keeping = match (plan(&reported), archive) {
+        (Plan::Keep, Some(archive)) => {
+            keep::keep(state, &key, run_id, snapshot.as_ref(), &reply, archive).await
+        }
+        (Plan::Keep, None) | (Plan::KeepNothing, _) => keep::Keeping {
+            kept: Kept::Nothing,
+            saved: false,
+            unchanged: false,
+        },
+    };
+    phases.lap("keep_us");
+    let decided = decide(&reported, &keeping.kept, &admitted.declared, run_id);
+    state.metrics.run(decided.outcome.as_str());
+    if let Some(bound) = decided.bound {
+        state.metrics.bound(bound.setting());
+    }
+    let context = Context {
+        run_id,
+        declared: &admitted.declared,
+        egress: egress.report,
+        worker: granted.worker.to_string(),
+        phases: phases.marks,
+    };
+    Leased::Done(
+        answer::decided(&decided, &reply, &keeping, context),
+        Disposition::Reset,
+    )
+}

@@ -1,0 +1,202 @@
+//! The one client of the worker's control routes, used by the API (execute, and the reset after
+//! a lease) and the controller (the resets the pool orders).
+//!
+//! Every request opens a fresh connection: a worker that died while idle then refuses the
+//! connection ([`CallError::Unreachable`]: the request never arrived, the code did not run),
+//! where a pooled connection would fail mid-send and leave it unknowable whether it arrived.
+//! Every reply is read up to the route's bound and decoded as the route's type; anything else is
+//! [`CallError::ReplyInvalid`].
+
+use std::time::Duration;
+
+use corral_core::bounds::ExecutionBounds;
+use corral_core::ids::{OpToken, WorkerId};
+use serde::de::DeserializeOwned;
+
+use crate::error::{ErrorBody, ErrorCode};
+use crate::limits::{SMALL_REPLY_MAX_BYTES, execute_reply_max_bytes};
+use crate::locate::Locator;
+use crate::messages::{ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest};
+use crate::routes::{EXECUTE, HEALTH, RESET, WORKER_ID_HEADER};
+
+/// How long a reset may take before it counts as unanswered (unproven).
+pub const RESET_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a health check may take.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time an execute may take beyond its wall bound: staging, packing, the reply.
+pub const EXECUTE_MARGIN: Duration = Duration::from_secs(30);
+
+/// Why a call produced no reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// The request never reached the worker: it has no address, the connection was refused, or
+    /// its address now answers for another worker (421). Nothing ran.
+    Unreachable(String),
+    /// The connection broke or timed out after the request was sent: the operation may have
+    /// happened; nobody can vouch for the worker.
+    Lost(String),
+    /// The worker refused, with its typed error.
+    Refused(ErrorBody),
+    /// The worker answered with something that is not the route's reply.
+    ReplyInvalid(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unreachable(why) => write!(f, "unreachable: {why}"),
+            Self::Lost(why) => write!(f, "lost: {why}"),
+            Self::Refused(body) => write!(f, "refused: {}", body.error.code()),
+            Self::ReplyInvalid(why) => write!(f, "invalid reply: {why}"),
+        }
+    }
+}
+
+/// The client.
+#[derive(Clone)]
+pub struct WorkerClient {
+    locator: Locator,
+    credential: String,
+    http: reqwest::Client,
+}
+
+impl WorkerClient {
+    /// A client presenting `credential` to workers found through `locator`.
+    ///
+    /// # Errors
+    /// When the HTTP client cannot be built.
+    pub fn new(locator: Locator, credential: String) -> Result<Self, String> {
+        crate::ensure_crypto_provider();
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Self {
+            locator,
+            credential,
+            http,
+        })
+    }
+
+    /// Where the workers are.
+    #[must_use]
+    pub fn locator(&self) -> &Locator {
+        &self.locator
+    }
+
+    /// Runs `request` on `worker`, whose bounds for it are `bounds` (the wait and the reply's
+    /// size follow from them).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn execute(
+        &self,
+        worker: WorkerId,
+        request: &ExecuteRequest,
+        bounds: &ExecutionBounds,
+    ) -> Result<ExecuteReply, CallError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let timeout = Duration::from_secs(bounds.max_wall_seconds) + EXECUTE_MARGIN;
+        self.call(
+            worker,
+            EXECUTE,
+            Some(body),
+            timeout,
+            execute_reply_max_bytes(bounds),
+        )
+        .await
+    }
+
+    /// Resets `worker` under `token`.
+    ///
+    /// # Errors
+    /// See [`CallError`]; any error means the reset proved nothing.
+    pub async fn reset(&self, worker: WorkerId, token: OpToken) -> Result<ResetReply, CallError> {
+        let body = serde_json::to_vec(&ResetRequest { token })
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call(
+            worker,
+            RESET,
+            Some(body),
+            RESET_TIMEOUT,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
+    }
+
+    /// `worker`'s health.
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn health(&self, worker: WorkerId) -> Result<HealthReply, CallError> {
+        self.call(worker, HEALTH, None, HEALTH_TIMEOUT, SMALL_REPLY_MAX_BYTES)
+            .await
+    }
+
+    async fn call<T: DeserializeOwned>(
+        &self,
+        worker: WorkerId,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+        reply_max_bytes: u64,
+    ) -> Result<T, CallError> {
+        let base = self
+            .locator
+            .base_url(worker)
+            .ok_or_else(|| CallError::Unreachable(format!("worker {worker} has no address")))?;
+        let url = format!("{base}{path}");
+        let request = match body {
+            Some(body) => self
+                .http
+                .post(url)
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body),
+            None => self.http.get(url),
+        };
+        let mut response = request
+            .bearer_auth(&self.credential)
+            .header(WORKER_ID_HEADER, worker.to_string())
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| {
+                let message = format!("worker {worker}: {e}");
+                if e.is_connect() {
+                    CallError::Unreachable(message)
+                } else {
+                    CallError::Lost(message)
+                }
+            })?;
+        let status = response.status().as_u16();
+        let mut bytes = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?
+        {
+            if (bytes.len() + chunk.len()) as u64 > reply_max_bytes {
+                return Err(CallError::ReplyInvalid(format!(
+                    "worker {worker}: reply over {reply_max_bytes} bytes"
+                )));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        if status == 200 {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| CallError::ReplyInvalid(format!("worker {worker}: {e}")));
+        }
+        let refusal: ErrorBody = serde_json::from_slice(&bytes).map_err(|e| {
+            CallError::ReplyInvalid(format!("worker {worker}: status {status}: {e}"))
+        })?;
+        if refusal.error == ErrorCode::WrongWorker {
+            // Another worker holds the address now: nothing ran.
+            return Err(CallError::Unreachable(format!(
+                "worker {worker}: its address now answers for another worker"
+            )));
+        }
+        Err(CallError::Refused(refusal))
+    }
+}

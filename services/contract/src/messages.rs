@@ -1,0 +1,438 @@
+//! The typed request and reply of each worker route. The worker's server decodes exactly these;
+//! the client encodes them. Requests refuse unknown fields; replies are read as written by the
+//! same release.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use corral_core::bounds::{
+    Bound, BoundOverrides, ExecutionBounds, OutputStream, code_fits, lowered_bounds,
+};
+use corral_core::downloads::{Download, Rejected};
+use corral_core::egress::grant::grant_is_sendable;
+use corral_core::ids::OpToken;
+use corral_core::jail::{Language, NotRun};
+use corral_core::reset::{ResetEvidence, Verdict, judge};
+use corral_core::run::admission::declared_outputs;
+use corral_core::run::outcome::Packed;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
+use crate::limits::{DIAGNOSTIC_MAX_CHARS, DIAGNOSTICS_MAX, GRANT_MAX_BYTES};
+
+// ---------------------------------------------------------------------------------------------
+// Execute.
+
+/// `POST /v1/execute`: run `code` in a fresh jail with the workspace unpacked from `workspace`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteRequest {
+    /// The language.
+    pub language: Language,
+    /// The program.
+    pub code: String,
+    /// The workspace, a tar in base64; none for a fresh, empty workspace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// Bounds in place of the worker's, each no higher.
+    #[serde(default)]
+    pub bounds: BoundOverrides,
+    /// The run's egress grant (EGR-8), which the worker's relay adds to each connection; never
+    /// given to the code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+    /// Relative names the run declared as outputs (WS-7).
+    #[serde(default)]
+    pub declared: Vec<String>,
+    /// The operation token the reset evidence carries.
+    pub token: OpToken,
+}
+
+/// An execute request the worker accepted: its bounds and its workspace's bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The worker's bounds, lowered by the request's overrides.
+    pub bounds: ExecutionBounds,
+    /// The declared outputs, normalized.
+    pub declared: Vec<String>,
+    /// The workspace archive's bytes.
+    pub archive: Option<Vec<u8>>,
+}
+
+impl ExecuteRequest {
+    /// What the worker checks before anything runs, with the functions the API admitted the
+    /// request by: the code's size, the grant, the declared names, each bound override (never
+    /// above `configured`), the archive's encoding.
+    ///
+    /// # Errors
+    /// The refusal, with its stable code.
+    pub fn accept(&self, configured: &ExecutionBounds) -> Result<Accepted, ErrorBody> {
+        let refuse = |code, detail| Err(ErrorBody::new(code, detail));
+        if !code_fits(self.code.len(), configured) {
+            return refuse(
+                ErrorCode::CodeTooLarge,
+                ErrorDetail {
+                    setting: Some("SANDBOX_WORKSPACE_MAX_BYTES".to_owned()),
+                    max: Some(configured.workspace_max_bytes),
+                    ..ErrorDetail::default()
+                },
+            );
+        }
+        if let Some(grant) = &self.grant {
+            if grant.len() > GRANT_MAX_BYTES {
+                return refuse(
+                    ErrorCode::GrantTooLong,
+                    ErrorDetail {
+                        max: Some(GRANT_MAX_BYTES as u64),
+                        ..ErrorDetail::default()
+                    },
+                );
+            }
+            if !grant_is_sendable(grant) {
+                return refuse(
+                    ErrorCode::GrantMalformed,
+                    ErrorDetail::message("a grant is non-empty printable ASCII without spaces"),
+                );
+            }
+        }
+        let declared = match declared_outputs(&self.declared) {
+            Ok(declared) => declared,
+            Err(message) => {
+                return refuse(
+                    ErrorCode::DeclaredOutputInvalid,
+                    ErrorDetail::message(message),
+                );
+            }
+        };
+        let bounds = match lowered_bounds(configured, &self.bounds) {
+            Ok(bounds) => bounds,
+            Err(refused) => {
+                return refuse(
+                    ErrorCode::BoundOverrideRefused,
+                    ErrorDetail {
+                        setting: Some(refused.setting.to_owned()),
+                        ..ErrorDetail::default()
+                    },
+                );
+            }
+        };
+        let archive = match self.workspace.as_deref().map(|text| BASE64.decode(text)) {
+            None => None,
+            Some(Ok(bytes)) => Some(bytes),
+            Some(Err(e)) => {
+                return refuse(
+                    ErrorCode::WorkspaceNotBase64,
+                    ErrorDetail::message(e.to_string()),
+                );
+            }
+        };
+        Ok(Accepted {
+            bounds,
+            declared,
+            archive,
+        })
+    }
+}
+
+/// The isolation a run had.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Isolation {
+    /// `full`, `weaker` (the operator waived what `missing` lists), or `refused`.
+    pub posture: String,
+    /// The primitives found missing at start.
+    pub missing: Vec<String>,
+}
+
+/// How long the phases of a run took at the worker, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Durations {
+    /// From the start of the request to the end of the run's own reset.
+    pub total_ms: u64,
+    /// From the code's start to its end.
+    pub run_ms: u64,
+    /// The kill, wipe and measurement.
+    pub reset_ms: u64,
+}
+
+/// The workspace after a run, as the reply carries it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WorkspaceReturn {
+    /// Not packed: the request did not ask (`corral jail run` copies downloads back instead), or
+    /// the run never reached its workspace.
+    #[default]
+    NotPacked,
+    /// Packed: a tar in base64.
+    Packed {
+        /// The archive.
+        archive: String,
+    },
+    /// The worker refused to pack it.
+    Refused {
+        /// The reason code.
+        reason: String,
+        /// The setting whose bound refused it.
+        setting: Option<String>,
+        /// What happened, for a person.
+        message: String,
+    },
+}
+
+impl WorkspaceReturn {
+    /// What corral-core's outcome needs to know of it.
+    #[must_use]
+    pub fn packed(&self) -> Packed {
+        match self {
+            Self::NotPacked => Packed::Missing,
+            Self::Packed { .. } => Packed::Archive,
+            Self::Refused {
+                reason, setting, ..
+            } => Packed::Refused {
+                reason: reason.clone(),
+                setting: setting.clone(),
+            },
+        }
+    }
+
+    /// The archive's bytes, when packed and valid base64.
+    #[must_use]
+    pub fn archive(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Packed { archive } => BASE64.decode(archive).ok(),
+            Self::NotPacked | Self::Refused { .. } => None,
+        }
+    }
+
+    /// Packs `bytes`.
+    #[must_use]
+    pub fn of_archive(bytes: &[u8]) -> Self {
+        Self::Packed {
+            archive: archive_text(bytes),
+        }
+    }
+}
+
+/// A workspace archive as the execute request and reply carry it: base64.
+#[must_use]
+pub fn archive_text(bytes: &[u8]) -> String {
+    BASE64.encode(bytes)
+}
+
+/// The reply to an execute: the run's result (also what `corral jail run` prints).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecuteReply {
+    /// The code's exit status (128 plus the signal when a signal ended it); null when the worker
+    /// killed it at the wall limit; [`corral_core::run::outcome::NOT_RUN_EXIT_CODE`] beside a
+    /// `not_run` record (PKG-6).
+    pub exit_code: Option<i32>,
+    /// The code's stdout.
+    pub stdout: OutputStream,
+    /// The code's stderr.
+    pub stderr: OutputStream,
+    /// The bound hit first, by precedence.
+    pub bound: Option<Bound>,
+    /// Every bound hit, in precedence order.
+    pub bounds: Vec<Bound>,
+    /// The typed download list: validated files only.
+    pub downloads: Vec<Download>,
+    /// Documents that failed verification, left out of the downloads (OUT-4).
+    pub rejected: Vec<Rejected>,
+    /// Why the code was not run.
+    pub not_run: Option<NotRun>,
+    /// What the run's own reset measured, with the core's verdict.
+    pub reset_evidence: Option<EvidenceReport>,
+    /// The isolation the run had, or why it was refused.
+    pub isolation: Isolation,
+    /// Bounded notes: skipped files, waived primitives, failed steps.
+    pub diagnostics: Vec<String>,
+    /// Whether the code ran in the jail prepared before the request.
+    pub warm: bool,
+    /// Timings.
+    pub durations: Durations,
+    /// The workspace after the run.
+    pub workspace: WorkspaceReturn,
+}
+
+/// Appends `note` to `diagnostics` within the contract's bounds: shortened when long, dropped
+/// (with one final note saying so) when there are too many.
+pub fn note(diagnostics: &mut Vec<String>, note: impl Into<String>) {
+    let mut note: String = note.into();
+    if note.chars().count() > DIAGNOSTIC_MAX_CHARS {
+        note = note.chars().take(DIAGNOSTIC_MAX_CHARS).collect::<String>() + "…";
+    }
+    match diagnostics.len() {
+        n if n + 1 < DIAGNOSTICS_MAX => diagnostics.push(note),
+        n if n + 1 == DIAGNOSTICS_MAX => diagnostics.push("further diagnostics omitted".to_owned()),
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reset.
+
+/// `POST /v1/reset`: kill everything, wipe, measure, under `token`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetRequest {
+    /// The operation token the evidence must carry.
+    pub token: OpToken,
+}
+
+/// Reset evidence with the core's verdict on it (`clean`, or the reason to discard).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceReport {
+    /// What was measured, under which token.
+    #[serde(flatten)]
+    pub evidence: ResetEvidence,
+    /// `clean`, or the reason code for discarding the worker.
+    pub verdict: String,
+}
+
+impl EvidenceReport {
+    /// `evidence` with the core's verdict on it, judged against the token it carries (the pool
+    /// judges it again against the token it ordered).
+    #[must_use]
+    pub fn judged(evidence: ResetEvidence) -> Self {
+        let verdict = match judge(&evidence, evidence.token) {
+            Verdict::Clean => "clean".to_owned(),
+            Verdict::Discard(reason) => reason.code().to_owned(),
+        };
+        Self { evidence, verdict }
+    }
+}
+
+/// The reply to a reset.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetReply {
+    /// The evidence.
+    pub reset_evidence: EvidenceReport,
+    /// Bounded notes on what could not be wiped or measured.
+    pub diagnostics: Vec<String>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Health.
+
+/// The reply to `GET /health`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthReply {
+    /// Always `ok` when the worker answers.
+    pub status: String,
+    /// `full`, `weaker` or `refused`.
+    pub posture: String,
+    /// Whether a run or reset is in progress.
+    pub busy: bool,
+    /// Whether a prepared jail waits for the next execute.
+    pub prepared: bool,
+    /// The languages whose prepared jails wait.
+    pub prepared_languages: Vec<Language>,
+    /// The largest execute body this worker accepts.
+    pub body_max_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> ExecuteRequest {
+        ExecuteRequest {
+            language: Language::Python,
+            code: "print(1)".to_owned(),
+            workspace: None,
+            bounds: BoundOverrides::default(),
+            grant: None,
+            declared: Vec::new(),
+            token: OpToken(3),
+        }
+    }
+
+    fn configured() -> ExecutionBounds {
+        corral_core::config::Settings::from_pairs(&[])
+            .unwrap()
+            .bounds
+    }
+
+    fn refusal(request: &ExecuteRequest) -> ErrorCode {
+        request.accept(&configured()).expect_err("refused").error
+    }
+
+    #[test]
+    fn the_wire_form_of_an_execute_request_is_stable() {
+        let text = serde_json::to_string(&request()).unwrap();
+        assert_eq!(
+            text,
+            r#"{"language":"python","code":"print(1)","bounds":{},"declared":[],"token":3}"#
+        );
+        let back: ExecuteRequest = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, request());
+        for bad in [
+            r#"{"language":"ruby","code":"1","token":1}"#,
+            r#"{"language":"python","code":"1","token":1,"sudo":true}"#,
+            r#"{"language":"python","code":"1"}"#,
+            r#"{"language":"python","code":"1","token":1,"bounds":{"wall":1}}"#,
+        ] {
+            let error = serde_json::from_str::<ExecuteRequest>(bad).unwrap_err();
+            assert_eq!(
+                ErrorBody::of_json(&error).error,
+                ErrorCode::BodyInvalid,
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn egr_08_a_grant_up_to_cores_limit_is_accepted_and_one_past_it_refused() {
+        let mut at_limit = request();
+        at_limit.grant = Some("g".repeat(GRANT_MAX_BYTES));
+        assert!(at_limit.accept(&configured()).is_ok());
+        let mut over = request();
+        over.grant = Some("g".repeat(GRANT_MAX_BYTES + 1));
+        assert_eq!(refusal(&over), ErrorCode::GrantTooLong);
+        let mut spaced = request();
+        spaced.grant = Some("a b".to_owned());
+        assert_eq!(refusal(&spaced), ErrorCode::GrantMalformed);
+    }
+
+    #[test]
+    fn each_malformed_field_is_refused_with_its_own_code() {
+        let mut code = request();
+        code.code = "x".repeat(8 * 1024 * 1024 + 1);
+        assert_eq!(refusal(&code), ErrorCode::CodeTooLarge);
+        let mut declared = request();
+        declared.declared = vec!["../escape.pdf".to_owned()];
+        assert_eq!(refusal(&declared), ErrorCode::DeclaredOutputInvalid);
+        let mut raised = request();
+        raised.bounds.max_wall_seconds = Some(u64::MAX);
+        assert_eq!(refusal(&raised), ErrorCode::BoundOverrideRefused);
+        let mut archive = request();
+        archive.workspace = Some("not base64!".to_owned());
+        assert_eq!(refusal(&archive), ErrorCode::WorkspaceNotBase64);
+    }
+
+    #[test]
+    fn the_workspace_return_says_what_the_outcome_needs() {
+        assert_eq!(WorkspaceReturn::NotPacked.packed(), Packed::Missing);
+        let packed = WorkspaceReturn::of_archive(b"tar");
+        assert_eq!(packed.packed(), Packed::Archive);
+        assert_eq!(packed.archive().as_deref(), Some(&b"tar"[..]));
+        let text = serde_json::to_string(&packed).unwrap();
+        assert_eq!(text, r#"{"state":"packed","archive":"dGFy"}"#);
+    }
+
+    #[test]
+    fn diagnostics_are_bounded() {
+        let mut diagnostics = Vec::new();
+        for index in 0..100 {
+            note(&mut diagnostics, format!("{index} {}", "x".repeat(2000)));
+        }
+        assert_eq!(diagnostics.len(), DIAGNOSTICS_MAX);
+        assert!(
+            diagnostics
+                .iter()
+                .all(|d| d.chars().count() <= DIAGNOSTIC_MAX_CHARS + 1)
+        );
+        assert_eq!(
+            diagnostics.last().map(String::as_str),
+            Some("further diagnostics omitted")
+        );
+    }
+}

@@ -1,0 +1,22 @@
+//! The worker's control routes and headers (BROW-7: port 8091, authenticated).
+//!
+//! Every request carries `Authorization: Bearer <credential>` (see [`crate::credential`]). Every
+//! request to a route under `/v1/` names the worker it is meant for in [`WORKER_ID_HEADER`]: an
+//! address outlives its worker, and a worker started with `CORRAL_WORKER_ID` refuses a request
+//! naming another (421 `wrong_worker`) before anything runs.
+
+/// `GET`: the worker's posture and whether a prepared jail waits ([`crate::HealthReply`]).
+pub const HEALTH: &str = "/health";
+/// `POST` an [`crate::ExecuteRequest`]: run code; answered with an [`crate::ExecuteReply`].
+pub const EXECUTE: &str = "/v1/execute";
+/// `POST` a [`crate::ResetRequest`]: kill, wipe, measure; answered with a [`crate::ResetReply`].
+pub const RESET: &str = "/v1/reset";
+
+/// The header naming the worker a request is meant for (its `WorkerId`'s text).
+pub const WORKER_ID_HEADER: &str = "x-corral-worker-id";
+
+/// Whether a request to `path` must name its worker in [`WORKER_ID_HEADER`].
+#[must_use]
+pub fn names_its_worker(path: &str) -> bool {
+    path.starts_with("/v1/")
+}
