@@ -77,6 +77,7 @@ impl fmt::Display for Need {
 /// Skips the test `test`, which lacks `need` for the reason `why`; panics instead when
 /// `CORRAL_REQUIRE_<NEED>` is set (to any value), or when the skip cannot be written to
 /// `CORRAL_SKIP_LOG`. The caller returns right after.
+#[track_caller]
 pub fn skip(test: &str, need: Need, why: &str) {
     let required = std::env::var_os(need.require_var()).is_some();
     let log = std::env::var_os(SKIP_LOG_VAR);
