@@ -295,7 +295,13 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
         let applied = commit(f.reconciler.store(), &acquire(ticket, "m"), &config)
             .await
             .expect("store up");
-        let _ = applied;
+        assert!(
+            matches!(
+                applied.answer(TicketId(ticket)),
+                Some(Event::Granted { .. } | Event::Queued { .. })
+            ),
+            "ticket {ticket} is served or waits: {applied:?}"
+        );
         until(&f, "a worker for the burst", |d| {
             matches!(
                 d.ticket_status(TicketId(ticket)),
@@ -303,11 +309,12 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
             )
         })
         .await;
-        if let corral_core::pool::TicketStatus::Granted { worker, token, .. } =
+        let corral_core::pool::TicketStatus::Granted { worker, token, .. } =
             doc(&f).await.ticket_status(TicketId(ticket))
-        {
-            leases.push((ticket, worker, token));
-        }
+        else {
+            panic!("ticket {ticket} was granted and keeps its lease");
+        };
+        leases.push((ticket, worker, token));
     }
     assert_eq!(
         f.reconciler.backend().list().await.expect("lists").len(),
@@ -326,6 +333,10 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
             .expect("store up");
         let mut pass = corral_controller::Pass::default();
         f.reconciler.perform(applied.effects, &mut pass).await;
+        assert_eq!(
+            pass.resets, 1,
+            "ticket {ticket}'s worker was reset: {pass:?}"
+        );
     }
     assert_eq!(doc(&f).await.counts().warm, 3, "reset clean, all warm");
     until(&f, "shrink to the warm minimum", |d| {
@@ -383,12 +394,14 @@ async fn pool_12_a_coordination_outage_at_start_up_delays_building_until_the_ima
         "the first coordinated act publishes the image"
     );
     until(&f, "warm minimum", |d| d.counts().warm == 2).await;
-    for worker in doc(&f)
-        .await
+    let pool = doc(&f).await;
+    let warm: Vec<_> = pool
         .workers()
         .values()
         .filter(|w| w.state.kind() == StateKind::Warm)
-    {
+        .collect();
+    assert_eq!(warm.len(), 2, "{:?}", pool.counts());
+    for worker in warm {
         assert_eq!(worker.image, image, "workers come from the published image");
     }
 }

@@ -285,19 +285,25 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
             .state
             .join("workers")
             .join(format!("{first_worker}.worker")),
+    )
+    .expect("the first worker's record in the state directory");
+    let pid = record.split_whitespace().next().expect("pid");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", pid])
+            .status()
+            .expect("kill")
+            .success(),
+        "worker {pid} could not be killed"
     );
-    if let Ok(record) = record {
-        let pid = record.split_whitespace().next().expect("pid");
-        let _ = Command::new("kill").args(["-KILL", pid]).status();
-        // Dead once it is gone, or a zombie whose every other thread has exited: the leader turns
-        // zombie while a thread busy in a reset is still exiting, and the threads share the open
-        // files, so until the last one goes its port still accepts connections (that a run sent
-        // then is rightly `worker_lost`: nobody can tell whether it arrived).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !process_fully_exited(pid) {
-            assert!(Instant::now() < deadline, "worker {pid} did not die");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    // Dead once it is gone, or a zombie whose every other thread has exited: the leader turns
+    // zombie while a thread busy in a reset is still exiting, and the threads share the open
+    // files, so until the last one goes its port still accepts connections (that a run sent then
+    // is rightly `worker_lost`: nobody can tell whether it arrived).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_fully_exited(pid) {
+        assert!(Instant::now() < deadline, "worker {pid} did not die");
+        std::thread::sleep(Duration::from_millis(5));
     }
     let (status, body) = stack
         .run(python("alice", "room", "print(open('notes.txt').read())"))
@@ -817,6 +823,7 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     );
     assert_eq!(body["model"]["egress"]["policy_revision"], revision);
     let lines: Vec<&str> = stdout(&body).lines().collect();
+    assert_eq!(lines.len(), 3, "{body}");
     assert!(
         lines[0].starts_with("status 200 method=GET path=/hello"),
         "{body}"
@@ -846,16 +853,15 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
         body["model"]["egress"]["effective_mode"], "isolated",
         "{body}"
     );
-    assert!(
-        stdout(&body)
-            .lines()
-            .all(|l| l == "status 407 grant_missing"),
+    assert_eq!(
+        stdout(&body).lines().collect::<Vec<_>>(),
+        ["status 407 grant_missing"; 3],
         "{body}"
     );
     drop(stack);
 
     // No field key: runs proceed, with the network denied (EGR-8).
-    let Some(keyless) = Stack::start("keyless", &[], &["--no-field-key"]) else {
+    let Some(keyless) = Stack::start(TEST, &[], &["--no-field-key"]) else {
         return;
     };
     let (status, body) = keyless.run(python("net", "e", &code)).await;
@@ -867,10 +873,9 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     assert_eq!(body["model"]["egress"]["effective_mode"], "isolated");
     let notes = body["model"]["egress"]["notes"].to_string();
     assert!(notes.contains("field_key_missing"), "{body}");
-    assert!(
-        stdout(&body)
-            .lines()
-            .all(|l| l == "status 407 grant_missing"),
+    assert_eq!(
+        stdout(&body).lines().collect::<Vec<_>>(),
+        ["status 407 grant_missing"; 3],
         "{body}"
     );
     let (status, _) = keyless

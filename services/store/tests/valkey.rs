@@ -283,6 +283,10 @@ async fn pool_05_three_processes_keep_one_pool() {
     for (worker, _, start, end) in &leases {
         by_worker.entry(worker).or_default().push((*start, *end));
     }
+    assert!(
+        by_worker.values().any(|spans| spans.len() >= 2),
+        "some worker served two leases, so the overlap check below can fail: {by_worker:?}"
+    );
     for (worker, mut spans) in by_worker {
         spans.sort();
         for pair in spans.windows(2) {
@@ -445,13 +449,21 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     )
     .await
     .expect("releases");
-    for effect in released.effects {
-        if let Effect::Reset { worker, token } = effect {
-            let reset = corral_store::harness::paper_reset(worker, token);
-            // What it grants (the queue's head) its owner reads from the document.
-            let _granted = commit(&store, &reset, &config).await.expect("reported");
-        }
-    }
+    let resets: Vec<_> = released
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::Reset { worker, token } => Some((*worker, *token)),
+            _ => None,
+        })
+        .collect();
+    let [(reset_worker, reset_token)] = resets[..] else {
+        panic!("the release orders one reset: {released:?}")
+    };
+    assert_eq!(reset_worker, worker);
+    let reset = corral_store::harness::paper_reset(worker, reset_token);
+    // What it grants (the queue's head) its owner reads from the document.
+    let _granted = commit(&store, &reset, &config).await.expect("reported");
     let mut starts = Vec::new();
     for child in children {
         let output = child.wait_with_output().await.expect("client runs");

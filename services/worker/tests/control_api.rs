@@ -418,10 +418,14 @@ fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
     // The waiting bootstrap of this server's prepared jail (and only this server's).
     let waiting = descendants_running(server.child.id(), "/usr/bin/python3", "_corral()");
     assert_eq!(waiting.len(), 1, "{waiting:?}");
-    let _ = Command::new("kill")
-        .args(["-KILL", &waiting[0].to_string()])
-        .status()
-        .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &waiting[0].to_string()])
+            .status()
+            .expect("kill runs")
+            .success(),
+        "the waiting interpreter could not be killed"
+    );
     // Only until the interpreter is dead (a zombie or gone), not the jail: the worker must see
     // an ending jail as ended too. Checked until a deadline only a hung kernel reaches.
     let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
