@@ -22,19 +22,6 @@ use corral_store::ValkeyStore;
 use corral_store::harness::{PaperController, code_acquire, commit, paper_reset};
 use corral_store::valkey_server::ValkeyServer;
 
-fn valkey_or_skip() -> Option<ValkeyServer> {
-    match ValkeyServer::start() {
-        Ok(server) => Some(server),
-        Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => {
-            panic!("CORRAL_REQUIRE_SERVICES is set: {}", why.0)
-        }
-        Err(why) => {
-            eprintln!("skipping: {}", why.0);
-            None
-        }
-    }
-}
-
 /// A loopback port nobody listens on.
 fn closed_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -73,7 +60,7 @@ struct Fixture {
 impl Fixture {
     /// One warm paper worker, whose control address refuses connections.
     async fn one_dead_worker(test: &str, settings: Settings) -> Option<(Fixture, WorkerId)> {
-        let server = valkey_or_skip()?;
+        let server = ValkeyServer::start_or_skip(test)?;
         let dir =
             std::env::temp_dir().join(format!("corral-run-path-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -154,7 +141,8 @@ async fn pool_03_one_request_waits_once_however_many_workers_it_tries() {
         ("SANDBOX_MAX_CONCURRENT_CREATES", "1"),
     ])
     .expect("settings");
-    let Some((fixture, worker)) = Fixture::one_dead_worker("one_wait", settings).await else {
+    let test = "pool_03_one_request_waits_once_however_many_workers_it_tries";
+    let Some((fixture, worker)) = Fixture::one_dead_worker(test, settings).await else {
         return;
     };
     let pool = fixture.state.settings.pool();
@@ -189,9 +177,13 @@ async fn pool_03_one_request_waits_once_however_many_workers_it_tries() {
     let Some(Effect::Reset { token, .. }) = released.effects.first().cloned() else {
         panic!("no reset ordered: {released:?}");
     };
-    commit(&fixture.store, &paper_reset(worker, token), &pool)
+    let reported = commit(&fixture.store, &paper_reset(worker, token), &pool)
         .await
         .expect("reset reported");
+    assert!(
+        matches!(reported.answer(first.0), Some(Event::Granted { .. })),
+        "the clean worker goes to the run's ticket: {reported:?}"
+    );
     // The run finds its worker dead, discards it and queues again.
     let second = until(&fixture.store, "the run's second ticket", |doc| {
         doc.tickets()

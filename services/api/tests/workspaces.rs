@@ -3,8 +3,8 @@
 //! and on an S3-compatible server (`s3::*`, moto's server from PyPI, started here on a free
 //! loopback port and reached through `object_store`'s real S3 client).
 //!
-//! Without moto (`pip install 'moto[server]'`) the S3 tests print "skipping: ..." and pass, unless
-//! `CORRAL_REQUIRE_SERVICES` is set (CI installs moto), where a missing server is a failure.
+//! Without moto (`pip install 'moto[server]'`) the S3 tests skip through `corral_testkit::skip`,
+//! unless `CORRAL_REQUIRE_SERVICES` is set (CI installs moto), where a missing server is a failure.
 
 use std::io::{Read as _, Write as _};
 use std::net::{TcpListener, TcpStream};
@@ -52,9 +52,10 @@ impl Backend {
         }
     }
 
-    /// The shared moto server's bucket under the root `cases/<case>`, or `None` when skipping.
+    /// The shared moto server's bucket under the root `cases/<case>`, or `None` after the test
+    /// `s3::<case>` skipped.
     fn s3(case: &str) -> Option<Self> {
-        let moto = Moto::shared_or_skip()?;
+        let moto = Moto::shared_or_skip(&format!("s3::{case}"))?;
         corral_api::ensure_crypto_provider();
         let store = object_store::aws::AmazonS3Builder::new()
             .with_endpoint(format!("http://127.0.0.1:{}", moto.port))
@@ -169,7 +170,8 @@ server.main(sys.argv[1:])
 ";
 
 impl Moto {
-    fn shared_or_skip() -> Option<Arc<Self>> {
+    /// The server the S3 tests share, started by the first; `None` after skipping the test `test`.
+    fn shared_or_skip(test: &str) -> Option<Arc<Self>> {
         static SHARED: Mutex<Weak<Moto>> = Mutex::new(Weak::new());
         let mut shared = SHARED.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(moto) = shared.upgrade() {
@@ -181,11 +183,8 @@ impl Moto {
                 *shared = Arc::downgrade(&moto);
                 Some(moto)
             }
-            Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => {
-                panic!("CORRAL_REQUIRE_SERVICES is set: {why}")
-            }
             Err(why) => {
-                eprintln!("skipping: {why}");
+                corral_testkit::skip(test, corral_testkit::Need::Services, &why);
                 None
             }
         }

@@ -879,8 +879,8 @@ mod with_reconciler {
         }
     }
 
-    fn valkey() -> Option<ValkeyServer> {
-        ValkeyServer::start_or_skip()
+    fn valkey(test: &str) -> Option<ValkeyServer> {
+        ValkeyServer::start_or_skip(test)
     }
 
     async fn doc<B: Backend>(r: &Reconciler<B, Clean>) -> PoolDoc {
@@ -914,7 +914,7 @@ mod with_reconciler {
 
     #[tokio::test]
     async fn the_warm_minimum_is_reached_with_worker_pods() {
-        let Some(server) = valkey() else {
+        let Some(server) = valkey("the_warm_minimum_is_reached_with_worker_pods") else {
             return;
         };
         let store = ValkeyStore::connect(&server.url(), "kube-warm")
@@ -933,7 +933,7 @@ mod with_reconciler {
     /// pool, and is replaced.
     #[tokio::test]
     async fn pool_02_a_lost_pod_leaves_the_pool_and_is_replaced() {
-        let Some(server) = valkey() else {
+        let Some(server) = valkey("pool_02_a_lost_pod_leaves_the_pool_and_is_replaced") else {
             return;
         };
         let store = ValkeyStore::connect(&server.url(), "kube-lost")
@@ -981,7 +981,8 @@ mod with_reconciler {
 
     #[tokio::test]
     async fn platform_operator_mode_claims_with_the_pools_fixed_deadline() {
-        let Some(server) = valkey() else {
+        let Some(server) = valkey("platform_operator_mode_claims_with_the_pools_fixed_deadline")
+        else {
             return;
         };
         let store = ValkeyStore::connect(&server.url(), "claims-warm")

@@ -64,13 +64,12 @@ fn backend(state: &Path) -> LocalBackend {
     LocalBackend::new(state, python, &["-c", STAND_IN, "{port}", "{id}"], &[]).expect("backend")
 }
 
-async fn fixture(name: &str, config: PoolConfig) -> Option<Fixture> {
-    let server = match ValkeyServer::start_or_skip() {
-        Some(server) => server,
-        None => return None,
-    };
-    let state = tempdir::Dir::new(name);
-    let store = ValkeyStore::connect(&server.url(), name)
+/// The fixture of the test `test` (its pool and directory named for it), or `None` after the test
+/// skipped for want of a Valkey server.
+async fn fixture(test: &str, config: PoolConfig) -> Option<Fixture> {
+    let server = ValkeyServer::start_or_skip(test)?;
+    let state = tempdir::Dir::new(test);
+    let store = ValkeyStore::connect(&server.url(), test)
         .await
         .expect("connects");
     let reconciler = Reconciler::new(
@@ -159,7 +158,12 @@ fn config() -> PoolConfig {
 
 #[tokio::test]
 async fn pool_02_the_warm_minimum_is_reached_with_real_processes_one_create_at_a_time() {
-    let Some(f) = fixture("warm", config()).await else {
+    let Some(f) = fixture(
+        "pool_02_the_warm_minimum_is_reached_with_real_processes_one_create_at_a_time",
+        config(),
+    )
+    .await
+    else {
         return;
     };
     let started = Instant::now();
@@ -190,7 +194,12 @@ async fn pool_02_the_warm_minimum_is_reached_with_real_processes_one_create_at_a
 #[tokio::test]
 async fn pool_09_a_worker_killed_while_leased_is_detected_deleted_and_replaced() {
     let config = config();
-    let Some(f) = fixture("killed", config.clone()).await else {
+    let Some(f) = fixture(
+        "pool_09_a_worker_killed_while_leased_is_detected_deleted_and_replaced",
+        config.clone(),
+    )
+    .await
+    else {
         return;
     };
     until(&f, "warm minimum", |d| d.counts().warm == 2).await;
@@ -229,7 +238,12 @@ async fn pool_09_a_worker_killed_while_leased_is_detected_deleted_and_replaced()
 #[tokio::test]
 async fn pool_04_a_reset_with_unproven_evidence_discards_the_worker() {
     let config = config();
-    let Some(f) = fixture("unproven", config.clone()).await else {
+    let Some(f) = fixture(
+        "pool_04_a_reset_with_unproven_evidence_discards_the_worker",
+        config.clone(),
+    )
+    .await
+    else {
         return;
     };
     until(&f, "warm minimum", |d| d.counts().warm == 2).await;
@@ -267,7 +281,12 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
         inventory_stale_ms: 60_000,
         ..PoolConfig::default()
     };
-    let Some(f) = fixture("burst", config.clone()).await else {
+    let Some(f) = fixture(
+        "pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl",
+        config.clone(),
+    )
+    .await
+    else {
         return;
     };
     until(&f, "warm minimum", |d| d.counts().warm == 1).await;
@@ -276,7 +295,13 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
         let applied = commit(f.reconciler.store(), &acquire(ticket, "m"), &config)
             .await
             .expect("store up");
-        let _ = applied;
+        assert!(
+            matches!(
+                applied.answer(TicketId(ticket)),
+                Some(Event::Granted { .. } | Event::Queued { .. })
+            ),
+            "ticket {ticket} is served or waits: {applied:?}"
+        );
         until(&f, "a worker for the burst", |d| {
             matches!(
                 d.ticket_status(TicketId(ticket)),
@@ -284,11 +309,12 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
             )
         })
         .await;
-        if let corral_core::pool::TicketStatus::Granted { worker, token, .. } =
+        let corral_core::pool::TicketStatus::Granted { worker, token, .. } =
             doc(&f).await.ticket_status(TicketId(ticket))
-        {
-            leases.push((ticket, worker, token));
-        }
+        else {
+            panic!("ticket {ticket} was granted and keeps its lease");
+        };
+        leases.push((ticket, worker, token));
     }
     assert_eq!(
         f.reconciler.backend().list().await.expect("lists").len(),
@@ -307,6 +333,10 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
             .expect("store up");
         let mut pass = corral_controller::Pass::default();
         f.reconciler.perform(applied.effects, &mut pass).await;
+        assert_eq!(
+            pass.resets, 1,
+            "ticket {ticket}'s worker was reset: {pass:?}"
+        );
     }
     assert_eq!(doc(&f).await.counts().warm, 3, "reset clean, all warm");
     until(&f, "shrink to the warm minimum", |d| {
@@ -322,7 +352,9 @@ async fn pool_02_a_burst_grows_the_pool_and_idle_capacity_shrinks_after_its_ttl(
 
 #[tokio::test]
 async fn pool_12_a_coordination_outage_at_start_up_delays_building_until_the_image_is_published() {
-    let Some(mut f) = fixture("outage", config()).await else {
+    const TEST: &str =
+        "pool_12_a_coordination_outage_at_start_up_delays_building_until_the_image_is_published";
+    let Some(mut f) = fixture(TEST, config()).await else {
         return;
     };
     f.server.kill();
@@ -343,7 +375,7 @@ async fn pool_12_a_coordination_outage_at_start_up_delays_building_until_the_ima
         "no worker was created"
     );
     f.server.restart().expect("restarts");
-    let store = ValkeyStore::connect(&f.server.url(), "outage")
+    let store = ValkeyStore::connect(&f.server.url(), TEST)
         .await
         .expect("reconnects");
     let image = f.reconciler.backend().image();
@@ -362,12 +394,14 @@ async fn pool_12_a_coordination_outage_at_start_up_delays_building_until_the_ima
         "the first coordinated act publishes the image"
     );
     until(&f, "warm minimum", |d| d.counts().warm == 2).await;
-    for worker in doc(&f)
-        .await
+    let pool = doc(&f).await;
+    let warm: Vec<_> = pool
         .workers()
         .values()
         .filter(|w| w.state.kind() == StateKind::Warm)
-    {
+        .collect();
+    assert_eq!(warm.len(), 2, "{:?}", pool.counts());
+    for worker in warm {
         assert_eq!(worker.image, image, "workers come from the published image");
     }
 }

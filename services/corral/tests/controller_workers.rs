@@ -1,9 +1,9 @@
 //! The controller with real workers: `corral worker serve` processes started by the local backend,
 //! reset through their control API, with the pool in a real Valkey. Needs root (the worker's jail
-//! does) and a Valkey server; without them it says why and skips, and CI requires both.
+//! does) and a Valkey server; without them it skips through `corral_testkit::skip`, and CI
+//! requires both (`CORRAL_REQUIRE_ROOT`, `CORRAL_REQUIRE_SERVICES`).
 
 mod common;
-use common::{is_root, skip};
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,7 +16,6 @@ use corral_core::pool::{Command, Disposition, Event, PoolConfig, PoolDoc, StateK
 use corral_core::store::Loaded;
 use corral_store::ValkeyStore;
 use corral_store::harness::commit;
-use corral_store::valkey_server::ValkeyServer;
 
 async fn doc(store: &ValkeyStore) -> PoolDoc {
     match store.load().await {
@@ -27,12 +26,10 @@ async fn doc(store: &ValkeyStore) -> PoolDoc {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_published_warm() {
-    if !is_root() {
-        return skip("the worker's jail needs root");
-    }
-    let server = match ValkeyServer::start() {
-        Ok(server) => server,
-        Err(why) => return skip(&why.0),
+    let Some(server) = common::root_and_valkey_or_skip(
+        "pool_08_real_workers_are_created_leased_reset_through_their_api_and_published_warm",
+    ) else {
+        return;
     };
     let state = std::env::temp_dir().join(format!("corral-workers-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&state);

@@ -1,18 +1,19 @@
 //! The whole stack through real processes: `corral up` (Valkey, API, controller with the `local`
 //! backend, `corral worker serve` workers, the egress proxy) driven over HTTP as an agent
 //! platform would (issue 6). Needs root (the jail) and a Valkey server; without them each test
-//! says why and skips, and CI (`CORRAL_REQUIRE_SERVICES`) requires both.
+//! skips through `corral_testkit::skip`, and CI requires both (`CORRAL_REQUIRE_ROOT`,
+//! `CORRAL_REQUIRE_SERVICES`).
 
 mod common;
-use common::{is_root, skip};
 
 #[path = "../../egress-proxy/tests/support/netns.rs"]
 #[allow(dead_code)]
 mod netns;
 
 use std::io::{BufRead as _, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use corral_api::client::Client;
@@ -34,20 +35,17 @@ struct Stack {
 }
 
 impl Stack {
-    /// Starts `corral up` with `env` and `args`, or says why it cannot.
+    /// Starts `corral up` with `env` and `args` for the test `test`, or skips the test.
     fn start(test: &str, env: &[(&str, &str)], args: &[&str]) -> Option<Stack> {
-        if !is_root() {
-            skip("the worker's jail needs root");
-            return None;
-        }
-        let server = match ValkeyServer::start() {
-            Ok(server) => server,
-            Err(why) => {
-                skip(&why.0);
-                return None;
-            }
-        };
-        let state = std::env::temp_dir().join(format!("corral-e2e-{test}-{}", std::process::id()));
+        let server = common::root_and_valkey_or_skip(test)?;
+        // Under Cargo's target directory rather than the system's temporary one, which may be a
+        // tmpfs: the failed-save check needs a filesystem that keeps the immutable flag.
+        static STACKS: AtomicU32 = AtomicU32::new(0);
+        let state = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "corral-e2e-{}-{}",
+            std::process::id(),
+            STACKS.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&state);
         let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
         command
@@ -203,7 +201,11 @@ fn stdout(body: &Value) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() {
-    let Some(stack) = Stack::start("basic", &[], &[]) else {
+    let Some(stack) = Stack::start(
+        "iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads",
+        &[],
+        &[],
+    ) else {
         return;
     };
     // The API describes itself and is ready.
@@ -299,19 +301,25 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
             .state
             .join("workers")
             .join(format!("{first_worker}.worker")),
+    )
+    .expect("the first worker's record in the state directory");
+    let pid = record.split_whitespace().next().expect("pid");
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", pid])
+            .status()
+            .expect("kill")
+            .success(),
+        "worker {pid} could not be killed"
     );
-    if let Ok(record) = record {
-        let pid = record.split_whitespace().next().expect("pid");
-        let _ = Command::new("kill").args(["-KILL", pid]).status();
-        // Dead once it is gone, or a zombie whose every other thread has exited: the leader turns
-        // zombie while a thread busy in a reset is still exiting, and the threads share the open
-        // files, so until the last one goes its port still accepts connections (that a run sent
-        // then is rightly `worker_lost`: nobody can tell whether it arrived).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !process_fully_exited(pid) {
-            assert!(Instant::now() < deadline, "worker {pid} did not die");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    // Dead once it is gone, or a zombie whose every other thread has exited: the leader turns
+    // zombie while a thread busy in a reset is still exiting, and the threads share the open
+    // files, so until the last one goes its port still accepts connections (that a run sent then
+    // is rightly `worker_lost`: nobody can tell whether it arrived).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !process_fully_exited(pid) {
+        assert!(Instant::now() < deadline, "worker {pid} did not die");
+        std::thread::sleep(Duration::from_millis(5));
     }
     let (status, body) = stack
         .run(python("alice", "room", "print(open('notes.txt').read())"))
@@ -474,7 +482,7 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bound_1_through_the_api_each_bound_returns_its_own_error() {
     let Some(stack) = Stack::start(
-        "bounds",
+        "bound_1_through_the_api_each_bound_returns_its_own_error",
         &[
             ("SANDBOX_TMP_MAX_BYTES", "4194304"),
             ("SANDBOX_WORKSPACE_MAX_BYTES", "4194304"),
@@ -555,9 +563,9 @@ fn sleeper(actor: &str, member: &str, seconds: f64) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pool_03_ws_05_queues_refusals_conflicts_failed_saves_and_a_killed_worker() {
+async fn pool_03_queues_refusals_conflicts_and_a_killed_worker() {
     let Some(stack) = Stack::start(
-        "queue",
+        "pool_03_queues_refusals_conflicts_and_a_killed_worker",
         &[
             ("SANDBOX_WARM_POOL_MIN", "3"),
             ("SANDBOX_POOL_MAX_ALLOCATED", "3"),
@@ -648,39 +656,6 @@ async fn pool_03_ws_05_queues_refusals_conflicts_failed_saves_and_a_killed_worke
     let winner_member = if a.0 == 200 { "first" } else { "second" };
     assert_eq!(String::from_utf8_lossy(&who), winner_member, "{winner}");
 
-    // A failed save leaves the earlier snapshot authoritative (WS-5): the workspace's directory is
-    // made immutable (even root cannot add to it) for one run.
-    let (status, _) = stack
-        .run(python("saver", "s", "open('v', 'w').write('one')"))
-        .await;
-    assert_eq!(status, 200);
-    let key = corral_core::workspace::storage_key("saver", "s");
-    let dir = stack.state.join("workspaces").join("ws").join(key);
-    let immutable = Command::new("chattr")
-        .arg("+i")
-        .arg(&dir)
-        .status()
-        .is_ok_and(|s| s.success());
-    if immutable {
-        let (status, body) = stack
-            .run(python("saver", "s", "open('v', 'w').write('two')"))
-            .await;
-        let _ = Command::new("chattr").arg("-i").arg(&dir).status();
-        assert_eq!(
-            (status, body["error"]["code"].as_str()),
-            (503, Some("workspace_storage_unavailable")),
-            "{body}"
-        );
-        assert_eq!(body["outcome"], "error");
-        let (_, v) = stack.read("saver", "s", "v").await;
-        assert_eq!(v, b"one");
-    } else {
-        eprintln!(
-            "skipping the failed-save check: chattr +i is not available on {}",
-            dir.display()
-        );
-    }
-
     // A worker killed mid-run: a clear error, no leaked lease, and the member may run again.
     let killed = spawn(sleeper("victim", "victim", 30.0));
     let doc = until(&stack, "the victim's lease", |doc| {
@@ -746,6 +721,89 @@ async fn pool_03_ws_05_queues_refusals_conflicts_failed_saves_and_a_killed_worke
     assert_eq!(status, 200);
 }
 
+/// A failed save leaves the earlier snapshot authoritative (WS-5): the workspace's directory is
+/// made immutable (even root cannot add to it) for one run. Needs `chattr` (e2fsprogs) and a
+/// filesystem that keeps the immutable flag: the stack's state is under Cargo's target directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_05_a_failed_save_leaves_the_earlier_snapshot_authoritative() {
+    const TEST: &str = "ws_05_a_failed_save_leaves_the_earlier_snapshot_authoritative";
+    let Some(stack) = Stack::start(TEST, &[], &[]) else {
+        return;
+    };
+    let (status, body) = stack
+        .run(python("saver", "s", "open('v', 'w').write('one')"))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let key = corral_core::workspace::storage_key("saver", "s");
+    let dir = stack.state.join("workspaces").join("ws").join(key);
+    assert!(dir.is_dir(), "the first save is in {}", dir.display());
+    let Some(immutable) = Immutable::set_or_skip(TEST, &dir) else {
+        return;
+    };
+    let (status, body) = stack
+        .run(python("saver", "s", "open('v', 'w').write('two')"))
+        .await;
+    immutable.clear();
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (503, Some("workspace_storage_unavailable")),
+        "{body}"
+    );
+    assert_eq!(body["outcome"], "error");
+    let (status, v) = stack.read("saver", "s", "v").await;
+    assert_eq!((status, v.as_slice()), (200, b"one".as_slice()));
+}
+
+/// A directory with the immutable flag set (`chattr +i`) until [`Immutable::clear`], or until
+/// dropped on a failing test's way out.
+struct Immutable {
+    dir: PathBuf,
+    set: bool,
+}
+
+impl Immutable {
+    /// Sets the flag on `dir`, or skips the test `test` (a need of the host's tools) where
+    /// `chattr` is missing or the filesystem does not keep the flag.
+    fn set_or_skip(test: &str, dir: &Path) -> Option<Self> {
+        let why = match Command::new("chattr").arg("+i").arg(dir).output() {
+            Ok(out) if out.status.success() => {
+                return Some(Self {
+                    dir: dir.to_path_buf(),
+                    set: true,
+                });
+            }
+            Ok(out) => format!(
+                "chattr +i {} failed (a filesystem without the immutable flag?): {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+            Err(error) => format!("no chattr (Debian's e2fsprogs): {error}"),
+        };
+        corral_testkit::skip(test, corral_testkit::Need::Tools, &why);
+        None
+    }
+
+    /// Clears the flag, failing the test where it cannot.
+    fn clear(mut self) {
+        let cleared = Command::new("chattr").arg("-i").arg(&self.dir).status();
+        assert!(
+            cleared.as_ref().is_ok_and(|s| s.success()),
+            "chattr -i {}: {cleared:?}",
+            self.dir.display()
+        );
+        self.set = false;
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        // The stack's directory must stay removable; a failure here is already a failing test.
+        if self.set {
+            let _ = Command::new("chattr").arg("-i").arg(&self.dir).status();
+        }
+    }
+}
+
 /// Code that fetches each URL through the jail's proxy variables and prints one line per URL:
 /// `status <code> <X-Corral-Egress-Reason or body>`.
 fn fetcher(urls: &[String]) -> String {
@@ -765,11 +823,12 @@ for url in {urls:?}:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
-    let Some(mut ns) = netns::netns_or_skip("front_door_egress") else {
+    const TEST: &str = "egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy";
+    let Some(mut ns) = netns::netns_or_skip(TEST) else {
         return;
     };
     let upstream = ns.start_echo_server(80).expect("echo server");
-    let Some(stack) = Stack::start("egress", &[], &[]) else {
+    let Some(stack) = Stack::start(TEST, &[], &[]) else {
         return;
     };
     let urls = vec![
@@ -825,6 +884,7 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     );
     assert_eq!(body["model"]["egress"]["policy_revision"], revision);
     let lines: Vec<&str> = stdout(&body).lines().collect();
+    assert_eq!(lines.len(), 3, "{body}");
     assert!(
         lines[0].starts_with("status 200 method=GET path=/hello"),
         "{body}"
@@ -896,16 +956,15 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
         body["model"]["egress"]["effective_mode"], "isolated",
         "{body}"
     );
-    assert!(
-        stdout(&body)
-            .lines()
-            .all(|l| l == "status 407 grant_missing"),
+    assert_eq!(
+        stdout(&body).lines().collect::<Vec<_>>(),
+        ["status 407 grant_missing"; 3],
         "{body}"
     );
     drop(stack);
 
     // No field key: runs proceed, with the network denied (EGR-8).
-    let Some(keyless) = Stack::start("keyless", &[], &["--no-field-key"]) else {
+    let Some(keyless) = Stack::start(TEST, &[], &["--no-field-key"]) else {
         return;
     };
     let (status, body) = keyless.run(python("net", "e", &code)).await;
@@ -917,10 +976,9 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     assert_eq!(body["model"]["egress"]["effective_mode"], "isolated");
     let notes = body["model"]["egress"]["notes"].to_string();
     assert!(notes.contains("field_key_missing"), "{body}");
-    assert!(
-        stdout(&body)
-            .lines()
-            .all(|l| l == "status 407 grant_missing"),
+    assert_eq!(
+        stdout(&body).lines().collect::<Vec<_>>(),
+        ["status 407 grant_missing"; 3],
         "{body}"
     );
     let (status, _) = keyless

@@ -4,9 +4,6 @@
 //! and gets one once the proxy holds the key (so each refusal is the guard's, not a broken test).
 //! Needs a Valkey server; without one it says why and skips, and CI requires it.
 
-mod common;
-use common::skip;
-
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -108,9 +105,10 @@ fn break_policy(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egr_08_no_credential_unless_the_proxy_can_verify_it_and_the_policy_is_read() {
-    let server = match ValkeyServer::start() {
-        Ok(server) => server,
-        Err(why) => return skip(&why.0),
+    let Some(server) = ValkeyServer::start_or_skip(
+        "egr_08_no_credential_unless_the_proxy_can_verify_it_and_the_policy_is_read",
+    ) else {
+        return;
     };
     let store = ValkeyStore::connect(&server.url(), "guards")
         .await

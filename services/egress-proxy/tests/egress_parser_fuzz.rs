@@ -181,7 +181,9 @@ fn check_authority(text: &str) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn check_url(text: &str) -> Result<(), TestCaseError> {
+/// Checks every URL spelling of `text` that parses; returns how many did.
+fn check_url(text: &str) -> Result<u32, TestCaseError> {
+    let mut parsed = 0;
     let candidates = [
         text.to_owned(),
         format!("http://{text}"),
@@ -202,13 +204,15 @@ fn check_url(text: &str) -> Result<(), TestCaseError> {
         prop_assert_eq!(again.map(|r| r.target), Ok(request.target.clone()));
         let header = check_host_header(&request, &[&authority]);
         prop_assert_eq!(header, Ok(()));
+        // Any answer will do for arbitrary text; it must only not panic.
         let _ = check_host_header(&request, &[text]);
+        parsed += 1;
     }
     if let Ok(host) = Host::parse(text) {
         check_host(&host, text)?;
         prop_assert_eq!(Host::parse(&host.to_string()), Ok(host));
     }
-    Ok(())
+    Ok(parsed)
 }
 
 /// IPv6 forms that carry an IPv4 address.
@@ -294,14 +298,16 @@ fn policies() -> Vec<Policy> {
         .collect()
 }
 
+/// Checks every policy's decision on `target` with `answers`; returns how many allowed it.
 fn check_decision(
     policies: &[Policy],
     target: &str,
     answers: &[IpAddr],
-) -> Result<(), TestCaseError> {
+) -> Result<u32, TestCaseError> {
     let Ok(target) = parse_connect_authority(target) else {
-        return Ok(());
+        return Ok(0);
     };
+    let mut allowed = 0;
     for policy in policies {
         let Decision::Allow { pinned } = decide_answer(policy, &target, answers) else {
             continue;
@@ -319,8 +325,9 @@ fn check_decision(
                 "{policy} allowed {target} with {ip} ({class:?})"
             );
         }
+        allowed += 1;
     }
-    Ok(())
+    Ok(allowed)
 }
 
 fn address() -> impl Strategy<Value = IpAddr> {
@@ -365,30 +372,51 @@ fn run(cases: u32) {
         address(),
     );
     let accepted = std::sync::atomic::AtomicU32::new(0);
+    let urls = std::sync::atomic::AtomicU32::new(0);
+    let allowed = std::sync::atomic::AtomicU32::new(0);
+    let count = |counter: &std::sync::atomic::AtomicU32, n: u32| {
+        counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    };
     runner
         .run(&strategy, |(text, answers, ip)| {
             if parse_connect_authority(&text).is_ok() {
-                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                count(&accepted, 1);
             }
             check_authority(&text)?;
-            check_url(&text)?;
+            count(&urls, check_url(&text)?);
             check_class(ip)?;
-            check_decision(&policies, &text, &answers)?;
+            count(&allowed, check_decision(&policies, &text, &answers)?);
             let literal_target = match ip {
                 IpAddr::V4(v4) => format!("{v4}:443"),
                 IpAddr::V6(v6) => format!("[{v6}]:443"),
             };
-            check_decision(&policies, &literal_target, &[])?;
-            check_decision(&policies, "a.example:443", &answers)
+            count(&allowed, check_decision(&policies, &literal_target, &[])?);
+            count(
+                &allowed,
+                check_decision(&policies, "a.example:443", &answers)?,
+            );
+            Ok(())
         })
         .unwrap();
-    // The generator must reach the accepting paths, not only the refusals.
-    let accepted = accepted.into_inner();
-    eprintln!("{accepted} of {cases} inputs parsed as CONNECT authorities");
+    // The generator must reach the accepting paths, not only the refusals: otherwise the checks
+    // of what parses and of what a policy allows never run.
+    let (accepted, urls, allowed) = (
+        accepted.into_inner(),
+        urls.into_inner(),
+        allowed.into_inner(),
+    );
+    eprintln!(
+        "{accepted} of {cases} inputs parsed as CONNECT authorities; {urls} URLs parsed; {allowed} decisions allowed"
+    );
     assert!(
         accepted > cases / 10,
         "only {accepted} of {cases} inputs parsed"
     );
+    assert!(
+        urls > cases / 10,
+        "only {urls} URLs of {cases} inputs parsed"
+    );
+    assert!(allowed > 0, "no policy allowed any generated target");
 }
 
 #[test]

@@ -59,16 +59,14 @@ fn free_port() -> Result<u16, Unstartable> {
 }
 
 impl ValkeyServer {
-    /// For tests: a started server, or `None` after printing why none could be started. Where
-    /// `CORRAL_REQUIRE_SERVICES` is set (CI installs a server), a missing one is a failure instead.
-    pub fn start_or_skip() -> Option<Self> {
+    /// For the test `test`: a started server, or `None` after skipping the test through
+    /// `corral_testkit::skip`, which fails it instead where `CORRAL_REQUIRE_SERVICES` is set (CI
+    /// installs a server).
+    pub fn start_or_skip(test: &str) -> Option<Self> {
         match Self::start() {
             Ok(server) => Some(server),
-            Err(why) if std::env::var_os("CORRAL_REQUIRE_SERVICES").is_some() => {
-                panic!("CORRAL_REQUIRE_SERVICES is set: {why}")
-            }
             Err(why) => {
-                eprintln!("skipping: {why}");
+                corral_testkit::skip(test, corral_testkit::Need::Services, &why.0);
                 None
             }
         }

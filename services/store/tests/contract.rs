@@ -170,9 +170,9 @@ async fn pool_05_the_model_keeps_the_store_contract() {
 
 #[tokio::test]
 async fn pool_05_valkey_keeps_the_store_contract() {
-    let server = match ValkeyServer::start_or_skip() {
-        Some(server) => server,
-        None => return,
+    let Some(server) = ValkeyServer::start_or_skip("pool_05_valkey_keeps_the_store_contract")
+    else {
+        return;
     };
     let store = ValkeyStore::connect(&server.url(), "contract")
         .await

@@ -1,5 +1,6 @@
 //! The Valkey store against a real valkey-server started by each test (POOL-5, POOL-6, POOL-11).
-//! Where no server binary is found, each test says why and skips; CI installs one.
+//! Where no server binary is found, each test skips through `corral_testkit::skip`; CI installs one
+//! and sets `CORRAL_REQUIRE_SERVICES`, under which a missing server fails the test.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -13,8 +14,8 @@ use corral_store::harness::{PaperController, commit, test_pool_config};
 use corral_store::valkey_server::ValkeyServer;
 use corral_store::{ValkeyStore, fresh_epoch};
 
-fn server() -> Option<ValkeyServer> {
-    ValkeyServer::start_or_skip()
+fn server(test: &str) -> Option<ValkeyServer> {
+    ValkeyServer::start_or_skip(test)
 }
 
 async fn warm_pool(store: &ValkeyStore, controller: &mut PaperController) {
@@ -44,7 +45,9 @@ fn acquire(ticket: u64, member: &str) -> Command {
 
 #[tokio::test]
 async fn pool_05_compare_and_set_is_the_only_write() {
-    let Some(server) = server() else { return };
+    let Some(server) = server("pool_05_compare_and_set_is_the_only_write") else {
+        return;
+    };
     let store = ValkeyStore::connect(&server.url(), "contract")
         .await
         .expect("connects");
@@ -123,7 +126,11 @@ async fn pool_05_compare_and_set_is_the_only_write() {
 
 #[tokio::test]
 async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses_everything() {
-    let Some(mut server) = server() else { return };
+    let Some(mut server) = server(
+        "pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses_everything",
+    ) else {
+        return;
+    };
     let config = test_pool_config();
     let (store, mut controller) = warmed(&server.url(), "outage").await;
     let granted = commit(&store, &acquire(1, "m"), &config)
@@ -210,7 +217,9 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
 /// ceiling. Leases are timed on Valkey's clock; on one worker they never overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_05_three_processes_keep_one_pool() {
-    let Some(server) = server() else { return };
+    let Some(server) = server("pool_05_three_processes_keep_one_pool") else {
+        return;
+    };
     let url = server.url();
     let config = test_pool_config();
     let (store, mut controller) = warmed(&url, "test").await;
@@ -274,6 +283,10 @@ async fn pool_05_three_processes_keep_one_pool() {
     for (worker, _, start, end) in &leases {
         by_worker.entry(worker).or_default().push((*start, *end));
     }
+    assert!(
+        by_worker.values().any(|spans| spans.len() >= 2),
+        "some worker served two leases, so the overlap check below can fail: {by_worker:?}"
+    );
     for (worker, mut spans) in by_worker {
         spans.sort();
         for pair in spans.windows(2) {
@@ -306,7 +319,9 @@ async fn pool_05_three_processes_keep_one_pool() {
 /// and each caller gets its own command's outcome, as if each had been its own transaction.
 #[tokio::test(flavor = "current_thread")]
 async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
-    let Some(server) = server() else { return };
+    let Some(server) = server("pool_05_concurrent_commits_of_one_replica_share_writes") else {
+        return;
+    };
     let config = test_pool_config();
     let (store, _controller) = warmed(&server.url(), "group").await;
     let warm = match store.load().await {
@@ -367,7 +382,10 @@ async fn pool_05_concurrent_commits_of_one_replica_share_writes() {
 async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     use corral_core::pool::{Disposition, Effect, TicketStatus};
 
-    let Some(server) = server() else { return };
+    let Some(server) = server("pool_03_tickets_queued_by_three_processes_are_granted_in_order")
+    else {
+        return;
+    };
     let url = server.url();
     let config = test_pool_config();
     let (store, _controller) = warmed(&url, "test").await;
@@ -431,13 +449,21 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
     )
     .await
     .expect("releases");
-    for effect in released.effects {
-        if let Effect::Reset { worker, token } = effect {
-            let reset = corral_store::harness::paper_reset(worker, token);
-            // What it grants (the queue's head) its owner reads from the document.
-            let _granted = commit(&store, &reset, &config).await.expect("reported");
-        }
-    }
+    let resets: Vec<_> = released
+        .effects
+        .iter()
+        .filter_map(|effect| match effect {
+            Effect::Reset { worker, token } => Some((*worker, *token)),
+            _ => None,
+        })
+        .collect();
+    let [(reset_worker, reset_token)] = resets[..] else {
+        panic!("the release orders one reset: {released:?}")
+    };
+    assert_eq!(reset_worker, worker);
+    let reset = corral_store::harness::paper_reset(worker, reset_token);
+    // What it grants (the queue's head) its owner reads from the document.
+    let _granted = commit(&store, &reset, &config).await.expect("reported");
     let mut starts = Vec::new();
     for child in children {
         let output = child.wait_with_output().await.expect("client runs");

@@ -1464,10 +1464,26 @@ mod tests {
         )
     }
 
+    /// Whether `interpreter` is installed; without it the test skips through
+    /// `corral_testkit::skip` (which fails it under `CORRAL_REQUIRE_TOOLS`) and must return.
+    fn interpreter_or_skip(test: &str, interpreter: &str) -> bool {
+        if Path::new(interpreter).exists() {
+            return true;
+        }
+        corral_testkit::skip(
+            test,
+            corral_testkit::Need::Tools,
+            &format!("no {interpreter}"),
+        );
+        false
+    }
+
     #[test]
     fn the_python_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
-        if !Path::new("/usr/bin/python3").exists() {
-            eprintln!("skipped: no /usr/bin/python3");
+        if !interpreter_or_skip(
+            "the_python_bootstrap_runs_the_code_as_main_with_stdin_at_its_end",
+            "/usr/bin/python3",
+        ) {
             return;
         }
         let (code, stdout, stderr) = bootstrapped(
@@ -1484,8 +1500,10 @@ mod tests {
 
     #[test]
     fn the_node_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
-        if !Path::new("/usr/bin/node").exists() {
-            eprintln!("skipped: no /usr/bin/node");
+        if !interpreter_or_skip(
+            "the_node_bootstrap_runs_the_code_as_main_with_stdin_at_its_end",
+            "/usr/bin/node",
+        ) {
             return;
         }
         let (code, stdout, stderr) = bootstrapped(
@@ -1502,8 +1520,10 @@ mod tests {
 
     #[test]
     fn the_python_bootstrap_preimports_and_skips_what_is_missing() {
-        if !Path::new("/usr/bin/python3").exists() {
-            eprintln!("skipped: no /usr/bin/python3");
+        if !interpreter_or_skip(
+            "the_python_bootstrap_preimports_and_skips_what_is_missing",
+            "/usr/bin/python3",
+        ) {
             return;
         }
         let preimport = ["json", "no_such_module_xyz", "xml.dom"].map(str::to_owned);

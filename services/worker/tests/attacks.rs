@@ -18,7 +18,7 @@ const TMP: &str = "SANDBOX_TMP_MAX_BYTES";
 
 #[test]
 fn fork_bomb_is_stopped_at_the_process_bound() {
-    if !root_or_skip("fork_bomb") {
+    if !root_or_skip("fork_bomb_is_stopped_at_the_process_bound") {
         return;
     }
     let _serial = serial();
@@ -40,7 +40,7 @@ fn fork_bomb_is_stopped_at_the_process_bound() {
 
 #[test]
 fn memory_bomb_is_killed_at_the_memory_bound() {
-    if !root_or_skip("memory_bomb") {
+    if !root_or_skip("memory_bomb_is_killed_at_the_memory_bound") {
         return;
     }
     let _serial = serial();
@@ -62,7 +62,7 @@ fn memory_bomb_is_killed_at_the_memory_bound() {
 
 #[test]
 fn one_huge_allocation_is_refused_or_killed_at_the_memory_bound() {
-    if !root_or_skip("huge_allocation") {
+    if !root_or_skip("one_huge_allocation_is_refused_or_killed_at_the_memory_bound") {
         return;
     }
     let _serial = serial();
@@ -84,7 +84,7 @@ fn one_huge_allocation_is_refused_or_killed_at_the_memory_bound() {
 
 #[test]
 fn a_two_gibibyte_allocation_meets_the_memory_bound() {
-    if !root_or_skip("large_allocation") {
+    if !root_or_skip("a_two_gibibyte_allocation_meets_the_memory_bound") {
         return;
     }
     let _serial = serial();
@@ -97,7 +97,7 @@ fn a_two_gibibyte_allocation_meets_the_memory_bound() {
 
 #[test]
 fn infinite_loop_is_killed_at_the_wall_limit() {
-    if !root_or_skip("infinite_loop") {
+    if !root_or_skip("infinite_loop_is_killed_at_the_wall_limit") {
         return;
     }
     let _serial = serial();
@@ -118,7 +118,7 @@ fn infinite_loop_is_killed_at_the_wall_limit() {
 
 #[test]
 fn code_that_closes_its_output_is_still_killed_at_the_wall_limit() {
-    if !root_or_skip("closed_output") {
+    if !root_or_skip("code_that_closes_its_output_is_still_killed_at_the_wall_limit") {
         return;
     }
     let _serial = serial();
@@ -137,7 +137,7 @@ fn code_that_closes_its_output_is_still_killed_at_the_wall_limit() {
 
 #[test]
 fn a_hundred_mebibytes_of_stdout_are_capped_and_counted() {
-    if !root_or_skip("stdout_flood") {
+    if !root_or_skip("a_hundred_mebibytes_of_stdout_are_capped_and_counted") {
         return;
     }
     let _serial = serial();
@@ -163,7 +163,7 @@ fn a_hundred_mebibytes_of_stdout_are_capped_and_counted() {
 
 #[test]
 fn disk_fill_stops_at_the_workspace_bound() {
-    if !root_or_skip("disk_fill") {
+    if !root_or_skip("disk_fill_stops_at_the_workspace_bound") {
         return;
     }
     let _serial = serial();
@@ -184,7 +184,7 @@ fn disk_fill_stops_at_the_workspace_bound() {
 
 #[test]
 fn a_sparse_file_larger_than_the_workspace_bound_is_reported() {
-    if !root_or_skip("sparse_file") {
+    if !root_or_skip("a_sparse_file_larger_than_the_workspace_bound_is_reported") {
         return;
     }
     let _serial = serial();
@@ -197,7 +197,7 @@ fn a_sparse_file_larger_than_the_workspace_bound_is_reported() {
 
 #[test]
 fn tmp_and_shm_fill_stop_at_the_tmp_bound() {
-    if !root_or_skip("tmp_fill") {
+    if !root_or_skip("tmp_and_shm_fill_stop_at_the_tmp_bound") {
         return;
     }
     let _serial = serial();
@@ -215,7 +215,7 @@ fn tmp_and_shm_fill_stop_at_the_tmp_bound() {
 
 #[test]
 fn a_double_forked_setsid_daemon_does_not_outlive_the_run() {
-    if !root_or_skip("daemon") {
+    if !root_or_skip("a_double_forked_setsid_daemon_does_not_outlive_the_run") {
         return;
     }
     let _serial = serial();
@@ -265,7 +265,7 @@ fn a_double_forked_setsid_daemon_does_not_outlive_the_run() {
 
 #[test]
 fn writes_outside_the_workspace_fail_and_reach_nothing_on_the_host() {
-    if !root_or_skip("writes_outside") {
+    if !root_or_skip("writes_outside_the_workspace_fail_and_reach_nothing_on_the_host") {
         return;
     }
     let _serial = serial();
@@ -299,7 +299,7 @@ fn writes_outside_the_workspace_fail_and_reach_nothing_on_the_host() {
 
 #[test]
 fn a_symlink_to_a_host_file_is_never_an_output() {
-    if !root_or_skip("symlink_output") {
+    if !root_or_skip("a_symlink_to_a_host_file_is_never_an_output") {
         return;
     }
     let _serial = serial();
@@ -351,7 +351,7 @@ fn a_symlink_to_a_host_file_is_never_an_output() {
 
 #[test]
 fn another_workspace_is_invisible() {
-    if !root_or_skip("other_workspace") {
+    if !root_or_skip("another_workspace_is_invisible") {
         return;
     }
     let _serial = serial();
@@ -395,7 +395,7 @@ fn another_workspace_is_invisible() {
 
 #[test]
 fn raw_sockets_and_direct_connections_fail() {
-    if !root_or_skip("network") {
+    if !root_or_skip("raw_sockets_and_direct_connections_fail") {
         return;
     }
     let _serial = serial();
@@ -444,7 +444,7 @@ fn raw_sockets_and_direct_connections_fail() {
 
 #[test]
 fn the_supervisors_ports_are_unreachable() {
-    if !root_or_skip("supervisor_port") {
+    if !root_or_skip("the_supervisors_ports_are_unreachable") {
         return;
     }
     let _serial = serial();
@@ -489,7 +489,7 @@ fn the_supervisors_ports_are_unreachable() {
 
 #[test]
 fn the_supervisors_environment_and_credentials_are_unreadable() {
-    if !root_or_skip("proc_environment") {
+    if !root_or_skip("the_supervisors_environment_and_credentials_are_unreadable") {
         return;
     }
     let _serial = serial();
@@ -527,7 +527,7 @@ fn the_supervisors_environment_and_credentials_are_unreadable() {
 
 #[test]
 fn signalling_the_supervisor_has_no_effect() {
-    if !root_or_skip("signal_supervisor") {
+    if !root_or_skip("signalling_the_supervisor_has_no_effect") {
         return;
     }
     let _serial = serial();
@@ -562,7 +562,7 @@ fn signalling_the_supervisor_has_no_effect() {
 
 #[test]
 fn files_left_in_tmp_shm_and_the_workspace_do_not_reach_the_next_run() {
-    if !root_or_skip("leftovers") {
+    if !root_or_skip("files_left_in_tmp_shm_and_the_workspace_do_not_reach_the_next_run") {
         return;
     }
     let _serial = serial();
@@ -591,7 +591,7 @@ fn files_left_in_tmp_shm_and_the_workspace_do_not_reach_the_next_run() {
 
 #[test]
 fn node_runs_in_the_same_jail() {
-    if !root_or_skip("node") {
+    if !root_or_skip("node_runs_in_the_same_jail") {
         return;
     }
     let _serial = serial();

@@ -56,7 +56,7 @@ fn api_refuses_to_start_without_a_credential() {
 
 #[test]
 fn api_missing_or_wrong_credential_is_401_on_every_endpoint() {
-    if !root_or_skip("api_401") {
+    if !root_or_skip("api_missing_or_wrong_credential_is_401_on_every_endpoint") {
         return;
     }
     let _serial = serial();
@@ -82,7 +82,7 @@ fn api_missing_or_wrong_credential_is_401_on_every_endpoint() {
 
 #[test]
 fn api_executes_python_and_node_with_a_clean_reset() {
-    if !root_or_skip("api_execute") {
+    if !root_or_skip("api_executes_python_and_node_with_a_clean_reset") {
         return;
     }
     let _serial = serial();
@@ -113,7 +113,7 @@ fn api_executes_python_and_node_with_a_clean_reset() {
 /// anything runs, and the worker serves the next request as if nothing had happened.
 #[test]
 fn contract_malformed_messages_get_typed_codes_and_leave_the_worker_serving() {
-    if !root_or_skip("api_malformed") {
+    if !root_or_skip("contract_malformed_messages_get_typed_codes_and_leave_the_worker_serving") {
         return;
     }
     let _serial = serial();
@@ -161,7 +161,7 @@ fn contract_malformed_messages_get_typed_codes_and_leave_the_worker_serving() {
 
 #[test]
 fn api_workspace_archive_in_and_out() {
-    if !root_or_skip("api_workspace") {
+    if !root_or_skip("api_workspace_archive_in_and_out") {
         return;
     }
     let _serial = serial();
@@ -195,7 +195,7 @@ fn api_workspace_archive_in_and_out() {
 
 #[test]
 fn ws_05_api_refused_archive_is_not_run() {
-    if !root_or_skip("api_refused_archive") {
+    if !root_or_skip("ws_05_api_refused_archive_is_not_run") {
         return;
     }
     let _serial = serial();
@@ -224,7 +224,7 @@ fn ws_05_api_refused_archive_is_not_run() {
 
 #[test]
 fn pool_04_api_reset_returns_clean_evidence_with_the_token() {
-    if !root_or_skip("api_reset") {
+    if !root_or_skip("pool_04_api_reset_returns_clean_evidence_with_the_token") {
         return;
     }
     let _serial = serial();
@@ -242,7 +242,7 @@ fn pool_04_api_reset_returns_clean_evidence_with_the_token() {
 
 #[test]
 fn api_concurrent_execute_gets_409() {
-    if !root_or_skip("api_409") {
+    if !root_or_skip("api_concurrent_execute_gets_409") {
         return;
     }
     let _serial = serial();
@@ -288,7 +288,7 @@ fn api_concurrent_execute_gets_409() {
 
 #[test]
 fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
-    if !root_or_skip("api_body") {
+    if !root_or_skip("bound_1_api_oversized_body_and_raised_bounds_are_refused") {
         return;
     }
     let _serial = serial();
@@ -328,7 +328,7 @@ fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
 
 #[test]
 fn api_reads_the_credential_from_its_file_first() {
-    if !root_or_skip("api_token_file") {
+    if !root_or_skip("api_reads_the_credential_from_its_file_first") {
         return;
     }
     let _serial = serial();
@@ -346,7 +346,7 @@ fn api_reads_the_credential_from_its_file_first() {
 
 #[test]
 fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
-    if !root_or_skip("api_warm") {
+    if !root_or_skip("warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset") {
         return;
     }
     let _serial = serial();
@@ -404,7 +404,7 @@ fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
 
 #[test]
 fn bound_1_warm_infinite_loop_is_killed_at_the_wall_limit() {
-    if !root_or_skip("api_warm_wall") {
+    if !root_or_skip("bound_1_warm_infinite_loop_is_killed_at_the_wall_limit") {
         return;
     }
     let _serial = serial();
@@ -468,7 +468,7 @@ fn descendants_running(ancestor: u32, program: &str, needle: &str) -> Vec<u32> {
 
 #[test]
 fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
-    if !root_or_skip("api_warm_dead") {
+    if !root_or_skip("a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so") {
         return;
     }
     let _serial = serial();
@@ -477,10 +477,14 @@ fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
     // The waiting bootstrap of this server's prepared jail (and only this server's).
     let waiting = descendants_running(server.child.id(), "/usr/bin/python3", "_corral()");
     assert_eq!(waiting.len(), 1, "{waiting:?}");
-    let _ = Command::new("kill")
-        .args(["-KILL", &waiting[0].to_string()])
-        .status()
-        .unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &waiting[0].to_string()])
+            .status()
+            .expect("kill runs")
+            .success(),
+        "the waiting interpreter could not be killed"
+    );
     // Only until the interpreter is dead (a zombie or gone), not the jail: the worker must see
     // an ending jail as ended too. Checked until a deadline only a hung kernel reaches.
     let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
@@ -516,7 +520,7 @@ fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
 
 #[test]
 fn bound_1_warm_memory_and_fork_bombs_hit_their_bounds() {
-    if !root_or_skip("api_warm_bombs") {
+    if !root_or_skip("bound_1_warm_memory_and_fork_bombs_hit_their_bounds") {
         return;
     }
     let _serial = serial();
@@ -589,7 +593,7 @@ fn reset(server: &Server, token: u64) -> Value {
 
 #[test]
 fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
-    if !root_or_skip("api_warm_node") {
+    if !root_or_skip("warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset") {
         return;
     }
     let _serial = serial();
@@ -659,7 +663,7 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
 
 #[test]
 fn prepare_languages_python_only_runs_node_cold() {
-    if !root_or_skip("api_prepare_python_only") {
+    if !root_or_skip("prepare_languages_python_only_runs_node_cold") {
         return;
     }
     let _serial = serial();
@@ -684,7 +688,7 @@ fn prepare_languages_python_only_runs_node_cold() {
 
 #[test]
 fn prepare_languages_set_but_empty_prepares_nothing() {
-    if !root_or_skip("api_prepare_none") {
+    if !root_or_skip("prepare_languages_set_but_empty_prepares_nothing") {
         return;
     }
     let _serial = serial();
@@ -722,7 +726,7 @@ fn api_refuses_to_start_with_an_unknown_prepare_language_or_module_name() {
 
 #[test]
 fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
-    if !root_or_skip("api_preimport") {
+    if !root_or_skip("python_preimport_is_in_sys_modules_before_the_code_imports_it") {
         return;
     }
     let _serial = serial();
@@ -766,7 +770,7 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
 
 #[test]
 fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
-    if !root_or_skip("api_prepare_priority") {
+    if !root_or_skip("a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one") {
         return;
     }
     let _serial = serial();
@@ -802,7 +806,7 @@ fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
 
 #[test]
 fn a_request_naming_another_worker_is_refused_and_nothing_runs() {
-    if !root_or_skip("api_wrong_worker") {
+    if !root_or_skip("a_request_naming_another_worker_is_refused_and_nothing_runs") {
         return;
     }
     let _serial = serial();

@@ -45,7 +45,7 @@ print(sorted(os.listdir('.')))
 
 #[test]
 fn out_04_valid_documents_are_downloads_and_corrupt_ones_are_excluded() {
-    if !root_or_skip("typed_downloads") {
+    if !root_or_skip("out_04_valid_documents_are_downloads_and_corrupt_ones_are_excluded") {
         return;
     }
     let _serial = serial();
@@ -120,7 +120,7 @@ fn out_04_valid_documents_are_downloads_and_corrupt_ones_are_excluded() {
 
 #[test]
 fn ws_06_a_changed_input_is_a_download_and_an_untouched_one_is_not() {
-    if !root_or_skip("changed_inputs") {
+    if !root_or_skip("ws_06_a_changed_input_is_a_download_and_an_untouched_one_is_not") {
         return;
     }
     let _serial = serial();
@@ -160,7 +160,7 @@ fn ws_06_a_changed_input_is_a_download_and_an_untouched_one_is_not() {
 
 #[test]
 fn artifacts_over_their_bound_are_left_out_and_reported() {
-    if !root_or_skip("artifact_bound") {
+    if !root_or_skip("artifacts_over_their_bound_are_left_out_and_reported") {
         return;
     }
     let _serial = serial();

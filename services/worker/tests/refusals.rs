@@ -38,7 +38,8 @@ fn assert_refused_for(ran: &common::Ran, primitive: &str) {
 
 #[test]
 fn without_cgroup_access_the_worker_refuses_unless_weaker_isolation_is_allowed() {
-    if !root_or_skip("no_cgroups") {
+    if !root_or_skip("without_cgroup_access_the_worker_refuses_unless_weaker_isolation_is_allowed")
+    {
         return;
     }
     let _serial = serial();
@@ -72,7 +73,9 @@ fn without_cgroup_access_the_worker_refuses_unless_weaker_isolation_is_allowed()
 
 #[test]
 fn without_user_namespaces_the_worker_refuses_unless_weaker_isolation_is_allowed() {
-    if !root_or_skip("no_user_namespaces") {
+    if !root_or_skip(
+        "without_user_namespaces_the_worker_refuses_unless_weaker_isolation_is_allowed",
+    ) {
         return;
     }
     let _serial = serial();
@@ -108,7 +111,7 @@ fn without_user_namespaces_the_worker_refuses_unless_weaker_isolation_is_allowed
 
 #[test]
 fn without_seccomp_the_worker_refuses_unless_weaker_isolation_is_allowed() {
-    if !root_or_skip("no_seccomp") {
+    if !root_or_skip("without_seccomp_the_worker_refuses_unless_weaker_isolation_is_allowed") {
         return;
     }
     let _serial = serial();
@@ -132,7 +135,7 @@ fn without_seccomp_the_worker_refuses_unless_weaker_isolation_is_allowed() {
 
 #[test]
 fn pkg_06_an_unsupported_language_is_refused_before_it_runs() {
-    if !root_or_skip("unsupported_language") {
+    if !root_or_skip("pkg_06_an_unsupported_language_is_refused_before_it_runs") {
         return;
     }
     let _serial = serial();
@@ -147,7 +150,7 @@ fn pkg_06_an_unsupported_language_is_refused_before_it_runs() {
 
 #[test]
 fn a_workspace_over_its_bound_is_refused() {
-    if !root_or_skip("workspace_too_large") {
+    if !root_or_skip("a_workspace_over_its_bound_is_refused") {
         return;
     }
     let _serial = serial();

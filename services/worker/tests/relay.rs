@@ -3,8 +3,8 @@
 //! head it gets and answers. Code in the jail reaches it only through 127.0.0.1:3128, the relay's
 //! listener in the jail's network namespace. Each behaviour is checked in the prepared jail (the
 //! first execute after the worker prepared one) and in a cold one (the next execute, without a
-//! reset). The runs need root and namespaces; without them the tests skip, saying why, unless
-//! `CORRAL_REQUIRE_NETNS` is set, when they fail.
+//! reset). The runs need root and a full jail; without them the tests skip through
+//! `corral_testkit::skip`, which fails them under `CORRAL_REQUIRE_ROOT` and `CORRAL_REQUIRE_JAIL`.
 
 mod common;
 
@@ -22,29 +22,27 @@ const FAKE_BODY: &str = "hello from the fake proxy";
 /// The request line of the connection that proves every earlier one was counted.
 const SENTINEL: &str = "SENTINEL / HTTP/1.1";
 
-/// Whether this test can run: root, and a jail this machine can build. Without them it skips,
-/// saying why, unless `CORRAL_REQUIRE_NETNS` is set (CI), when it fails.
+/// Whether this test can run: root, and a full jail on this machine. Without them it skips
+/// through `corral_testkit::skip` (which fails it under `CORRAL_REQUIRE_ROOT` or
+/// `CORRAL_REQUIRE_JAIL`) and must return.
 fn can_run(test: &str) -> bool {
-    let why = if !nix::unistd::geteuid().is_root() {
-        Some("the jail's supervisor needs root (mounts, id maps, cgroups)".to_owned())
-    } else {
-        let output = Command::new(env!("CARGO_BIN_EXE_corral-jail"))
-            .arg("probe")
-            .output()
-            .unwrap();
-        let probe: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
-        (probe["posture"] != "full").then(|| format!("no full jail here: {probe}"))
-    };
-    match why {
-        None => true,
-        Some(why) if std::env::var_os("CORRAL_REQUIRE_NETNS").is_some() => {
-            panic!("{test}: CORRAL_REQUIRE_NETNS is set but {why}")
-        }
-        Some(why) => {
-            eprintln!("{test}: skipped: {why}");
-            false
-        }
+    if !common::root_or_skip(test) {
+        return false;
     }
+    let output = Command::new(env!("CARGO_BIN_EXE_corral-jail"))
+        .arg("probe")
+        .output()
+        .expect("corral-jail probe runs");
+    let probe: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    if probe["posture"] == "full" {
+        return true;
+    }
+    corral_testkit::skip(
+        test,
+        corral_testkit::Need::Jail,
+        &format!("no full jail here: {probe}"),
+    );
+    false
 }
 
 /// What the fake proxy has seen: connections accepted, and each request head (lines, without
@@ -267,7 +265,7 @@ fn stdout(json: &Value) -> &str {
 
 #[test]
 fn egr_08_plain_http_through_the_proxy_variables_carries_the_grant() {
-    if !can_run("relay_plain_http") {
+    if !can_run("egr_08_plain_http_through_the_proxy_variables_carries_the_grant") {
         return;
     }
     let _serial = serial();
@@ -300,7 +298,7 @@ fn egr_08_plain_http_through_the_proxy_variables_carries_the_grant() {
 
 #[test]
 fn egr_08_a_grant_the_code_forges_is_replaced_by_the_runs() {
-    if !can_run("relay_forged") {
+    if !can_run("egr_08_a_grant_the_code_forges_is_replaced_by_the_runs") {
         return;
     }
     let _serial = serial();
@@ -349,7 +347,7 @@ fn egr_08_a_grant_the_code_forges_is_replaced_by_the_runs() {
 
 #[test]
 fn egr_08_connect_tunnels_bytes_both_ways() {
-    if !can_run("relay_connect") {
+    if !can_run("egr_08_connect_tunnels_bytes_both_ways") {
         return;
     }
     let _serial = serial();
@@ -420,7 +418,7 @@ print(lines[0].decode(), [l.decode() for l in lines if l.lower().startswith(b'x-
 
 #[test]
 fn egr_08_without_a_grant_the_relay_refuses_and_never_calls_the_proxy() {
-    if !can_run("relay_no_grant") {
+    if !can_run("egr_08_without_a_grant_the_relay_refuses_and_never_calls_the_proxy") {
         return;
     }
     let _serial = serial();
@@ -462,7 +460,7 @@ fn egr_08_without_a_grant_the_relay_refuses_and_never_calls_the_proxy() {
 
 #[test]
 fn egr_08_the_grant_is_nowhere_the_code_can_read() {
-    if !can_run("relay_secret") {
+    if !can_run("egr_08_the_grant_is_nowhere_the_code_can_read") {
         return;
     }
     let _serial = serial();
@@ -520,7 +518,7 @@ fn egr_08_the_grant_is_nowhere_the_code_can_read() {
 
 #[test]
 fn egr_08_a_grant_that_could_break_a_header_is_refused() {
-    if !can_run("relay_bad_grant") {
+    if !can_run("egr_08_a_grant_that_could_break_a_header_is_refused") {
         return;
     }
     let _serial = serial();

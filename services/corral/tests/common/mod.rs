@@ -1,19 +1,19 @@
-//! What the binary's service tests share: whether they can run here, and how they skip.
+//! What the binary's service tests share: whether they can run here. They skip only through
+//! `corral_testkit::skip`, which fails them under CI's `CORRAL_REQUIRE_*`.
 #![allow(dead_code)]
 
-/// Whether this process runs as root (the worker's jail needs it).
-pub fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
-    })
-}
+use corral_store::valkey_server::ValkeyServer;
 
-/// Says why a test skips; where CI requires services (`CORRAL_REQUIRE_SERVICES`), fails instead.
-pub fn skip(why: &str) {
-    assert!(
-        std::env::var_os("CORRAL_REQUIRE_SERVICES").is_none(),
-        "CORRAL_REQUIRE_SERVICES is set: {why}"
-    );
-    eprintln!("skipping: {why}");
+/// Root (the worker's jail needs it) and a started Valkey server, or `None` after skipping the
+/// test `test`.
+pub fn root_and_valkey_or_skip(test: &str) -> Option<ValkeyServer> {
+    if !corral_testkit::is_root() {
+        corral_testkit::skip(
+            test,
+            corral_testkit::Need::Root,
+            "the worker's jail needs root",
+        );
+        return None;
+    }
+    ValkeyServer::start_or_skip(test)
 }

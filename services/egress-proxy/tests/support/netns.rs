@@ -1,6 +1,7 @@
 //! A network namespace joined to the root namespace by a veth pair, for upstream servers the
 //! proxy may reach: addresses in 10.213.K.0/24, the host side .1, the namespace side .2.
-//! Needs root and `ip`; [`Netns::create`] says why when it cannot.
+//! Needs root, `ip` and python3; [`netns_or_skip`] skips the test through `corral_testkit::skip`
+//! when one is missing.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -73,27 +74,9 @@ fn run(args: &[&str]) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|euid| euid == "0"))
-        })
-        .unwrap_or(false)
-}
-
 impl Netns {
-    /// Creates a namespace, or says why it cannot (not root, no `ip`, no python3).
+    /// Creates a namespace, or says why it cannot (no `ip`, or `ip` fails).
     pub fn create() -> Result<Netns, String> {
-        if !is_root() {
-            return Err("not running as root: network namespaces need CAP_NET_ADMIN".into());
-        }
-        if !std::path::Path::new(PYTHON).exists() {
-            return Err(format!("{PYTHON} is missing: it runs the upstream servers"));
-        }
         run(&["-V"])?;
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -161,16 +144,31 @@ impl Netns {
     }
 }
 
-/// A namespace for the test `test`, or `None` after printing why it is skipped. With
-/// `CORRAL_REQUIRE_NETNS` set (CI runs as root), a namespace that cannot be made fails the test.
+/// A namespace for the test `test`, or `None` after skipping it through `corral_testkit::skip`
+/// for want of root, python3 or a namespace (CI sets the `CORRAL_REQUIRE_*` of each, and the test
+/// fails instead).
 pub fn netns_or_skip(test: &str) -> Option<Netns> {
+    use corral_testkit::{Need, skip};
+    if !corral_testkit::is_root() {
+        skip(
+            test,
+            Need::Root,
+            "not running as root: network namespaces need CAP_NET_ADMIN",
+        );
+        return None;
+    }
+    if !std::path::Path::new(PYTHON).exists() {
+        skip(
+            test,
+            Need::Tools,
+            &format!("{PYTHON} is missing: it runs the upstream servers"),
+        );
+        return None;
+    }
     match Netns::create() {
         Ok(ns) => Some(ns),
-        Err(why) if std::env::var_os("CORRAL_REQUIRE_NETNS").is_some() => {
-            panic!("{test}: CORRAL_REQUIRE_NETNS is set but {why}")
-        }
         Err(why) => {
-            eprintln!("SKIPPED {test}: {why}");
+            skip(test, Need::Netns, &why);
             None
         }
     }

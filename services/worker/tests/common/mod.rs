@@ -25,12 +25,17 @@ pub fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Whether this test can run; prints why not when it cannot.
+/// Whether this test can run: root. Without it the test skips through `corral_testkit::skip`
+/// (which fails it under `CORRAL_REQUIRE_ROOT`) and must return.
 pub fn root_or_skip(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
+    if corral_testkit::is_root() {
         return true;
     }
-    eprintln!("{test}: skipped: the jail's supervisor needs root (mounts, id maps, cgroups)");
+    corral_testkit::skip(
+        test,
+        corral_testkit::Need::Root,
+        "the jail's supervisor needs root (mounts, id maps, cgroups)",
+    );
     false
 }
 
