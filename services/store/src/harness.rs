@@ -271,6 +271,17 @@ async fn acquire(
         Ok(granted) => Some((granted.worker, granted.token)),
         Err(error) => {
             report.refused.push(error.code().into());
+            if let crate::lease::AcquireError::WaitTimeout { orders } = error {
+                // A grant withdrawn as it arrived: its paper worker's reset is this client's.
+                for effect in orders {
+                    if let Effect::Reset { worker, token } = effect {
+                        let reported = commit(store, &paper_reset(worker, token), config).await;
+                        if reported.is_none() {
+                            report.lost += 1;
+                        }
+                    }
+                }
+            }
             None
         }
     }

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use corral_core::ids::{OpToken, TicketId, WorkerId};
-use corral_core::pool::{Command, Event, PoolConfig, TicketStatus};
+use corral_core::pool::{Command, Effect, Event, PoolConfig, TicketStatus};
 use corral_core::store::Loaded;
 use corral_core::time::UnixMillis;
 
@@ -37,8 +37,13 @@ pub enum AcquireError {
     /// The pool refused the ticket (queue full, member limit, admission closed, ...): the core's
     /// refusal code.
     Refused(&'static str),
-    /// The ticket waited its whole wait and was withdrawn.
-    WaitTimeout,
+    /// The ticket waited its whole wait and was withdrawn. When a grant arrived as it was
+    /// withdrawn, the withdrawal released that lease, and `orders` is what the pool ordered for
+    /// the worker (its reset): the caller must perform them.
+    WaitTimeout {
+        /// What the withdrawal ordered.
+        orders: Vec<Effect>,
+    },
     /// The ticket left the queue before its wait was over without being granted: the
     /// coordination store lost it (data loss, a new epoch). Nothing was leased.
     TicketLost,
@@ -52,7 +57,7 @@ impl AcquireError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::Refused(code) => code,
-            Self::WaitTimeout => "wait_timeout",
+            Self::WaitTimeout { .. } => "wait_timeout",
             Self::TicketLost => "ticket_lost",
             Self::CoordinationUnavailable => "coordination_unavailable",
         }
@@ -67,7 +72,7 @@ const CLOCK_ALLOWANCE: Duration = Duration::from_secs(1);
 /// pool expires a ticket at the end of its wait; one gone sooner was lost with the store's data.
 fn gone(waited: Duration, wait: Duration) -> AcquireError {
     if waited + CLOCK_ALLOWANCE >= wait {
-        AcquireError::WaitTimeout
+        AcquireError::WaitTimeout { orders: Vec::new() }
     } else {
         AcquireError::TicketLost
     }
@@ -140,11 +145,15 @@ pub async fn acquire(
             None => tokio::time::sleep(POLL / 5).await,
         }
     }
-    // Withdraw it, so that a grant arriving now goes back to the pool rather than to nobody.
-    let _ = store
+    // Withdraw it, so that a grant arriving now goes back to the pool rather than to nobody. A
+    // withdrawal that cannot be written leaves the ticket to the pool's own deadline; a grant made
+    // to it meanwhile expires unrenewed and its worker is taken over (POOL-9).
+    let withdrawn = store
         .commit(&Command::Cancel { ticket }, config, RETRIES)
         .await;
-    Err(AcquireError::WaitTimeout)
+    Err(AcquireError::WaitTimeout {
+        orders: withdrawn.map(|applied| applied.effects).unwrap_or_default(),
+    })
 }
 
 #[cfg(test)]
@@ -154,14 +163,9 @@ mod tests {
     #[test]
     fn pool_03_a_ticket_gone_before_its_wait_is_lost_not_timed_out() {
         let wait = Duration::from_secs(30);
-        assert_eq!(
-            gone(Duration::from_secs(30), wait),
-            AcquireError::WaitTimeout
-        );
-        assert_eq!(
-            gone(Duration::from_millis(29_500), wait),
-            AcquireError::WaitTimeout
-        );
+        let timeout = AcquireError::WaitTimeout { orders: Vec::new() };
+        assert_eq!(gone(Duration::from_secs(30), wait), timeout);
+        assert_eq!(gone(Duration::from_millis(29_500), wait), timeout);
         assert_eq!(gone(Duration::from_secs(2), wait), AcquireError::TicketLost);
         assert_eq!(AcquireError::TicketLost.code(), "ticket_lost");
     }

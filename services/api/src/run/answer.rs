@@ -53,7 +53,7 @@ pub fn admission_refused(state: &AppState, error: &AcquireError, wait_ms: u64) -
             "the wait queue is full (SANDBOX_ACQUIRE_QUEUE_MAX)",
             1,
         ),
-        AcquireError::WaitTimeout => (
+        AcquireError::WaitTimeout { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
             "no worker became free within the wait (SANDBOX_ACQUIRE_WAIT_SECONDS)",
             wait_ms.div_ceil(1_000).clamp(1, 30),

@@ -26,7 +26,7 @@ pub async fn acquire(
 ) -> Result<Granted, AcquireError> {
     let remaining = deadline.saturating_duration_since(Instant::now());
     if remaining.is_zero() {
-        return Err(AcquireError::WaitTimeout);
+        return Err(AcquireError::WaitTimeout { orders: Vec::new() });
     }
     let wait_ms = u64::try_from(remaining.as_millis())
         .unwrap_or(u64::MAX)
@@ -123,6 +123,19 @@ impl Holder {
             }
         });
     }
+}
+
+/// Performs, in the background, what the pool ordered when a ticket was withdrawn just as it was
+/// granted (the lease's release, hence the worker's reset).
+pub fn perform_orders(state: Arc<AppState>, orders: Vec<Effect>) {
+    if orders.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for effect in orders {
+            perform(&state, effect).await;
+        }
+    });
 }
 
 /// Performs one effect a release ordered. A reset is this replica's to perform; creating and

@@ -25,6 +25,7 @@ use corral_contract::{CallError, ExecuteRequest};
 use corral_core::pool::Disposition;
 use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
 use corral_core::run::outcome::{Kept, Packed, Plan, Reported, decide, plan};
+use corral_store::lease::AcquireError;
 use serde_json::{Value, json};
 
 use crate::AppState;
@@ -71,7 +72,13 @@ async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     for _ in 0..LEASES_MAX {
         let granted = match lease::acquire(&state, &admitted, deadline, &mut watch).await {
             Ok(granted) => granted,
-            Err(error) => return answer::admission_refused(&state, &error, admitted.wait_ms),
+            Err(error) => {
+                let reply = answer::admission_refused(&state, &error, admitted.wait_ms);
+                if let AcquireError::WaitTimeout { orders } = error {
+                    lease::perform_orders(state.clone(), orders);
+                }
+                return reply;
+            }
         };
         let holder = lease::Holder::start(state.clone(), granted);
         match leased(&state, &admitted, &run_id, &holder).await {
