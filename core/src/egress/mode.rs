@@ -18,7 +18,7 @@
 //! - `SANDBOX_EGRESS_ALLOWED_HOSTS` (read in `host_allowlist`): exact hosts, no wildcards;
 //!   `host_allowlist` with no host resolves to `isolated`.
 //! - No proxy address or no field key: a non-isolated mode cannot be held, so `isolated`.
-//! - `SANDBOX_EGRESS_TOKEN_TTL_SECONDS`: see [`super::grant::TokenTtl::resolve`].
+//! - `SANDBOX_EGRESS_TOKEN_TTL_SECONDS`: see [`TokenTtl::resolve`].
 //!
 //! Every reason for a difference between configured and effective mode is reported as a
 //! [`ResolutionNote`] with a stable code, for the operator to see.

@@ -5,14 +5,21 @@
 //! credential only the controller and the API hold (`CORRAL_WORKER_TOKEN_FILE` or
 //! `CORRAL_WORKER_TOKEN`); the server refuses to start without one and compares in constant time.
 //!
-//! - `GET /health`: the posture, whether a run is in progress, whether a prepared jail (its
-//!   interpreter started, its imports done) waits for the next execute (`prepared`), and for
-//!   which languages (`prepared_languages`).
-//! - `POST /v1/execute`: runs code in the jail exactly as `corral jail run` does, with an optional
-//!   workspace archive (base64 tar) unpacked first and the workspace packed after; returns the same
-//!   result object plus `workspace_archive`.
-//! - `POST /v1/reset`: kills anything left (every prepared jail too), wipes, returns the reset
-//!   evidence under the token given, then prepares the next jails.
+//! The routes, their messages, their refusal codes and their limits are corral-contract's (one
+//! definition, shared with the API and the controller; docs/decisions/0012):
+//! - `GET /health` ([`HealthReply`]): the posture, whether a run is in progress, whether a
+//!   prepared jail (its interpreter started, its imports done) waits for the next execute, and
+//!   for which languages.
+//! - `POST /v1/execute` ([`ExecuteRequest`] → [`ExecuteReply`]): runs code in the jail exactly
+//!   as `corral jail run` does, with an optional workspace archive (base64 tar) unpacked first
+//!   and the workspace packed after, into the reply's `workspace`.
+//! - `POST /v1/reset` ([`ResetRequest`] → [`ResetReply`]): kills anything left (every prepared
+//!   jail too), wipes, returns the reset evidence under the token given, then prepares the next
+//!   jails.
+//!
+//! A body that is not the route's message (truncated, not JSON, an unknown or missing field, a
+//! language the contract does not name) is refused with the contract's code before anything of it
+//! is acted on, and the worker serves the next request as before.
 //!
 //! A warm worker keeps one jail prepared per language of `CORRAL_WORKER_PREPARE_LANGUAGES`
 //! (ARCHITECTURE.md, "Running code"; docs/decisions/0010): each built at start-up and after every
@@ -31,9 +38,9 @@
 //!
 //! One operation at a time: a second one while a run or reset is in progress gets 409. The worker
 //! never checks operation tokens against anything (the pool does, POOL-9); it echoes them. What
-//! a request may ask is bounded: the body (workspace bound in base64, plus code, plus a margin),
-//! each bound override (never above the configured one, `corral_core::jail::lowered_bounds`), the
-//! grant and the declared names.
+//! a request may ask is bounded (`ExecuteRequest::accept`, with the same corral-core functions
+//! the API admitted it by): the body, the code, each bound override (never above the configured
+//! one), the grant (corral-core's limit) and the declared names.
 //!
 //! The grant (EGR-8) goes to the run's egress relay, never into the jail: the relay adds it to
 //! every connection it carries to `SANDBOX_EGRESS_PROXY_URL` (read once, at start). The prepared
