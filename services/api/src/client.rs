@@ -124,10 +124,21 @@ pub fn render(status: u16, body: &Value) -> String {
     for download in model["downloads"].as_array().into_iter().flatten() {
         let _ = writeln!(
             out,
-            "download: {} ({}, {} bytes)",
+            "download: {} ({}, {} bytes){}",
             download["path"].as_str().unwrap_or("?"),
             download["media_type"].as_str().unwrap_or("?"),
-            download["bytes"]
+            download["bytes"],
+            download["reference"]
+                .as_str()
+                .map_or(String::new(), |r| format!(", {r}"))
+        );
+    }
+    for rejected in model["rejected"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "rejected: {} ({})",
+            rejected["path"].as_str().unwrap_or("?"),
+            rejected["check"].as_str().unwrap_or("?")
         );
     }
     let _ = write!(out, "outcome: {outcome}, exit code {}", model["exit_code"]);
