@@ -1,0 +1,226 @@
+//! What a jail runs: the interpreter's command line, cold or behind a bootstrap; the environment.
+
+use corral_core::jail::Language;
+
+use crate::plan::LINE_WAITING;
+use crate::relay;
+
+/// The interpreter's command line for the code at `path` (inside the jail).
+pub(super) fn interpreter(language: Language, path: &str) -> Vec<String> {
+    let program = match language {
+        Language::Python => "/usr/bin/python3",
+        Language::Node => "/usr/bin/node",
+    };
+    vec![program.to_owned(), path.to_owned()]
+}
+
+/// The interpreter's command line in a prepared jail: a bootstrap that blocks reading the code
+/// from stdin (the supervisor's pipe) until the supervisor closes it, puts /dev/null in its place
+/// so the code reads end of input as a cold run does, and runs the code as the main program
+/// under `path`'s name. It is visible to the code (pid 1's children are), and holds nothing secret.
+///
+/// Python's first imports `preimport` (`CORRAL_WORKER_PYTHON_PREIMPORT`, names corral-core has
+/// checked to be dotted identifiers), each in its own `try`: a module that is missing or fails
+/// is skipped, and the code meets it as a cold run would. The modules stay in `sys.modules`,
+/// which is the point; their names, like the bootstrap's own, are removed from `__main__`.
+pub(super) fn bootstrap(language: Language, path: &str, preimport: &[String]) -> Vec<String> {
+    match language {
+        Language::Python => {
+            // Imported while no tenant's file exists (the workspace is filled when a run takes
+            // the jail), so no workspace module can stand in for one of these; the import
+            // system's directory caches are dropped once the code has arrived, so that the
+            // tenant's modules are found.
+            let preimport_source = if preimport.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
+                format!(
+                    "def _corral_preimport(names):\n\
+                     \x20   import importlib\n\
+                     \x20   for name in names:\n\
+                     \x20       try:\n\
+                     \x20           importlib.import_module(name)\n\
+                     \x20       except Exception:\n\
+                     \x20           pass\n\
+                     _corral_preimport([{}])\n",
+                    names.join(", ")
+                )
+            };
+            let invalidate = if preimport.is_empty() {
+                ""
+            } else {
+                "\x20   __import__('importlib').invalidate_caches()\n"
+            };
+            // The bootstrap's own names are removed from __main__ before the code runs in it.
+            let source = format!(
+                "import sys, os, __main__ as m\n\
+                 {preimport_source}\
+                 def _corral():\n\
+                 \x20   sys.stdout.flush()\n\
+                 \x20   os.write(1, b'{waiting}\\n')\n\
+                 \x20   src = sys.stdin.buffer.read()\n\
+                 {invalidate}\
+                 \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
+                 \x20   os.dup2(fd, 0)\n\
+                 \x20   os.close(fd)\n\
+                 \x20   sys.argv = [{path:?}]\n\
+                 \x20   sys.path[0] = {dir:?}\n\
+                 \x20   g = m.__dict__\n\
+                 \x20   for k in [k for k in g if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__')]:\n\
+                 \x20       del g[k]\n\
+                 \x20   g['__file__'] = {path:?}\n\
+                 \x20   return compile(src, {path:?}, 'exec'), g\n\
+                 exec(*_corral())\n",
+                dir = "/run/corral",
+                waiting = LINE_WAITING,
+            );
+            vec!["/usr/bin/python3".to_owned(), "-c".to_owned(), source]
+        }
+        Language::Node => {
+            let source = format!(
+                "(() => {{ const fs = require('fs'), M = require('module'); \
+                 fs.writeSync(1, '{LINE_WAITING}\\n'); const src = fs.readFileSync(0, 'utf8'); fs.closeSync(0); fs.openSync('/dev/null', 'r'); \
+                 const f = {path:?}; const m = new M('.', null); m.filename = f; \
+                 m.paths = M._nodeModulePaths('/run/corral'); process.argv[1] = f; \
+                 process.mainModule = m; m._compile(src, f); }})()"
+            );
+            vec!["/usr/bin/node".to_owned(), "-e".to_owned(), source]
+        }
+    }
+}
+
+/// The code's whole environment: nothing of the supervisor's.
+pub(super) fn environment() -> Vec<(String, String)> {
+    [
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", "/tmp"),
+        ("TMPDIR", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("USER", "corral"),
+        ("TERM", "dumb"),
+        // Modules written to the workspace are importable, as they would be beside the script.
+        ("PYTHONPATH", "/workspace"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLCONFIGDIR", "/tmp/matplotlib"),
+        ("NODE_PATH", "/workspace/node_modules"),
+        // The egress relay (EGR-8); no NO_PROXY, so that nothing is meant to go around it.
+        ("HTTP_PROXY", relay::PROXY_URL),
+        ("HTTPS_PROXY", relay::PROXY_URL),
+        ("http_proxy", relay::PROXY_URL),
+        ("https_proxy", relay::PROXY_URL),
+        ("ALL_PROXY", relay::PROXY_URL),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::path::Path;
+    use std::process::{Command, Stdio};
+
+    use super::*;
+
+    /// Runs a bootstrap outside any jail (it needs none): the code arrives on stdin, and the code
+    /// itself then reads end of input and sees itself as the main program at `path`.
+    fn bootstrapped(language: Language, code: &str, preimport: &[String]) -> (i32, String, String) {
+        let path = format!("/run/corral/main.{}", language.extension());
+        let argv = bootstrap(language, &path, preimport);
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(code.as_bytes()).unwrap();
+        drop(stdin);
+        let output = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        // The bootstrap says it waits before it reads the code.
+        let Some(stdout) = stdout.strip_prefix(&format!("{LINE_WAITING}\n")) else {
+            panic!("no waiting line: {stdout:?}");
+        };
+        (
+            output.status.code().unwrap_or(-1),
+            stdout.to_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Whether `interpreter` is installed; without it the test skips through
+    /// `corral_testkit::skip` (which fails it under `CORRAL_REQUIRE_TOOLS`) and must return.
+    fn interpreter_or_skip(test: &str, interpreter: &str) -> bool {
+        if Path::new(interpreter).exists() {
+            return true;
+        }
+        corral_testkit::skip(
+            test,
+            corral_testkit::Need::Tools,
+            &format!("no {interpreter}"),
+        );
+        false
+    }
+
+    #[test]
+    fn the_python_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
+        if !interpreter_or_skip(
+            "the_python_bootstrap_runs_the_code_as_main_with_stdin_at_its_end",
+            "/usr/bin/python3",
+        ) {
+            return;
+        }
+        let (code, stdout, stderr) = bootstrapped(
+            Language::Python,
+            "import sys\nprint(__name__, __file__, sys.argv, repr(sys.stdin.read()))\nprint(sorted(k for k in globals() if not k.startswith('__')))\nsys.exit(3)\n",
+            &[],
+        );
+        assert_eq!(code, 3, "{stderr}");
+        assert_eq!(
+            stdout, "__main__ /run/corral/main.py ['/run/corral/main.py'] ''\n['sys']\n",
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn the_node_bootstrap_runs_the_code_as_main_with_stdin_at_its_end() {
+        if !interpreter_or_skip(
+            "the_node_bootstrap_runs_the_code_as_main_with_stdin_at_its_end",
+            "/usr/bin/node",
+        ) {
+            return;
+        }
+        let (code, stdout, stderr) = bootstrapped(
+            Language::Node,
+            "const fs = require('fs');\nconsole.log(__filename, require.main === module, process.argv[1], JSON.stringify(fs.readFileSync(0, 'utf8')));\nprocess.exit(4);\n",
+            &[],
+        );
+        assert_eq!(code, 4, "{stderr}");
+        assert_eq!(
+            stdout, "/run/corral/main.js true /run/corral/main.js \"\"\n",
+            "{stderr}"
+        );
+    }
+
+    #[test]
+    fn the_python_bootstrap_preimports_and_skips_what_is_missing() {
+        if !interpreter_or_skip(
+            "the_python_bootstrap_preimports_and_skips_what_is_missing",
+            "/usr/bin/python3",
+        ) {
+            return;
+        }
+        let preimport = ["json", "no_such_module_xyz", "xml.dom"].map(str::to_owned);
+        let code = "import sys\nprint('json' in sys.modules, 'xml.dom' in sys.modules, 'no_such_module_xyz' in sys.modules)\nprint(sorted(k for k in globals() if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__', '__file__')))\n";
+        let (exit, stdout, stderr) = bootstrapped(Language::Python, code, &preimport);
+        assert_eq!(exit, 0, "{stderr}");
+        assert_eq!(stdout, "True True False\n['sys']\n", "{stderr}");
+        // Without the list, nothing is imported: the check above can fail.
+        let (exit, stdout, stderr) = bootstrapped(Language::Python, code, &[]);
+        assert_eq!(exit, 0, "{stderr}");
+        assert_eq!(stdout, "False False False\n['sys']\n", "{stderr}");
+    }
+}

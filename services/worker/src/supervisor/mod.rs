@@ -1,0 +1,282 @@
+//! The supervisor: one [`Worker`] per worker process, one [`Worker::run`] per piece of code.
+//!
+//! A run goes: refuse early (language, posture, code size) → create the run's directories and
+//! cgroups → start the jail, with its egress relay (`crate::relay`) → capture its output until
+//! it ends or the wall limit → kill what is left → measure the bounds → choose and verify the
+//! downloads → reset (close the relay, kill again, wipe, measure) → the result, with the reset
+//! evidence and the core's verdict on it. Every path that created anything goes through the
+//! reset.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin};
+
+use corral_contract::messages::Isolation;
+use corral_core::bounds::ExecutionBounds;
+use corral_core::config::Settings;
+use corral_core::ids::OpToken;
+use corral_core::jail::{self, Language, Posture, Primitive};
+use nix::mount::{MsFlags, mount};
+use nix::sched::{CloneFlags, unshare};
+use nix::sys::prctl;
+
+use crate::cgroup::{self, RunCgroups};
+use crate::probe::{self, Missing};
+use crate::relay::{ProxyAddress, Relay};
+use crate::workspace::RunDirs;
+
+mod command;
+mod launch;
+mod prepare;
+mod reset;
+mod run;
+mod setup;
+mod supervise;
+
+use launch::Started;
+
+/// Where the supervisor mounts its private tmpfs of run directories (in its own mount namespace,
+/// so the host sees an empty directory and nothing outlives the supervisor).
+const BASE_DIR: &str = "/run/corral-jail";
+/// Host uids of runs start here: far above any distribution's or subordinate-id range. A run
+/// takes two (its root and its user), derived from the supervisor's pid and the run's number, so
+/// no two live runs share one and nothing else on the host has them.
+const HOST_UID_BASE: u32 = 0x7000_0000;
+/// Runs of one supervisor cycle through this many uid pairs.
+const RUNS_PER_SUPERVISOR: u32 = 64;
+
+/// How to re-execute this binary into a stage: the program (normally `/proc/self/exe`) and the
+/// arguments before the stage's name (`["jail"]` for `corral`, nothing for `corral-jail`).
+#[derive(Clone, Debug)]
+pub struct Reexec {
+    /// The program.
+    pub program: PathBuf,
+    /// The arguments before the stage's name.
+    pub prefix: Vec<String>,
+}
+
+impl Reexec {
+    /// This binary, with `prefix`.
+    #[must_use]
+    pub fn this_binary(prefix: &[&str]) -> Self {
+        Self {
+            program: PathBuf::from("/proc/self/exe"),
+            prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+/// One piece of code to run.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    /// The language.
+    pub language: Language,
+    /// The code.
+    pub code: Vec<u8>,
+    /// An operator's directory whose files the code sees and to which validated downloads are
+    /// copied back; `None` for a fresh, empty workspace.
+    pub workspace: Option<PathBuf>,
+    /// A wall limit in place of `SANDBOX_MAX_WALL_SECONDS` (the operator's choice).
+    pub wall_seconds: Option<u64>,
+    /// Names the run declared as outputs (WS-7): offered even if unchanged, and still verified.
+    pub declared: Vec<String>,
+    /// The operation token the reset evidence carries.
+    pub token: OpToken,
+    /// Bounds in place of the configured ones for this run only; the caller has checked that none
+    /// is higher than configured (`corral_core::bounds::lowered_bounds`).
+    pub bounds: Option<ExecutionBounds>,
+    /// Whether to pack the workspace into a tar after the run (the control API returns it).
+    pub pack_workspace: bool,
+    /// The run's egress grant, which the relay adds to each connection it carries to the egress
+    /// proxy (EGR-8); `None`: the relay refuses every connection.
+    pub grant: Option<String>,
+}
+
+/// What one run has created, for the reset.
+struct ActiveRun {
+    number: u32,
+    dirs: Option<RunDirs>,
+    run_dir: PathBuf,
+    cgroups: RunCgroups,
+    uids: [u32; 2],
+    stage1: Option<Child>,
+    /// The egress relay listening in the jail's network namespace; closed by the reset.
+    relay: Option<Relay>,
+}
+
+/// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
+/// gets, with its interpreter already started and blocked reading the program from stdin. It
+/// serves exactly one run and is torn down by that run's reset, or by the next reset between
+/// leases if no run took it. A worker holds at most one per language.
+struct Prepared {
+    run: ActiveRun,
+    language: Language,
+    /// The bounds it was built for: the cgroup's and the rlimits' values depend on them.
+    memory_bytes: u64,
+    processes: u32,
+    started: Started,
+    /// The write end the code is delivered through; closing it is the code's end of input.
+    program: ChildStdin,
+}
+
+/// The worker's supervisor.
+pub struct Worker {
+    settings: Settings,
+    reexec: Reexec,
+    base: PathBuf,
+    missing: Missing,
+    runs: u32,
+    /// The prepared jails, at most one per language (`CORRAL_WORKER_PREPARE_LANGUAGES`).
+    prepared: BTreeMap<Language, Prepared>,
+    /// Why the last preparation of a language failed, reported by the next run of it (which
+    /// runs cold).
+    prepare_failures: BTreeMap<Language, String>,
+    /// The egress proxy the relays carry granted connections to (`SANDBOX_EGRESS_PROXY_URL`),
+    /// or why there is none (every relay then refuses everything).
+    egress_proxy: Result<ProxyAddress, String>,
+}
+
+impl Worker {
+    /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
+    /// orphans come here to be reaped and counted) in a private mount namespace with a tmpfs for
+    /// run directories. Call it before starting any thread: a mount namespace is per thread.
+    #[must_use]
+    pub fn start(settings: Settings, reexec: Reexec) -> Self {
+        let cgroup_root = PathBuf::from(&settings.jail.cgroup_root);
+        let mut missing = probe::probe(&reexec.program, &reexec.prefix, &cgroup_root);
+        for (controller, primitive) in [
+            ("memory", Primitive::CgroupMemory),
+            ("pids", Primitive::CgroupPids),
+        ] {
+            if !missing.contains_key(&primitive) {
+                cgroup::remove_stale(&cgroup_root, controller);
+            }
+        }
+        let base = PathBuf::from(BASE_DIR);
+        if !missing.contains_key(&Primitive::Privileges)
+            && let Err(error) = prepare_supervisor(&base, settings.bounds.workspace_max_bytes)
+        {
+            missing.insert(Primitive::Namespaces, error);
+        }
+        // Read once, at start; a value that is not `http://host:port` fails nothing (EGR-5): the
+        // relays refuse every connection, and a run with a grant says why.
+        let egress_proxy = match settings.egress.proxy_url.as_deref() {
+            None => Err("SANDBOX_EGRESS_PROXY_URL is unset".to_owned()),
+            Some(url) => ProxyAddress::parse(url),
+        };
+        Self {
+            settings,
+            reexec,
+            base,
+            missing,
+            runs: 0,
+            prepared: BTreeMap::new(),
+            prepare_failures: BTreeMap::new(),
+            egress_proxy,
+        }
+    }
+
+    /// Whether a prepared jail is waiting for a run.
+    #[must_use]
+    pub fn is_prepared(&self) -> bool {
+        !self.prepared.is_empty()
+    }
+
+    /// The languages a prepared jail is waiting for, in order.
+    #[must_use]
+    pub fn prepared_languages(&self) -> Vec<Language> {
+        self.prepared.keys().copied().collect()
+    }
+
+    /// The languages to keep a jail prepared for (`CORRAL_WORKER_PREPARE_LANGUAGES`).
+    #[must_use]
+    pub fn languages_to_prepare(&self) -> Vec<Language> {
+        self.settings.prepare.languages.clone()
+    }
+
+    /// The primitives found missing at start, with why.
+    #[must_use]
+    pub fn missing(&self) -> Vec<(&'static str, String)> {
+        self.missing
+            .iter()
+            .map(|(p, why)| (p.code(), why.clone()))
+            .collect()
+    }
+
+    /// The posture runs get, or the primitives that refuse them.
+    pub fn posture(&self) -> Result<Posture, BTreeSet<Primitive>> {
+        let missing: BTreeSet<Primitive> = self.missing.keys().copied().collect();
+        jail::posture(&missing, self.settings.jail.allow_weaker_isolation)
+    }
+
+    /// A new run's number, directory and uids. Numbers the prepared jails hold are skipped.
+    fn new_run(&mut self) -> ActiveRun {
+        let held: BTreeSet<u32> = self.prepared.values().map(|p| p.run.number).collect();
+        // At most one prepared jail per language: far fewer than the numbers, so the loop ends.
+        assert!(
+            held.len() < RUNS_PER_SUPERVISOR as usize,
+            "{} prepared jails hold every run number",
+            held.len()
+        );
+        let mut number = self.runs % RUNS_PER_SUPERVISOR;
+        self.runs = self.runs.wrapping_add(1);
+        while held.contains(&number) {
+            number = self.runs % RUNS_PER_SUPERVISOR;
+            self.runs = self.runs.wrapping_add(1);
+        }
+        let pair = std::process::id()
+            .saturating_mul(RUNS_PER_SUPERVISOR)
+            .saturating_add(number)
+            .saturating_mul(2);
+        let root_uid = HOST_UID_BASE.saturating_add(pair);
+        // Both uids of the run lie in the jails' range and are ordinary ids (u32::MAX is "none").
+        assert!(
+            (HOST_UID_BASE..u32::MAX - 2).contains(&root_uid),
+            "run uid {root_uid} out of range"
+        );
+        ActiveRun {
+            number,
+            dirs: None,
+            run_dir: self.base.join(format!("run-{number}")),
+            cgroups: RunCgroups::default(),
+            uids: [root_uid, root_uid.saturating_add(1)],
+            stage1: None,
+            relay: None,
+        }
+    }
+}
+
+/// Makes the supervisor a child subreaper in a private mount namespace with a tmpfs of run
+/// directories at `base`.
+fn prepare_supervisor(base: &Path, workspace_max_bytes: u64) -> Result<(), String> {
+    prctl::set_child_subreaper(true).map_err(|e| format!("child subreaper: {e}"))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("private mount namespace: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / private: {e}"))?;
+    std::fs::create_dir_all(base).map_err(|e| format!("create {}: {e}", base.display()))?;
+    // Room for the code of one run (bounded like a workspace) and the directories.
+    let size = workspace_max_bytes.saturating_add(1 << 20);
+    mount(
+        Some("corral-runs"),
+        base,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={size},mode=0711").as_str()),
+    )
+    .map_err(|e| format!("mount {}: {e}", base.display()))
+}
+
+/// The JSON of the isolation result for a refusal printed at start (used by the CLI).
+pub fn refusal_text(result: &Isolation, diagnostics: &[String]) -> String {
+    format!(
+        "corral jail: refusing to run code: isolation unavailable ({}): {}. Set CORRAL_JAIL_ALLOW_WEAKER_ISOLATION=1 to accept a weaker jail where that is possible.",
+        result.missing.join(", "),
+        diagnostics.join("; ")
+    )
+}

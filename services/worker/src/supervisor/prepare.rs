@@ -1,0 +1,240 @@
+//! Warm jails: preparing one before any lease, and handing it to the run that can take it.
+
+use std::process::ChildStdin;
+use std::time::{Duration, Instant};
+
+use corral_core::ids::OpToken;
+use corral_core::jail::{Language, NotRun};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use super::launch::Started;
+use super::{ActiveRun, Prepared, RunRequest, Worker};
+use crate::capture;
+use crate::plan::{LINE_WAITING, LINES_MAX};
+use crate::result::{RunResult, note};
+
+/// How long a prepared jail's bootstrap may take to say it waits (its pre-imports included)
+/// before the preparation fails.
+const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(30);
+/// The nice value preparation runs at (and the prepared jail's processes start with).
+const PREPARE_NICE: i32 = 10;
+
+impl Worker {
+    /// Builds a jail for the next run of `language` now, with its interpreter started in it and
+    /// waiting for the code (a Python one after importing `CORRAL_WORKER_PYTHON_PREIMPORT`), so
+    /// that a run costs less than starting the interpreter. A jail already prepared for
+    /// `language` is torn down first (it is never handed on); those of other languages stay. On
+    /// failure nothing is left and the next run of `language` goes the cold way, saying why in
+    /// its diagnostics. The jail dies with the thread that calls this (the parent-death signal
+    /// follows the thread): call it from the thread that will call [`Worker::run`].
+    pub fn prepare(&mut self, language: Language) -> Result<(), String> {
+        let mut notes = Vec::new();
+        if let Some(old) = self.prepared.remove(&language) {
+            let _ = self.teardown_prepared(old, &mut notes);
+        }
+        let mut run = self.new_run();
+        let mut scratch = RunResult::default();
+        // Preparation is background work: it runs (and its processes start) at a lower priority,
+        // so that it never slows a run in flight; the run that takes the jail restores it.
+        let _ = rustix::process::setpriority_process(None, PREPARE_NICE);
+        let prepared = self.build_prepared(language, &mut run, &mut scratch);
+        let _ = rustix::process::setpriority_process(None, 0);
+        match prepared {
+            Ok((started, program)) => {
+                let memory_bytes = self.settings.bounds.max_memory_bytes;
+                let processes = self.settings.bounds.max_processes;
+                self.prepared.insert(
+                    language,
+                    Prepared {
+                        run,
+                        language,
+                        memory_bytes,
+                        processes,
+                        started,
+                        program,
+                    },
+                );
+                self.prepare_failures.remove(&language);
+                Ok(())
+            }
+            Err(reason) => {
+                let mut why = format!(
+                    "{}: {}",
+                    reason.code(),
+                    scratch.reply.diagnostics.join("; ")
+                );
+                let evidence = self.reset(&mut run, OpToken(0), &mut notes);
+                if !matches!(
+                    corral_core::reset::judge(&evidence, evidence.token),
+                    corral_core::reset::Verdict::Clean
+                ) {
+                    why.push_str(&format!("; its teardown left {evidence:?}"));
+                }
+                self.prepare_failures.insert(language, why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// The directories, cgroups and jail of a prepared run, up to the interpreter waiting.
+    fn build_prepared(
+        &self,
+        language: Language,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+    ) -> Result<(Started, ChildStdin), NotRun> {
+        let posture = self.decide_posture(result)?;
+        self.create_dirs(run, result)?;
+        self.create_cgroups(run, &posture, result)?;
+        let plan = self.plan(
+            language,
+            run,
+            &posture,
+            self.settings.bounds.max_wall_seconds,
+            true,
+        );
+        // The grant is not known yet: it is attached when a run takes the jail.
+        let (mut started, program) =
+            self.start_jail(&plan, run, None, &mut result.reply.diagnostics, true)?;
+        let Some(program) = program else {
+            note(
+                &mut result.reply.diagnostics,
+                "the jail's program pipe is missing",
+            );
+            return Err(NotRun::JailSetupFailed);
+        };
+        // Prepared means waiting for the code with the imports done, so that a run never waits
+        // for them. Lines before it (a module that printed as it was imported) are dropped.
+        let deadline = Instant::now() + BOOTSTRAP_DEADLINE;
+        for _ in 0..LINES_MAX {
+            match capture::read_line(&mut started.stdout, deadline) {
+                Ok(Some(line)) if line == LINE_WAITING => return Ok((started, program)),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    note(
+                        &mut result.reply.diagnostics,
+                        "the bootstrap ended before it waited for the code",
+                    );
+                    return Err(NotRun::JailSetupFailed);
+                }
+                Err(error) => {
+                    note(
+                        &mut result.reply.diagnostics,
+                        format!("the bootstrap: {error}"),
+                    );
+                    return Err(NotRun::JailSetupFailed);
+                }
+            }
+        }
+        note(
+            &mut result.reply.diagnostics,
+            "the bootstrap printed too much before it waited for the code",
+        );
+        Err(NotRun::JailSetupFailed)
+    }
+
+    /// The prepared jail of the request's language, if there is one that can take `request`
+    /// (built for the same memory and process bounds) and it is still alive. A jail that cannot
+    /// take it stays prepared, untouched by anyone, as do those of other languages; a dead one is
+    /// torn down. Says in `diagnostics` why a run goes cold.
+    pub(super) fn take_prepared(
+        &mut self,
+        request: &RunRequest,
+        diagnostics: &mut Vec<String>,
+    ) -> Option<Prepared> {
+        let language = request.language;
+        let Some(prepared) = self.prepared.remove(&language) else {
+            if let Some(why) = self.prepare_failures.get(&language) {
+                note(
+                    diagnostics,
+                    format!("no prepared jail (its preparation failed: {why}); ran cold"),
+                );
+            }
+            return None;
+        };
+        let bounds = request.bounds.as_ref().unwrap_or(&self.settings.bounds);
+        // Memory and processes are in the jail's cgroup and rlimits, fixed when it was built; the
+        // wall limit is the supervisor's, counted from the delivery, so a lowered one still fits
+        // (only the CPU-time rlimit, a backstop behind it, stays the configured wall's).
+        let fits = prepared.language == language
+            && bounds.max_memory_bytes == prepared.memory_bytes
+            && bounds.max_processes == prepared.processes;
+        if !fits {
+            self.prepared.insert(language, prepared);
+            return None;
+        }
+        let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
+        let mut prepared = prepared;
+        let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+        match status {
+            // /proc that cannot tell is taken for a live interpreter: if it is not, the run
+            // reports how it ended, as any run does.
+            Ok(WaitStatus::StillAlive)
+                if interpreter_alive(prepared.started.pid) != Some(false) =>
+            {
+                return Some(prepared);
+            }
+            // The interpreter is gone and the jail is ending: the reset kills what is left.
+            Ok(WaitStatus::StillAlive) => {}
+            _ => {
+                // Reaped (or not ours): its pid must not be signalled again.
+                if let Some(child) = prepared.run.stage1.take() {
+                    drop(child);
+                }
+            }
+        }
+        note(
+            diagnostics,
+            format!("the prepared jail had ended ({status:?}); ran cold"),
+        );
+        drop(prepared.program);
+        let _ = self.reset(&mut prepared.run, OpToken(0), diagnostics);
+        None
+    }
+}
+
+/// Whether the interpreter of a prepared jail whose stage 1 is `stage1` still runs: stage 1's
+/// child (pid 1 of the jail) has a child that is not a zombie. Stage 1 outlives the interpreter
+/// by the moments the jail takes to end, and a jail in those moments must not take a run. `None`
+/// when /proc does not say (a kernel without `/proc/PID/task/TID/children`).
+fn interpreter_alive(stage1: u32) -> Option<bool> {
+    let children = |pid: u32| -> Option<Vec<u32>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+        Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        )
+    };
+    let Some(&init) = children(stage1)?.first() else {
+        return Some(false);
+    };
+    let live = children(init)?.into_iter().any(|child| {
+        std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|stat| {
+            // The state follows the command name, which may hold ')'.
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    });
+    Some(live)
+}
+
+/// Gives every process of a prepared jail (its cgroups' members, and the interpreter) the normal
+/// priority back. Best effort: a process that is gone needs none.
+pub(super) fn restore_priority(run: &ActiveRun, interpreter: u32) {
+    let mut pids = run.cgroups.processes().unwrap_or_default();
+    pids.extend(i32::try_from(interpreter));
+    if let Some(stage1) = &run.stage1 {
+        pids.extend(i32::try_from(stage1.id()));
+    }
+    for pid in pids {
+        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+            let _ = rustix::process::setpriority_process(Some(pid), 0);
+        }
+    }
+}

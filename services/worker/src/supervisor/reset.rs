@@ -1,0 +1,153 @@
+//! Resets and their evidence: one run's, every run's between leases, and warm jails no run took.
+
+use corral_core::ids::OpToken;
+use corral_core::reset::ResetEvidence;
+
+use super::{ActiveRun, HOST_UID_BASE, Prepared, RUNS_PER_SUPERVISOR, Worker};
+use crate::cgroup::RunCgroups;
+use crate::result::note;
+use crate::sweep;
+use crate::workspace::RunDirs;
+
+impl Worker {
+    /// The reset the control API orders between leases (POOL-4): kills every process of any of
+    /// this supervisor's runs, removes every run directory left, and measures. Each run already
+    /// resets itself; this proves it again, under the caller's token, and cleans up after a run
+    /// whose own reset failed.
+    pub fn reset_all(&mut self, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
+        // Every prepared jail goes too, its teardown counted in the evidence: the next tenant
+        // gets jails prepared after this reset.
+        let discarded = self.discard_prepared(diagnostics);
+        let pair_base = std::process::id().saturating_mul(RUNS_PER_SUPERVISOR);
+        let uids: Vec<u32> = (0..RUNS_PER_SUPERVISOR * 2)
+            .map(|offset| {
+                HOST_UID_BASE
+                    .saturating_add(pair_base.saturating_mul(2))
+                    .saturating_add(offset)
+            })
+            .collect();
+        let (processes_remaining, _) = sweep::kill_run(None, &RunCgroups::default(), &uids);
+        let (mut workspace_entries, mut scratch_entries) = (Some(0u32), Some(0u32));
+        let mut mounts_remaining = Some(0u32);
+        for number in 0..RUNS_PER_SUPERVISOR {
+            let run_dir = self.base.join(format!("run-{number}"));
+            if std::fs::symlink_metadata(&run_dir).is_ok() {
+                let wiped = RunDirs {
+                    run_dir: run_dir.clone(),
+                }
+                .wipe();
+                workspace_entries = add(workspace_entries, wiped.workspace_entries);
+                scratch_entries = add(scratch_entries, wiped.scratch_entries);
+                for failure in wiped.failures {
+                    note(diagnostics, failure);
+                }
+            }
+            mounts_remaining = add(mounts_remaining, sweep::mounts_under(&run_dir));
+        }
+        let mut evidence = ResetEvidence {
+            token,
+            processes_remaining,
+            workspace_entries,
+            scratch_entries,
+            mounts_remaining,
+        };
+        add_evidence(&mut evidence, &discarded);
+        evidence
+    }
+
+    /// Tears down every prepared jail no run took. Returns what their teardowns left, summed
+    /// (each measured after its own kill, its cgroups' members included), for the reset between
+    /// leases to count; notes each teardown that did not come out clean.
+    pub(super) fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
+        let mut left = ResetEvidence::clean(OpToken(0));
+        for (_, prepared) in std::mem::take(&mut self.prepared) {
+            let evidence = self.teardown_prepared(prepared, diagnostics);
+            add_evidence(&mut left, &evidence);
+        }
+        left
+    }
+
+    /// Tears down one prepared jail (closing its program pipe first); notes a teardown that did
+    /// not come out clean.
+    pub(super) fn teardown_prepared(
+        &self,
+        prepared: Prepared,
+        diagnostics: &mut Vec<String>,
+    ) -> ResetEvidence {
+        let Prepared {
+            mut run,
+            language,
+            program,
+            ..
+        } = prepared;
+        drop(program);
+        let evidence = self.reset(&mut run, OpToken(0), diagnostics);
+        if !matches!(
+            corral_core::reset::judge(&evidence, evidence.token),
+            corral_core::reset::Verdict::Clean
+        ) {
+            note(
+                diagnostics,
+                format!(
+                    "the unused prepared {} jail's teardown left {evidence:?}",
+                    language.as_str()
+                ),
+            );
+        }
+        evidence
+    }
+
+    /// Kills every process of the run, wipes its directories, removes its cgroups, and measures.
+    pub(super) fn reset(
+        &self,
+        run: &mut ActiveRun,
+        token: OpToken,
+        diagnostics: &mut Vec<String>,
+    ) -> ResetEvidence {
+        // The relay first: no connection of the run outlives it.
+        if let Some(relay) = run.relay.take() {
+            relay.close();
+        }
+        let stage1 = run
+            .stage1
+            .take()
+            .map(|child| i32::try_from(child.id()).unwrap_or(i32::MAX));
+        let (processes_remaining, _) = sweep::kill_run(stage1, &run.cgroups, &run.uids);
+        let (mut workspace_entries, mut scratch_entries) = (Some(0), Some(0));
+        if let Some(dirs) = run.dirs.take() {
+            let wiped = dirs.wipe();
+            workspace_entries = wiped.workspace_entries;
+            scratch_entries = wiped.scratch_entries;
+            for failure in wiped.failures {
+                note(diagnostics, failure);
+            }
+        }
+        for failure in run.cgroups.remove() {
+            note(diagnostics, failure);
+        }
+        let mounts_remaining = sweep::mounts_under(&run.run_dir);
+        ResetEvidence {
+            token,
+            processes_remaining,
+            workspace_entries,
+            scratch_entries,
+            mounts_remaining,
+        }
+    }
+}
+
+/// `a + b`, where either unmeasured makes the sum unmeasured.
+fn add(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        _ => None,
+    }
+}
+
+/// Adds what `more` left to what `total` left (the token stays `total`'s).
+fn add_evidence(total: &mut ResetEvidence, more: &ResetEvidence) {
+    total.processes_remaining = add(total.processes_remaining, more.processes_remaining);
+    total.workspace_entries = add(total.workspace_entries, more.workspace_entries);
+    total.scratch_entries = add(total.scratch_entries, more.scratch_entries);
+    total.mounts_remaining = add(total.mounts_remaining, more.mounts_remaining);
+}

@@ -1,0 +1,179 @@
+//! One run, from the request to the result: refused early, cold or warm, then reset.
+
+use std::process::ChildStdin;
+use std::time::{Duration, Instant};
+
+use corral_contract::messages::EvidenceReport;
+use corral_core::bounds::code_fits;
+use corral_core::ids::OpToken;
+use corral_core::jail::NotRun;
+use corral_core::run::outcome::NOT_RUN_EXIT_CODE;
+
+use super::launch::Started;
+use super::prepare::restore_priority;
+use super::supervise::millis;
+use super::{ActiveRun, Prepared, RunRequest, Worker};
+use crate::capture;
+use crate::result::{RunResult, note};
+use crate::workspace::RunDirs;
+
+impl Worker {
+    /// Runs one piece of code in a fresh jail and resets after it. The jail dies with the thread
+    /// that calls this (the parent-death signal follows the thread), which this call outlives.
+    pub fn run(&mut self, request: &RunRequest) -> RunResult {
+        let started = Instant::now();
+        let mut result = RunResult::default();
+        let prepared = self.take_prepared(request, &mut result.reply.diagnostics);
+        if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
+            note(
+                &mut result.reply.diagnostics,
+                format!("a grant was given, but {why}: the egress relay refused every connection"),
+            );
+        }
+        if request
+            .grant
+            .as_deref()
+            .is_some_and(|grant| !corral_core::egress::grant::grant_is_sendable(grant))
+        {
+            note(
+                &mut result.reply.diagnostics,
+                "the grant is not a header-safe token: the egress relay refused every connection",
+            );
+        }
+        // The run's bounds stand in for the configured ones until it is over; every step reads
+        // them from the settings, so this is the one place that has to know.
+        let configured = request
+            .bounds
+            .clone()
+            .map(|bounds| std::mem::replace(&mut self.settings.bounds, bounds));
+        let (mut run, executed) = match prepared {
+            Some(prepared) => {
+                result.reply.warm = true;
+                let Prepared {
+                    mut run,
+                    started: jail,
+                    program,
+                    ..
+                } = prepared;
+                let executed = self.execute_warm(request, &mut run, jail, program, &mut result);
+                (run, executed)
+            }
+            None => {
+                let mut run = self.new_run();
+                let executed = self.execute(request, &mut run, &mut result);
+                (run, executed)
+            }
+        };
+        if let Some(configured) = configured {
+            self.settings.bounds = configured;
+        }
+        if let Err(reason) = executed {
+            // PKG-6: a not_run record goes beside a nonzero exit.
+            result.reply.not_run = Some(reason);
+            result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
+        }
+        let reset_started = Instant::now();
+        let evidence = self.reset(&mut run, request.token, &mut result.reply.diagnostics);
+        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
+        result.reply.durations.reset_ms = millis(reset_started.elapsed());
+        result.reply.durations.total_ms = millis(started.elapsed());
+        result
+    }
+
+    /// The answer to a request refused before anything of it ran (`reason`): the posture it would
+    /// have had, the `not_run` record beside a nonzero exit (PKG-6), and the evidence of a reset
+    /// under `token`.
+    pub fn refuse(&mut self, reason: NotRun, token: OpToken) -> RunResult {
+        let mut result = RunResult::default();
+        // Recorded so that the refusal reports the posture; the reason given stands regardless.
+        let _posture = self.decide_posture(&mut result);
+        result.reply.not_run = Some(reason);
+        result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
+        let mut run = self.new_run();
+        let evidence = self.reset(&mut run, token, &mut result.reply.diagnostics);
+        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
+        result
+    }
+
+    /// Everything before the reset. An error is the reason the code was not run.
+    fn execute(
+        &self,
+        request: &RunRequest,
+        run: &mut ActiveRun,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
+        let posture = self.decide_posture(result)?;
+        let language = request.language;
+        let bounds = &self.settings.bounds;
+        if !code_fits(request.code.len(), bounds) {
+            note(
+                &mut result.reply.diagnostics,
+                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+            );
+            return Err(NotRun::CodeTooLarge);
+        }
+        // In the order a run has always had: the cgroups once the workspace is accepted.
+        let dirs = self.create_dirs(run, result)?;
+        let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        self.create_cgroups(run, &posture, result)?;
+        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
+        let plan = self.plan(language, run, &posture, wall_seconds, false);
+        let grant = request.grant.as_deref();
+        let (started, _) =
+            self.start_jail(&plan, run, grant, &mut result.reply.diagnostics, false)?;
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+
+    /// Everything before the reset of a run in the prepared jail: the same refusals and the same
+    /// workspace as a cold run, then the code is delivered to the waiting interpreter. The wall
+    /// limit runs from the delivery.
+    fn execute_warm(
+        &self,
+        request: &RunRequest,
+        run: &mut ActiveRun,
+        jail: Started,
+        program: ChildStdin,
+        result: &mut RunResult,
+    ) -> Result<(), NotRun> {
+        self.decide_posture(result)?;
+        let language = request.language;
+        let bounds = &self.settings.bounds;
+        if !code_fits(request.code.len(), bounds) {
+            note(
+                &mut result.reply.diagnostics,
+                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+            );
+            return Err(NotRun::CodeTooLarge);
+        }
+        let dirs = RunDirs {
+            run_dir: run.run_dir.clone(),
+        };
+        // The jail was built at preparation's low priority: the run gets the normal one back
+        // before its code arrives (its children inherit it).
+        restore_priority(run, jail.pid);
+        let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        // Before the code arrives, so that its first connection already carries the grant.
+        if let Some(relay) = &run.relay {
+            relay.attach_grant(request.grant.as_deref());
+        }
+        let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
+        let go_at = Instant::now();
+        if let Err(error) = capture::deliver(
+            program,
+            &request.code,
+            go_at + Duration::from_secs(wall_seconds),
+        ) {
+            // The interpreter stopped reading: what it did is reported like any run's end.
+            note(
+                &mut result.reply.diagnostics,
+                format!("deliver the code: {error}"),
+            );
+        }
+        let started = Started { go_at, ..jail };
+        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.collect(request, &before, &dirs, observed, all_dead, result);
+        Ok(())
+    }
+}
