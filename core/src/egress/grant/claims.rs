@@ -15,10 +15,7 @@ pub struct ExecutionId(pub [u8; 16]);
 
 impl fmt::Display for ExecutionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        f.write_str(&crate::ids::hex(&self.0))
     }
 }
 
