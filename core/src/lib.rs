@@ -10,6 +10,7 @@
 //! - [`config`]: every setting, its default, fail-closed parsing.
 //! - [`downloads`]: which files a run returns, and document verification (OUT-4).
 //! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
+//! - [`holder`]: the lease holder, a state machine that owns one lease from grant to release.
 //! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
@@ -23,6 +24,7 @@
 pub mod config;
 pub mod downloads;
 pub mod egress;
+pub mod holder;
 pub mod ids;
 pub mod jail;
 pub mod pool;
