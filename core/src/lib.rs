@@ -13,6 +13,7 @@
 //! - [`holder`]: the lease holder, a state machine that owns one lease from grant to release.
 //! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
+//! - [`reconcile`]: the controller's reconciler, a state machine that orders each pass.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
 //! - [`workspace`]: the judge of every entry of a workspace archive (paths, kinds, the bound).
@@ -28,6 +29,7 @@ pub mod holder;
 pub mod ids;
 pub mod jail;
 pub mod pool;
+pub mod reconcile;
 pub mod reset;
 pub mod store;
 pub mod time;
