@@ -122,7 +122,17 @@ impl PoolDoc {
             {
                 Err(match removal.reason {
                     RemovalReason::ClaimExpired => Refusal::ClaimExpired,
-                    _ => Refusal::LeaseExpired,
+                    RemovalReason::LeaseExpired => Refusal::LeaseExpired,
+                    // Its holder's own release ended it (a discard, or a stale image retired at
+                    // the release): the lease is over, not expired.
+                    RemovalReason::DiscardedByHolder
+                    | RemovalReason::StaleImage
+                    | RemovalReason::BurstShrink
+                    | RemovalReason::ResetUnproven(_)
+                    | RemovalReason::ResetTimeout
+                    | RemovalReason::AmbiguousCreate
+                    | RemovalReason::CreateTimeout
+                    | RemovalReason::Orphan => Refusal::LeaseUnknown,
                 })
             }
             _ => Err(Refusal::LeaseUnknown),
@@ -202,9 +212,14 @@ impl PoolDoc {
             out.events.push(Event::Released { lease });
             return;
         }
+        // A repeated release whose first attempt removed the worker (a discard, or a stale image)
+        // answers as the first did.
         if let Some(removal) = self.workers.get(&worker).and_then(|w| w.state.removal())
             && removal.lease == Some(lease)
-            && removal.reason == RemovalReason::DiscardedByHolder
+            && matches!(
+                removal.reason,
+                RemovalReason::DiscardedByHolder | RemovalReason::StaleImage
+            )
         {
             out.events.push(Event::Released { lease });
             return;
