@@ -13,7 +13,7 @@ impl PoolDoc {
         self.clock = now;
         let mut out = Applied::default();
         // No ticket outlives its deadline, whatever the command (so none is granted after it).
-        self.expire_tickets(now, &mut out);
+        self.expire_tickets(now, config, &mut out);
         match command {
             Command::Acquire {
                 ticket,

@@ -1,6 +1,6 @@
 //! The lease holder's commands: acquire a ticket, cancel it, renew a lease, release it.
 
-use super::config::PoolConfig;
+use super::config::{Mutation, PoolConfig};
 use super::doc::{
     Applied, Disposition, Effect, Event, Lease, PoolDoc, Refusal, RemovalReason, Ticket,
     TicketStatus, WorkerState,
@@ -57,11 +57,15 @@ impl PoolDoc {
             });
             return;
         }
-        if self.tickets.len() >= config.acquire_queue_max as usize {
-            out.events.push(Event::Refused {
-                ticket,
-                reason: Refusal::QueueFull,
-            });
+        if self.tickets.len() >= config.acquire_queue_max as usize
+            && !config.broken(Mutation::QueueBound)
+        {
+            let reason = if config.broken(Mutation::RefusalReason) {
+                Refusal::WaitTimeout
+            } else {
+                Refusal::QueueFull
+            };
+            out.events.push(Event::Refused { ticket, reason });
             return;
         }
         let deadline = now.plus_ms(wait_ms.min(config.acquire_wait_ms));
@@ -100,6 +104,15 @@ impl PoolDoc {
     }
 
     /// Finds the lease `lease` on `worker` when `token` is its token; otherwise says why not.
+    /// The broken rule of the stale-heartbeat and stale-release mutations: whatever lease the
+    /// worker holds, whoever asks.
+    fn lease_on(&self, worker: WorkerId) -> Result<&Lease, Refusal> {
+        match self.workers.get(&worker).map(|w| &w.state) {
+            Some(WorkerState::Leased(current)) => Ok(current),
+            _ => Err(Refusal::LeaseUnknown),
+        }
+    }
+
     pub(super) fn lease_check(
         &self,
         worker: WorkerId,
@@ -148,7 +161,12 @@ impl PoolDoc {
         config: &PoolConfig,
         out: &mut Applied,
     ) {
-        let expires_at = match self.lease_check(worker, lease, token) {
+        let checked = if config.broken(Mutation::StaleHeartbeat) {
+            self.lease_on(worker)
+        } else {
+            self.lease_check(worker, lease, token)
+        };
+        let expires_at = match checked {
             Ok(current) => current.expires_at,
             Err(reason) => {
                 out.events.push(Event::Refused {
@@ -224,7 +242,12 @@ impl PoolDoc {
             out.events.push(Event::Released { lease });
             return;
         }
-        let expires_at = match self.lease_check(worker, lease, token) {
+        let checked = if config.broken(Mutation::StaleRelease) {
+            self.lease_on(worker)
+        } else {
+            self.lease_check(worker, lease, token)
+        };
+        let expires_at = match checked {
             Ok(current) => current.expires_at,
             Err(reason) => {
                 out.events.push(Event::Refused {

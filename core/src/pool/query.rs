@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use super::config::PoolConfig;
+use super::config::{Mutation, PoolConfig};
 use super::doc::{
     PoolDoc, RemovalReason, StateCounts, StateKind, Ticket, TicketStatus, Worker, WorkerState,
 };
@@ -120,6 +120,9 @@ impl PoolDoc {
     /// True when the pool may grant and create: the inventory was observed recently (POOL-11).
     #[must_use]
     pub fn admission_open(&self, now: UnixMillis, config: &PoolConfig) -> bool {
+        if config.broken(Mutation::AdmissionOpen) {
+            return true;
+        }
         match self.inventory_as_of {
             Some(as_of) => now.ms_since(as_of) <= config.inventory_stale_ms,
             None => false,

@@ -61,6 +61,21 @@ impl PoolDoc {
             }
             evidence.token
         } else {
+            if found.state.kind() == StateKind::Resetting
+                && found.token != token
+                && config.broken(Mutation::DiscardClean)
+            {
+                // The broken rule: a stale report's verdict lands on the reset now running.
+                self.begin_removal(
+                    worker,
+                    RemovalReason::ResetUnproven(reset::Unproven::TokenMismatch),
+                    None,
+                    None,
+                    now,
+                    out,
+                );
+                return;
+            }
             if found.token != token || found.state.kind() != StateKind::Resetting {
                 out.events.push(Event::StaleReport { worker });
                 return;

@@ -131,11 +131,22 @@ impl PoolDoc {
         }
     }
 
-    pub(super) fn expire_tickets(&mut self, now: UnixMillis, out: &mut Applied) {
+    pub(super) fn expire_tickets(
+        &mut self,
+        now: UnixMillis,
+        config: &PoolConfig,
+        out: &mut Applied,
+    ) {
         let before = self.tickets.len();
         let mut expired = Vec::new();
+        // The broken rule of `grant-after-deadline`: a ticket lives its whole wait again.
+        let overtime_ms = if config.broken(Mutation::GrantAfterDeadline) {
+            config.acquire_wait_ms
+        } else {
+            0
+        };
         self.tickets.retain(|t| {
-            let keep = t.deadline >= now;
+            let keep = t.deadline.plus_ms(overtime_ms) >= now;
             if !keep {
                 expired.push(t.id);
             }
@@ -156,15 +167,19 @@ impl PoolDoc {
             .counts()
             .provisioned()
             .saturating_sub(self.desired(config));
-        if surplus == 0 {
+        if surplus == 0 || config.broken(Mutation::BurstNeverRetired) {
             return;
         }
+        let linger_ms = if config.broken(Mutation::BurstLingerShort) {
+            0
+        } else {
+            config.burst_idle_ttl_ms
+        };
         let mut idle: Vec<(UnixMillis, WorkerId)> = self
             .workers
             .iter()
             .filter(|(_, w)| {
-                w.state.kind() == StateKind::Warm
-                    && now.ms_since(w.since) >= config.burst_idle_ttl_ms
+                w.state.kind() == StateKind::Warm && now.ms_since(w.since) >= linger_ms
             })
             .map(|(id, w)| (w.since, *id))
             .collect();
@@ -193,10 +208,19 @@ impl PoolDoc {
             return;
         }
         let counts = self.counts();
-        let missing = self.desired(config).saturating_sub(counts.provisioned());
-        let create_room = config
-            .max_concurrent_creates
-            .saturating_sub(counts.creating);
+        let provisioned = if config.broken(Mutation::CreateWhileWarm) {
+            counts.provisioned() - counts.warm
+        } else {
+            counts.provisioned()
+        };
+        let missing = self.desired(config).saturating_sub(provisioned);
+        let create_room = if config.broken(Mutation::CreateConcurrency) {
+            u32::MAX
+        } else {
+            config
+                .max_concurrent_creates
+                .saturating_sub(counts.creating)
+        };
         // Orphans count here: their capacity is freed only once they are confirmed absent.
         let allocated = u32::try_from(self.workers.len()).unwrap_or(u32::MAX);
         let ceiling_room = if config.broken(Mutation::Ceiling) {

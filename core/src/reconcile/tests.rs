@@ -250,7 +250,11 @@ fn pool_10_a_create_without_an_answer_is_reported_unknown_at_its_deadline() {
     }
     shell.advance_to(&mut reconciler, MonoMillis(3_000));
     let deletes = shell.drain(&mut reconciler);
-    assert_eq!(deletes.len(), 2, "each ambiguous create is deleted: {deletes:?}");
+    assert_eq!(
+        deletes.len(),
+        2,
+        "each ambiguous create is deleted: {deletes:?}"
+    );
     for work in creates {
         let Work::Create { worker, .. } = work else {
             panic!("{work:?}");

@@ -396,8 +396,8 @@ impl World {
             .is_some_and(|r| r.lease == Some(lease));
         let truth = self.truth.leases.get(&lease);
         let ended = truth.and_then(|t| t.ended);
-        let expired = truth
-            .is_some_and(|t| self.truth.lease_expiry(t, self.config.lease_ttl_ms) <= now);
+        let expired =
+            truth.is_some_and(|t| self.truth.lease_expiry(t, self.config.lease_ttl_ms) <= now);
         match reason {
             // Never granted there, gone with its worker, or ended by its holder's own release.
             Refusal::LeaseUnknown

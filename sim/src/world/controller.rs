@@ -34,7 +34,15 @@ impl World {
         }
         let incarnation = self.controller.incarnation;
         if let Some(call) = self.controller.machine.poll_command() {
-            if self.controller.zombie_pending {
+            // It pauses in the middle of a pass, with the pass's publication or tick in hand.
+            let mid_pass = matches!(
+                call,
+                StoreCall::Commit(
+                    corral_core::pool::Command::Tick { .. }
+                        | corral_core::pool::Command::PublishImage { .. }
+                )
+            );
+            if self.controller.zombie_pending && mid_pass {
                 self.controller.zombie_pending = false;
                 self.zombie_controller(call);
                 return;
@@ -116,6 +124,12 @@ impl World {
             },
         );
         if replaced {
+            // An orchestrator replaces a stuck controller, often with the release being rolled out.
+            if !self.liveness && self.rng.chance(500) {
+                self.stats.fault(Fault::NewRelease);
+                self.releases += 1;
+                self.controller.release = ImageId(format!("img-{}", self.releases));
+            }
             self.start_controller();
         } else {
             self.controller.paused_until = until;
