@@ -11,8 +11,10 @@
 //! - [`config`]: every setting, its default, fail-closed parsing.
 //! - [`downloads`]: which files a run returns, and document verification (OUT-4).
 //! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
+//! - [`holder`]: the lease holder, a state machine that owns one lease from grant to release.
 //! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
+//! - [`reconcile`]: the controller's reconciler, a state machine that orders each pass.
 //! - [`run`]: one `run_code`, decided: admission, and the outcome of what the worker reported.
 //! - [`reset`]: the evidence a worker returns after a reset, and its one judge.
 //! - [`store`]: the contract of the store that holds the pool document (Valkey in production).
@@ -52,9 +54,11 @@ pub mod bounds;
 pub mod config;
 pub mod downloads;
 pub mod egress;
+pub mod holder;
 pub mod ids;
 pub mod jail;
 pub mod pool;
+pub mod reconcile;
 pub mod reset;
 pub mod run;
 pub mod store;

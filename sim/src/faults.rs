@@ -44,13 +44,21 @@ pub enum Fault {
     NewRelease,
     /// Replicas' clocks are skewed.
     ClockSkew,
-    /// A report is delivered twice, the second time late.
+    /// A command (a holder's heartbeat, release or reset report, or a controller's report) is
+    /// delivered twice, the second time late and with its old token; nobody hears the second reply.
     DuplicateReport,
+    /// A lease holder pauses with a command in hand for longer than its lease, then sends it.
+    ZombieHolder,
+    /// The controller pauses with a store call in hand; it may be replaced meanwhile, and then
+    /// sends the call with its old image and tokens when it resumes.
+    ZombieController,
+    /// An API replica pauses: its holders' timers, answers and resets wait until it resumes.
+    ReplicaPause,
 }
 
 impl Fault {
     /// Every fault kind.
-    pub const ALL: [Fault; 19] = [
+    pub const ALL: [Fault; 22] = [
         Self::StoreOutage,
         Self::StoreLostReply,
         Self::StoreUnknownNoCommit,
@@ -70,6 +78,9 @@ impl Fault {
         Self::NewRelease,
         Self::ClockSkew,
         Self::DuplicateReport,
+        Self::ZombieHolder,
+        Self::ZombieController,
+        Self::ReplicaPause,
     ];
 
     /// Its name in reports.
@@ -94,6 +105,9 @@ impl Fault {
             Self::NewRelease => "new_release",
             Self::ClockSkew => "clock_skew",
             Self::DuplicateReport => "duplicate_report",
+            Self::ZombieHolder => "zombie_holder",
+            Self::ZombieController => "zombie_controller",
+            Self::ReplicaPause => "replica_pause",
         }
     }
 
@@ -104,7 +118,10 @@ impl Fault {
             | Self::StoreDataLoss
             | Self::WorkerCrash
             | Self::ReplicaCrash
-            | Self::ControllerCrash => 40,
+            | Self::ControllerCrash
+            | Self::ZombieController
+            | Self::ReplicaPause => 40,
+            Self::ZombieHolder => 60,
             Self::NewRelease => 500,
             Self::ClockSkew => 1000,
             Self::StoreLostReply
@@ -181,6 +198,26 @@ pub enum Invariant {
     AmbiguousCounted,
     /// The pool document's own assertions held.
     DocumentSound,
+    /// A lease is renewed or ended only by its own holder's command carrying its token, or by the
+    /// pool's takeover once it truly expired (or its claim ended, or its worker is proven gone).
+    LeaseIntegrity,
+    /// A reset is never performed on a worker where a run still executes.
+    RunUndisturbed,
+    /// A lease holder never believes it holds a lease past the lease's true expiry, and never
+    /// reports as released a lease the pool took away.
+    LossLearned,
+    /// No worker with clean evidence is discarded: a reset is judged unproven only on dirty
+    /// evidence reported under the reset's own token.
+    CleanNotDiscarded,
+    /// Idle capacity above the target lingers for its burst TTL, and no longer.
+    BurstLinger,
+    /// Nothing is created while warm capacity serves the demand.
+    NoWastefulCreate,
+    /// Every refusal's reason is what actually happened (queue full, wait over, inventory stale,
+    /// lease expired or unknown, token stale).
+    RefusalTruthful,
+    /// Nothing is granted or created while the inventory is stale (POOL-11).
+    AdmissionClosed,
     /// Without faults, every ticket is served or refused before its deadline.
     LivenessServed,
     /// Without faults, the pool returns to its target with nothing orphaned.
@@ -189,7 +226,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 16] = [
+    pub const ALL: [Invariant; 24] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -204,6 +241,14 @@ impl Invariant {
         Self::NoStaleImage,
         Self::AmbiguousCounted,
         Self::DocumentSound,
+        Self::LeaseIntegrity,
+        Self::RunUndisturbed,
+        Self::LossLearned,
+        Self::CleanNotDiscarded,
+        Self::BurstLinger,
+        Self::NoWastefulCreate,
+        Self::RefusalTruthful,
+        Self::AdmissionClosed,
         Self::LivenessServed,
         Self::LivenessConverged,
     ];
@@ -225,6 +270,14 @@ impl Invariant {
             Self::NoStaleImage => "no_stale_image",
             Self::AmbiguousCounted => "ambiguous_counted",
             Self::DocumentSound => "document_sound",
+            Self::LeaseIntegrity => "lease_integrity",
+            Self::RunUndisturbed => "run_undisturbed",
+            Self::LossLearned => "loss_learned",
+            Self::CleanNotDiscarded => "clean_not_discarded",
+            Self::BurstLinger => "burst_linger",
+            Self::NoWastefulCreate => "no_wasteful_create",
+            Self::RefusalTruthful => "refusal_truthful",
+            Self::AdmissionClosed => "admission_closed",
             Self::LivenessServed => "liveness_served",
             Self::LivenessConverged => "liveness_converged",
         }

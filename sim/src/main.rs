@@ -14,8 +14,16 @@ mod world;
 use faults::{Fault, Invariant, Stats};
 use world::{SimMutation, World};
 
-const USAGE: &str = "usage: corral-sim [--seeds N | --seed S] [--first-seed S] [--mutation NAME] [--time-budget-seconds T] [--stop-on-first] [--quiet]
-mutations: ceiling reset-token takeover-reassign ambiguous-free fifo member-limit store-fallback stale-image";
+const USAGE: &str = "usage: corral-sim [--seeds N | --seed S] [--first-seed S] [--mutation NAME] [--time-budget-seconds T] [--stop-on-first] [--quiet]";
+
+/// The usage line and every mutation's name.
+fn usage() -> String {
+    let names: Vec<&str> = SimMutation::all()
+        .into_iter()
+        .map(SimMutation::name)
+        .collect();
+    format!("{USAGE}\nmutations: {}", names.join(" "))
+}
 
 struct Args {
     seeds: u64,
@@ -114,7 +122,7 @@ fn main() -> ExitCode {
     let args = match parse_args(&raw) {
         Ok(args) => args,
         Err(error) => {
-            eprintln!("corral-sim: {error}\n{USAGE}");
+            eprintln!("corral-sim: {error}\n{}", usage());
             return ExitCode::from(2);
         }
     };

@@ -32,11 +32,36 @@ pub enum Mutation {
     MemberLimit,
     /// Creation uses whatever image the document holds, published by this controller or not.
     StaleImage,
+    /// A heartbeat renews whatever lease its worker holds, whatever lease and token it names (a
+    /// zombie holder's stale heartbeat renews the next tenant's lease).
+    StaleHeartbeat,
+    /// A release ends whatever lease its worker holds, whatever lease and token it names (a zombie
+    /// holder's stale release ends the next tenant's lease).
+    StaleRelease,
+    /// A reset report under a stale token discards the worker it names instead of changing
+    /// nothing (a good worker discarded because of a stale report).
+    DiscardClean,
+    /// Idle capacity above the target is retired without lingering for its burst TTL.
+    BurstLingerShort,
+    /// Idle capacity above the target is never retired.
+    BurstNeverRetired,
+    /// Creation does not count warm workers: it creates while warm capacity serves the demand.
+    CreateWhileWarm,
+    /// A full queue's refusal says the wait timed out.
+    RefusalReason,
+    /// The queue bound is not applied.
+    QueueBound,
+    /// Creation ignores the bound on creates in flight.
+    CreateConcurrency,
+    /// Admission stays open whatever the inventory's age (POOL-11).
+    AdmissionOpen,
+    /// A ticket outlives its deadline (by its whole wait again) before it is refused.
+    GrantAfterDeadline,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 18] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -44,6 +69,17 @@ impl Mutation {
         Self::Fifo,
         Self::MemberLimit,
         Self::StaleImage,
+        Self::StaleHeartbeat,
+        Self::StaleRelease,
+        Self::DiscardClean,
+        Self::BurstLingerShort,
+        Self::BurstNeverRetired,
+        Self::CreateWhileWarm,
+        Self::RefusalReason,
+        Self::QueueBound,
+        Self::CreateConcurrency,
+        Self::AdmissionOpen,
+        Self::GrantAfterDeadline,
     ];
 
     /// The name used on the simulator's command line.
@@ -57,6 +93,17 @@ impl Mutation {
             Self::Fifo => "fifo",
             Self::MemberLimit => "member-limit",
             Self::StaleImage => "stale-image",
+            Self::StaleHeartbeat => "stale-heartbeat",
+            Self::StaleRelease => "stale-release",
+            Self::DiscardClean => "discard-clean",
+            Self::BurstLingerShort => "burst-linger-short",
+            Self::BurstNeverRetired => "burst-never-retired",
+            Self::CreateWhileWarm => "create-while-warm",
+            Self::RefusalReason => "refusal-reason",
+            Self::QueueBound => "queue-bound",
+            Self::CreateConcurrency => "create-concurrency",
+            Self::AdmissionOpen => "admission-open",
+            Self::GrantAfterDeadline => "grant-after-deadline",
         }
     }
 }

@@ -20,8 +20,14 @@
 
 mod apply;
 mod config;
+mod dispatch;
 mod doc;
 mod invariants;
+mod lease;
+mod query;
+mod report;
+mod state;
+mod tick;
 
 pub use config::*;
 pub use doc::*;

@@ -831,6 +831,54 @@ fn a_repeated_release_reissues_the_same_reset() {
 }
 
 #[test]
+fn a_lease_its_holder_ended_is_refused_as_unknown_not_expired() {
+    let mut d = Driver::warm(PoolConfig::default());
+    let (ticket, _) = d.acquire("m");
+    let grant = d.granted(ticket).unwrap();
+    let _ = d.apply(Command::Release {
+        worker: grant.worker,
+        lease: ticket,
+        token: grant.token,
+        disposition: Disposition::Discard,
+    });
+    // A heartbeat delivered late, after the holder's own discard: the lease ended, it did not
+    // expire (its holder would otherwise believe it lost a lease it released).
+    let late = d.apply(Command::Heartbeat {
+        worker: grant.worker,
+        lease: ticket,
+        token: grant.token,
+    });
+    assert_eq!(refusal(&late, ticket), Some(Refusal::LeaseUnknown));
+}
+
+#[test]
+fn a_repeated_release_of_a_stale_image_worker_answers_released() {
+    let mut d = Driver::warm(PoolConfig::default());
+    let (ticket, _) = d.acquire("m");
+    let grant = d.granted(ticket).unwrap();
+    let _ = d.apply(Command::PublishImage {
+        image: ImageId("img-2".into()),
+    });
+    let release = Command::Release {
+        worker: grant.worker,
+        lease: ticket,
+        token: grant.token,
+        disposition: Disposition::Reset,
+    };
+    let first = d.apply(release.clone());
+    assert_eq!(deletes(&first).len(), 1, "a stale image retires at release");
+    let again = d.apply(release);
+    assert!(
+        again
+            .events
+            .iter()
+            .any(|e| matches!(e, Event::Released { lease } if *lease == ticket)),
+        "{again:?}"
+    );
+    assert_eq!(refusal(&again, ticket), None);
+}
+
+#[test]
 fn deployment_time_never_runs_backwards() {
     let mut d = Driver::warm(PoolConfig::default());
     let before = d.doc.clock();

@@ -1,0 +1,82 @@
+//! Serving the queue: the oldest ticket whose member is under its limit gets the worker warm the
+//! longest (POOL-3).
+
+use super::config::{Mutation, PoolConfig};
+use super::doc::{Applied, Event, Lease, PoolDoc, StateKind, Ticket, WorkerState};
+use super::lease::lease_expiry;
+use crate::ids::WorkerId;
+use crate::time::UnixMillis;
+
+impl PoolDoc {
+    /// Serves the oldest ticket whose member is under
+    /// its limit, while warm workers last (POOL-3, resolved reading).
+    pub(super) fn dispatch(&mut self, now: UnixMillis, config: &PoolConfig, out: &mut Applied) {
+        if !self.admission_open(now, config) || self.orphans_pending() {
+            return;
+        }
+        let mut warm: Vec<(UnixMillis, WorkerId)> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.state.kind() == StateKind::Warm)
+            .filter(|(_, w)| {
+                w.claim_deadline
+                    .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
+            })
+            .map(|(id, w)| (w.since, *id))
+            .collect();
+        warm.sort();
+        warm.reverse(); // pop() yields the worker warm the longest
+        if warm.is_empty() || self.tickets.is_empty() {
+            return;
+        }
+        let mut usage = self.member_usage();
+        let newest_first = config.broken(Mutation::Fifo);
+        let mut index = 0;
+        while index < self.tickets.len() && !warm.is_empty() {
+            let at = if newest_first {
+                self.tickets.len() - 1 - index
+            } else {
+                index
+            };
+            let member = &self.tickets[at].member;
+            let used = usage.get(member).copied().unwrap_or(0);
+            if used >= config.max_per_member && !config.broken(Mutation::MemberLimit) {
+                index += 1;
+                continue;
+            }
+            let Some(ticket) = self.tickets.remove(at) else {
+                break;
+            };
+            let Some((_, worker)) = warm.pop() else { break };
+            *usage.entry(ticket.member.clone()).or_insert(0) += 1;
+            // Removing at `at` moves the next candidate to `index` (oldest first) or keeps it at
+            // `len - 1 - index` (newest first): either way `index` stays.
+            self.grant(worker, ticket, now, config, out);
+        }
+    }
+
+    pub(super) fn grant(
+        &mut self,
+        worker: WorkerId,
+        ticket: Ticket,
+        now: UnixMillis,
+        config: &PoolConfig,
+        out: &mut Applied,
+    ) {
+        let claim_deadline = self.workers.get(&worker).and_then(|w| w.claim_deadline);
+        let expires_at = lease_expiry(now, config, claim_deadline);
+        let lease = Lease {
+            id: ticket.id,
+            member: ticket.member,
+            scope: ticket.scope,
+            expires_at,
+        };
+        let token = self.set_state(worker, WorkerState::Leased(lease), now, config);
+        out.events.push(Event::Granted {
+            ticket: ticket.id,
+            worker,
+            token,
+            expires_at,
+        });
+    }
+}
