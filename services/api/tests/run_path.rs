@@ -206,4 +206,28 @@ async fn pool_03_one_request_waits_once_however_many_workers_it_tries() {
         (503, Some("wait_timeout")),
         "{body}"
     );
+    // The dead worker's lease ended as Discard: the pool ordered its deletion, which the API
+    // cannot perform and hands to the controller, counted rather than dropped.
+    let counted = "corral_unperformed_total{what=\"delete_left_to_controller\"} 1";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = fixture
+            .state
+            .metrics
+            .render(None, fixture.store.write_counts());
+        if metrics.contains(counted) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{counted} missing from:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let doc = doc(&fixture.store).await;
+    assert_eq!(
+        doc.counts().warm,
+        0,
+        "the discarded worker is never warm again"
+    );
 }

@@ -1,20 +1,25 @@
-//! The lease a run holds: taken with one wait for the whole request, renewed while the run
-//! lasts, and released with what the pool ordered performed or handed on.
+//! The lease a run holds: taken with one wait for the whole request, then held by corral-core's
+//! lease holder (`corral_core::holder`), which this module drives: renewed while the run lasts,
+//! released as the outcome says, and what the pool orders performed or handed on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use corral_core::ids::{LeaseNamespace, LeaseScope, TicketId};
-use corral_core::pool::{Command, Disposition, Effect, Event};
+use corral_core::holder::{Grant, HolderConfig, HolderEvent, LeaseHolder};
+use corral_core::ids::{LeaseNamespace, LeaseScope, OpToken, TicketId, WorkerId};
+use corral_core::pool::{Applied, Command, Disposition, Effect};
+use corral_core::reset::ResetEvidence;
 use corral_core::run::admission::Admitted;
+use corral_core::time::MonoMillis;
 use corral_store::VersionWatch;
 use corral_store::lease::{self, AcquireError, Granted};
 
 use crate::AppState;
 
 /// Takes a FIFO ticket for `admitted` and waits for its grant until `deadline`: one wait for the
-/// whole request, so that trying another worker never starts the wait again.
+/// whole request, so that trying another worker never starts the wait again. Returns the grant
+/// and when its acquire was first sent (the lease cannot expire before that plus its TTL).
 ///
 /// # Errors
 /// Why no lease was granted.
@@ -23,7 +28,7 @@ pub async fn acquire(
     admitted: &Admitted,
     deadline: Instant,
     watch: &mut Option<VersionWatch>,
-) -> Result<Granted, AcquireError> {
+) -> Result<(Granted, Instant), AcquireError> {
     let remaining = deadline.saturating_duration_since(Instant::now());
     if remaining.is_zero() {
         return Err(AcquireError::WaitTimeout { orders: Vec::new() });
@@ -56,28 +61,38 @@ pub async fn acquire(
     )
     .await?;
     state.metrics.acquired(started.elapsed());
-    Ok(granted)
+    Ok((granted, started))
 }
 
-/// A held lease: renewed every `SANDBOX_LEASE_HEARTBEAT_SECONDS` until released.
+/// A held lease, driven by corral-core's [`LeaseHolder`] in a task of its own: renewed while the
+/// run lasts, released as the run's outcome says, and whatever the pool orders on the way
+/// performed (the worker's reset and its evidence reported) or counted as left to the
+/// controller; never dropped. The task outlives the run's answer until the holder is done.
 pub struct Holder {
-    state: Arc<AppState>,
     granted: Granted,
     lost: Arc<AtomicBool>,
-    heartbeats: tokio::task::JoinHandle<()>,
+    release: tokio::sync::oneshot::Sender<Disposition>,
 }
 
 impl Holder {
-    /// Starts renewing `granted`.
+    /// Starts holding `granted`, whose acquire was first sent at `asked_at`.
     #[must_use]
-    pub fn start(state: Arc<AppState>, granted: Granted) -> Self {
+    pub fn start(state: Arc<AppState>, granted: Granted, asked_at: Instant) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
-        let heartbeats = tokio::spawn(heartbeats(state.clone(), granted, lost.clone()));
+        let (release, released) = tokio::sync::oneshot::channel();
+        let epoch = asked_at;
+        let grant = Grant {
+            ticket: granted.ticket,
+            worker: granted.worker,
+            token: granted.token,
+        };
+        let config = HolderConfig::from_pool(&state.settings.pool());
+        let holder = LeaseHolder::granted(grant, MonoMillis(0), config, mono(epoch));
+        tokio::spawn(drive(state, holder, epoch, released, lost.clone()));
         Self {
-            state,
             granted,
             lost,
-            heartbeats,
+            release,
         }
     }
 
@@ -87,41 +102,121 @@ impl Holder {
         self.granted
     }
 
-    /// Whether the pool refused a renewal: the lease expired or was taken over, and the worker
-    /// is no longer this run's to vouch for.
+    /// Whether the lease is known lost (a renewal refused, the lease taken over, or no renewal
+    /// confirmed in time): the worker is no longer this run's to vouch for.
     #[must_use]
     pub fn lost(&self) -> bool {
         self.lost.load(Ordering::Relaxed)
     }
 
-    /// Ends the lease as `disposition` says, then performs what the pool ordered in the
-    /// background: the worker's reset, with its evidence reported. A lease already lost is not
-    /// released (the pool took the worker over) and its worker is never reset on hope.
-    pub async fn release(self, disposition: Disposition) {
-        self.heartbeats.abort();
-        if self.lost() {
+    /// Ends the lease as `disposition` says. The holder's task performs the rest in the
+    /// background (the release, the worker's reset, its evidence reported).
+    pub fn release(self, disposition: Disposition) {
+        // An Err means the task already ended (its lease was lost): nothing to release.
+        let _ = self.release.send(disposition);
+    }
+}
+
+/// Milliseconds since `epoch`, the holder's monotonic clock.
+fn mono(epoch: Instant) -> MonoMillis {
+    MonoMillis(u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What came back for the holder.
+enum Answer {
+    Committed(Option<Applied>),
+    Reset {
+        worker: WorkerId,
+        token: OpToken,
+        evidence: Option<ResetEvidence>,
+    },
+}
+
+/// The holder's task: performs its commands and effects, feeds back their answers, and sleeps
+/// until its next timer, draining every output after every input (STYLE.md item 3).
+async fn drive(
+    state: Arc<AppState>,
+    mut holder: LeaseHolder,
+    epoch: Instant,
+    released: tokio::sync::oneshot::Receiver<Disposition>,
+    lost: Arc<AtomicBool>,
+) {
+    let (answer, mut answers) = tokio::sync::mpsc::unbounded_channel::<Answer>();
+    let mut released = Some(released);
+    loop {
+        while let Some(command) = holder.poll_command() {
+            let (state, answer) = (state.clone(), answer.clone());
+            tokio::spawn(async move {
+                let applied = state
+                    .store
+                    .commit(&command, &state.settings.pool(), lease::RETRIES)
+                    .await;
+                let _ = answer.send(Answer::Committed(applied));
+            });
+        }
+        while let Some(effect) = holder.poll_effect() {
+            match effect {
+                Effect::Reset { worker, token } => {
+                    let (state, answer) = (state.clone(), answer.clone());
+                    tokio::spawn(async move {
+                        let evidence = state.workers.reset(worker, token).await.ok();
+                        let _ = answer.send(Answer::Reset {
+                            worker,
+                            token,
+                            evidence: evidence.map(|reply| reply.reset_evidence.evidence),
+                        });
+                    });
+                }
+                // The API holds no backend: the pool keeps these orders in the document and the
+                // controller's reconciler performs them on its next pass.
+                Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
+                Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
+            }
+        }
+        while let Some(event) = holder.poll_event() {
+            match event {
+                HolderEvent::Lost(_) => {
+                    lost.store(true, Ordering::Relaxed);
+                    state.metrics.unperformed("lease_lost");
+                }
+                HolderEvent::Ended(_) => {}
+            }
+        }
+        if holder.is_done() {
             return;
         }
-        let state = self.state;
-        let granted = self.granted;
-        let command = Command::Release {
-            worker: granted.worker,
-            lease: granted.ticket,
-            token: granted.token,
-            disposition,
-        };
-        let pool = state.settings.pool();
-        let Some(applied) = state.store.commit(&command, &pool, lease::RETRIES).await else {
-            // Coordination is unreachable: the lease expires and the worker is taken over
-            // (POOL-9); nothing is reset on hope.
-            state.metrics.unperformed("release_unrecorded");
-            return;
-        };
-        tokio::spawn(async move {
-            for effect in applied.effects {
-                perform(&state, effect).await;
+        let wake = holder
+            .poll_timeout()
+            .map(|at| tokio::time::Instant::from_std(epoch + Duration::from_millis(at.0)));
+        tokio::select! {
+            biased;
+            Some(answered) = answers.recv() => match answered {
+                Answer::Committed(applied) => holder.handle_committed(applied, mono(epoch)),
+                Answer::Reset { worker, token, evidence } => {
+                    if evidence.is_none() {
+                        // No evidence is no proof: the pool's reset deadline discards the worker.
+                        state.metrics.unperformed("reset_unanswered");
+                    }
+                    holder.handle_reset(worker, token, evidence, mono(epoch));
+                }
+            },
+            disposition = async {
+                match released.as_mut() {
+                    Some(released) => released.await,
+                    None => std::future::pending().await,
+                }
+            }, if released.is_some() => {
+                released = None;
+                // A run that ended without saying how (it panicked) vouches for nothing.
+                holder.handle_release(disposition.unwrap_or(Disposition::Discard), mono(epoch));
             }
-        });
+            () = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            } => holder.handle_timeout(mono(epoch)),
+        }
     }
 }
 
@@ -166,34 +261,5 @@ async fn perform(state: &AppState, effect: Effect) {
         }
         Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
         Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
-    }
-}
-
-/// Renews the lease every `SANDBOX_LEASE_HEARTBEAT_SECONDS` until aborted; a renewal the pool
-/// refuses marks the lease lost and ends the renewals.
-async fn heartbeats(state: Arc<AppState>, granted: Granted, lost: Arc<AtomicBool>) {
-    let period = Duration::from_secs(state.settings.lease_heartbeat_seconds.max(1));
-    loop {
-        tokio::time::sleep(period).await;
-        let beat = Command::Heartbeat {
-            worker: granted.worker,
-            lease: granted.ticket,
-            token: granted.token,
-        };
-        let applied = state
-            .store
-            .commit(&beat, &state.settings.pool(), lease::RETRIES)
-            .await;
-        match applied {
-            Some(applied)
-                if matches!(applied.answer(granted.ticket), Some(Event::Refused { .. })) =>
-            {
-                lost.store(true, Ordering::Relaxed);
-                return;
-            }
-            Some(_) => {}
-            // Unreachable coordination: try again next period; the lease's TTL bounds it.
-            None => state.metrics.unperformed("heartbeat_unrecorded"),
-        }
     }
 }

@@ -70,24 +70,25 @@ async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     let mut watch = None;
     let mut unreachable = String::new();
     for _ in 0..LEASES_MAX {
-        let granted = match lease::acquire(&state, &admitted, deadline, &mut watch).await {
-            Ok(granted) => granted,
-            Err(error) => {
-                let reply = answer::admission_refused(&state, &error, admitted.wait_ms);
-                if let AcquireError::WaitTimeout { orders } = error {
-                    lease::perform_orders(state.clone(), orders);
+        let (granted, asked_at) =
+            match lease::acquire(&state, &admitted, deadline, &mut watch).await {
+                Ok(acquired) => acquired,
+                Err(error) => {
+                    let reply = answer::admission_refused(&state, &error, admitted.wait_ms);
+                    if let AcquireError::WaitTimeout { orders } = error {
+                        lease::perform_orders(state.clone(), orders);
+                    }
+                    return reply;
                 }
-                return reply;
-            }
-        };
-        let holder = lease::Holder::start(state.clone(), granted);
+            };
+        let holder = lease::Holder::start(state.clone(), granted, asked_at);
         match leased(&state, &admitted, &run_id, &holder).await {
             Leased::Done(reply, disposition) => {
-                holder.release(disposition).await;
+                holder.release(disposition);
                 return reply;
             }
             Leased::Unreachable(message) => {
-                holder.release(Disposition::Discard).await;
+                holder.release(Disposition::Discard);
                 unreachable = message;
             }
         }
