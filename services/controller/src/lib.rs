@@ -3,18 +3,27 @@
 //! Each pass publishes this controller's worker image if the pool does not hold it (POOL-12),
 //! reports the backend's inventory, ticks the pool, and performs the effects the pool orders:
 //! creates and deletes through a [`Backend`], resets through [`WorkerControl`]. Every decision is
-//! corral-core's (`PoolDoc::apply`); the controller only performs and reports. When the store is
+//! corral-core's: the pool's (`PoolDoc::apply`) and the pass's own order and reading of answers
+//! (`corral_core::reconcile`); the controller only performs and reports. When the store is
 //! unavailable it does nothing at all: it never builds a pool of its own (POOL-11).
 
 use std::collections::BTreeSet;
 use std::future::Future;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt as _;
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
 
 use corral_contract::WorkerClient;
 use corral_core::ids::{ImageId, OpToken, WorkerId};
-use corral_core::pool::{Applied, Command, Effect, Outcome, PoolConfig};
+use corral_core::pool::{Applied, Effect, Outcome, PoolConfig};
+use corral_core::reconcile::{
+    Reconciler as CoreReconciler, ReconcilerConfig, ReconcilerEvent, StoreCall, Work,
+};
 use corral_core::reset::ResetEvidence;
 use corral_core::store::{Loaded, Unavailable};
-use corral_core::time::UnixMillis;
+use corral_core::time::{MonoMillis, UnixMillis};
 use corral_store::ValkeyStore;
 
 pub mod claim;
@@ -99,22 +108,43 @@ pub struct Pass {
 /// How many times a report whose outcome is unknown is applied again.
 const RETRIES: u32 = 20;
 
-/// The reconciler.
+/// A call's answer, for the core reconciler.
+enum Answered {
+    Image(Result<Option<ImageId>, Unavailable>),
+    Committed(Option<Applied>),
+    Listed(Result<(UnixMillis, BTreeSet<WorkerId>), Unavailable>),
+    Created(WorkerId, OpToken, Outcome),
+    Deleted(WorkerId, OpToken, Outcome),
+    Reset(WorkerId, OpToken, Option<ResetEvidence>),
+}
+
+/// The controller's shell: corral-core's [`CoreReconciler`] decides the order of every pass and
+/// what each answer means; this performs its calls (the store, the backend, the workers) and
+/// feeds back the answers, draining every output after every input. When the store is
+/// unavailable the core does nothing at all: it never builds a pool of its own (POOL-11).
 pub struct Reconciler<B, C> {
     store: ValkeyStore,
     backend: B,
     control: C,
     config: PoolConfig,
+    core: tokio::sync::Mutex<CoreReconciler>,
+    core_config: ReconcilerConfig,
+    epoch: Instant,
 }
 
 impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
     /// A reconciler of the pool in `store`.
     pub fn new(store: ValkeyStore, backend: B, control: C, config: PoolConfig) -> Self {
+        let core_config = ReconcilerConfig::default();
+        let core = CoreReconciler::new(backend.image(), core_config, MonoMillis(0));
         Self {
             store,
             backend,
             control,
             config,
+            core: tokio::sync::Mutex::new(core),
+            core_config,
+            epoch: Instant::now(),
         }
     }
 
@@ -133,110 +163,154 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
         &self.store
     }
 
-    async fn commit(&self, command: &Command) -> Option<Applied> {
-        self.store.commit(command, &self.config, RETRIES).await
+    fn now(&self) -> MonoMillis {
+        MonoMillis(u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 
-    /// One pass: publish, observe, tick, perform.
+    /// One pass, started now: publish, observe, tick, perform, report; returns once the pass
+    /// has ended and every call it made has been answered (or has run out of time).
     pub async fn pass(&self) -> Pass {
+        let mut core = self.core.lock().await;
+        core.handle_nudge(self.now());
+        core.handle_timeout(self.now());
+        self.drive(&mut core, true).await
+    }
+
+    /// Performs effects another component could not (a lease holder's, a test's), and reports
+    /// each outcome, performing whatever those reports order in turn.
+    pub async fn perform(&self, effects: Vec<Effect>, pass: &mut Pass) {
+        let mut core = self.core.lock().await;
+        for effect in effects {
+            core.handle_handoff(effect, self.now());
+        }
+        let done = self.drive(&mut core, false).await;
+        pass.created += done.created;
+        pass.deleted += done.deleted;
+        pass.resets += done.resets;
+    }
+
+    /// Performs what the core asks until it asks nothing more and nothing is out (and, when
+    /// `to_pass_end`, its pass has ended).
+    async fn drive(&self, core: &mut CoreReconciler, to_pass_end: bool) -> Pass {
         let mut pass = Pass::default();
-        let image = self.backend.image();
-        let published = match self.store.load().await {
-            Ok(Loaded::Found { doc, .. }) => doc.image() == Some(&image),
-            Ok(Loaded::Absent) => false,
-            Err(Unavailable) => return pass,
-        };
-        if !published {
-            // Publication comes first after any outage; the pool refuses to create from anything
-            // else, so a stale release image can never be used (POOL-12).
-            if self
-                .commit(&Command::PublishImage {
-                    image: image.clone(),
+        let mut ended = !to_pass_end;
+        let mut calls = FuturesUnordered::new();
+        loop {
+            while let Some(call) = core.poll_command() {
+                calls.push(self.store_call(call).boxed());
+            }
+            while let Some(work) = core.poll_effect() {
+                if matches!(work, Work::Reset { .. }) {
+                    pass.resets += 1;
+                }
+                calls.push(self.work(work).boxed());
+            }
+            while let Some(event) = core.poll_event() {
+                match event {
+                    ReconcilerEvent::PassEnded(summary) => {
+                        pass.coordinated = summary.coordinated;
+                        pass.published = summary.published;
+                        ended = true;
+                    }
+                    ReconcilerEvent::ReportAbandoned { worker } => {
+                        eprintln!(
+                            "corral controller: a report about {worker} got no answer; the pool's timeouts settle it"
+                        );
+                    }
+                }
+            }
+            if ended && calls.is_empty() {
+                return pass;
+            }
+            let wake = core
+                .poll_timeout()
+                .map(|at| tokio::time::Instant::from_std(self.epoch + Duration::from_millis(at.0)));
+            tokio::select! {
+                biased;
+                Some(answered) = calls.next() => {
+                    let now = self.now();
+                    match answered {
+                        Answered::Image(image) => core.handle_image(image, now),
+                        Answered::Committed(applied) => core.handle_committed(applied, now),
+                        Answered::Listed(listed) => core.handle_listed(listed, now),
+                        Answered::Created(worker, token, outcome) => {
+                            pass.created += u32::from(outcome == Outcome::Done);
+                            core.handle_created(worker, token, outcome, now);
+                        }
+                        Answered::Deleted(worker, token, outcome) => {
+                            pass.deleted += u32::from(outcome == Outcome::Done);
+                            core.handle_deleted(worker, token, outcome, now);
+                        }
+                        Answered::Reset(worker, token, evidence) => {
+                            core.handle_reset(worker, token, evidence, now);
+                        }
+                    }
+                }
+                () = async {
+                    match wake {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => core.handle_timeout(self.now()),
+            }
+        }
+    }
+
+    /// Performs one store call.
+    async fn store_call(&self, call: StoreCall) -> Answered {
+        match call {
+            StoreCall::ReadImage => Answered::Image(match self.store.load().await {
+                Ok(Loaded::Found { doc, .. }) => Ok(doc.image().cloned()),
+                Ok(Loaded::Absent) => Ok(None),
+                Err(Unavailable) => Err(Unavailable),
+            }),
+            StoreCall::Commit(command) => {
+                Answered::Committed(self.store.commit(&command, &self.config, RETRIES).await)
+            }
+        }
+    }
+
+    /// Performs one backend or worker call, within the core's call timeout (past it the core
+    /// has counted the outcome unknown, and a late answer changes nothing).
+    async fn work(&self, work: Work) -> Answered {
+        let limit = Duration::from_millis(self.core_config.call_timeout_ms);
+        match work {
+            Work::List => {
+                let listed = tokio::time::timeout(limit, async {
+                    let as_of = self.store.now().await?;
+                    Ok((as_of, self.backend.list().await?))
                 })
                 .await
-                .is_none()
-            {
-                return pass;
+                .unwrap_or(Err(Unavailable));
+                Answered::Listed(listed)
             }
-            pass.published = true;
-        }
-        let Ok(as_of) = self.store.now().await else {
-            return pass;
-        };
-        let mut effects = Vec::new();
-        if let Ok(present) = self.backend.list().await {
-            let Some(observed) = self
-                .commit(&Command::InventoryObserved { as_of, present })
+            Work::Create {
+                worker,
+                token,
+                image,
+                claim_deadline,
+            } => {
+                let outcome = tokio::time::timeout(
+                    limit,
+                    self.backend.create(worker, &image, claim_deadline),
+                )
                 .await
-            else {
-                return pass;
-            };
-            effects.extend(observed.effects);
-        }
-        let Some(ticked) = self.commit(&Command::Tick { image }).await else {
-            return pass;
-        };
-        effects.extend(ticked.effects);
-        pass.coordinated = true;
-        self.perform(effects, &mut pass).await;
-        pass
-    }
-
-    /// Performs effects and reports each outcome, performing whatever those reports order in turn.
-    pub async fn perform(&self, effects: Vec<Effect>, pass: &mut Pass) {
-        let mut pending = effects;
-        let mut budget = 1_000u32;
-        while let Some(effect) = pending.pop() {
-            budget = budget.saturating_sub(1);
-            if budget == 0 {
-                break;
+                .unwrap_or(Outcome::Unknown);
+                Answered::Created(worker, token, outcome)
             }
-            let report = match effect {
-                Effect::Create {
-                    worker,
-                    token,
-                    image,
-                    claim_deadline,
-                } => {
-                    let outcome = self.backend.create(worker, &image, claim_deadline).await;
-                    if outcome == Outcome::Done {
-                        pass.created += 1;
-                    }
-                    Command::CreateReported {
-                        worker,
-                        token,
-                        outcome,
-                    }
-                }
-                Effect::Delete { worker, token } => {
-                    let outcome = self.backend.delete(worker).await;
-                    if outcome == Outcome::Done {
-                        pass.deleted += 1;
-                    }
-                    Command::DeleteReported {
-                        worker,
-                        token,
-                        outcome,
-                    }
-                }
-                Effect::Reset { worker, token } => {
-                    pass.resets += 1;
-                    match self.control.reset(worker, token).await {
-                        Some(evidence) => Command::ResetReported {
-                            worker,
-                            token,
-                            evidence,
-                        },
-                        // No answer is no proof: the reset times out in the pool and the worker is
-                        // discarded.
-                        None => continue,
-                    }
-                }
-            };
-            let Some(applied) = self.commit(&report).await else {
-                return;
-            };
-            pending.extend(applied.effects);
+            Work::Delete { worker, token } => {
+                let outcome = tokio::time::timeout(limit, self.backend.delete(worker))
+                    .await
+                    .unwrap_or(Outcome::Unknown);
+                Answered::Deleted(worker, token, outcome)
+            }
+            Work::Reset { worker, token } => {
+                let evidence = tokio::time::timeout(limit, self.control.reset(worker, token))
+                    .await
+                    .ok()
+                    .flatten();
+                Answered::Reset(worker, token, evidence)
+            }
         }
     }
 }
