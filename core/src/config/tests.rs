@@ -954,6 +954,16 @@ proptest! {
             }
         }
     }
+}
+
+proptest! {
+    // Most random combinations break a relation and are refused; they are rejected cases, and
+    // the budget below still demands 500 accepted ones.
+    #![proptest_config(ProptestConfig {
+        cases: 500,
+        max_global_rejects: 50_000,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn accepted_settings_satisfy_every_relation(
@@ -962,16 +972,21 @@ proptest! {
             .map(|doc| prop::option::weighted(0.25, plausible_value(doc.name)))
             .collect::<Vec<_>>(),
     ) {
-        let Ok(settings) = Settings::from_lookup(lookup_in(&values)) else {
-            return Ok(());
-        };
+        // Refused ones are rejected cases: a parser that refused everything would exhaust
+        // proptest's rejection budget and fail.
+        let parsed = Settings::from_lookup(lookup_in(&values));
+        prop_assume!(parsed.is_ok());
+        let settings = parsed.expect("assumed accepted");
         assert_every_relation(&settings);
-        let _ = settings.describe();
-        // Every value given to a numeric setting is the value accepted.
-        for (spec, value) in settings.numbers() {
-            if let Some(given) = lookup_in(&values)(spec.name).filter(|v| !v.trim().is_empty()) {
-                prop_assert_eq!(Number::parse(spec, given.trim()), Ok(value));
-            }
+        let described = settings.describe();
+        // Every numeric setting is the value given, or its default when none was given, and
+        // `describe` names it.
+        let defaults = Settings::default().numbers();
+        for ((spec, value), (_, default)) in settings.numbers().into_iter().zip(defaults) {
+            let given = lookup_in(&values)(spec.name).filter(|v| !v.trim().is_empty());
+            let expected = given.map_or(Ok(default), |given| Number::parse(spec, given.trim()));
+            prop_assert_eq!(expected, Ok(value), "{}", spec.name);
+            prop_assert!(described.iter().any(|(name, _)| *name == spec.name), "{}", spec.name);
         }
         // Egress values are kept, trimmed, whatever they are.
         let given = lookup_in(&values)("SANDBOX_EGRESS_MODE");
