@@ -218,6 +218,11 @@ pub enum Invariant {
     RefusalTruthful,
     /// Nothing is granted or created while the inventory is stale (POOL-11).
     AdmissionClosed,
+    /// A grant names a worker that was really created.
+    GrantedWorkerExisted,
+    /// A listing older than one already reported changes nothing (it could show workers since
+    /// confirmed gone).
+    InventoryInOrder,
     /// Without faults, every ticket is served or refused before its deadline.
     LivenessServed,
     /// Without faults, the pool returns to its target with nothing orphaned.
@@ -226,7 +231,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 24] = [
+    pub const ALL: [Invariant; 26] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -249,6 +254,8 @@ impl Invariant {
         Self::NoWastefulCreate,
         Self::RefusalTruthful,
         Self::AdmissionClosed,
+        Self::InventoryInOrder,
+        Self::GrantedWorkerExisted,
         Self::LivenessServed,
         Self::LivenessConverged,
     ];
@@ -278,6 +285,8 @@ impl Invariant {
             Self::NoWastefulCreate => "no_wasteful_create",
             Self::RefusalTruthful => "refusal_truthful",
             Self::AdmissionClosed => "admission_closed",
+            Self::InventoryInOrder => "inventory_in_order",
+            Self::GrantedWorkerExisted => "granted_worker_existed",
             Self::LivenessServed => "liveness_served",
             Self::LivenessConverged => "liveness_converged",
         }

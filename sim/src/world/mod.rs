@@ -293,6 +293,15 @@ struct Replica {
     paused_until: u64,
 }
 
+/// What a zombie controller holds through its pause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ZombieHold {
+    /// The pass's publication or tick.
+    PublishOrTick,
+    /// The pass's listing report.
+    Listing,
+}
+
 struct Controller {
     alive: bool,
     incarnation: u64,
@@ -301,8 +310,8 @@ struct Controller {
     generation: u64,
     /// Paused until then, holding a store call.
     paused_until: u64,
-    /// The next store call is held through a pause (a zombie controller).
-    zombie_pending: bool,
+    /// The next store call of this kind is held through a pause (a zombie controller).
+    zombie_pending: Option<ZombieHold>,
 }
 
 /// One seed's world.
@@ -392,7 +401,7 @@ impl World {
                 release,
                 generation: 0,
                 paused_until: 0,
-                zombie_pending: false,
+                zombie_pending: None,
             },
             releases: 0,
             clients: BTreeMap::new(),
