@@ -198,6 +198,8 @@ pub enum Invariant {
     AmbiguousCounted,
     /// The pool document's own assertions held.
     DocumentSound,
+    /// The lease holders' and the reconciler's own assertions held.
+    MachineSound,
     /// A lease is renewed or ended only by its own holder's command carrying its token, or by the
     /// pool's takeover once it truly expired (or its claim ended, or its worker is proven gone).
     LeaseIntegrity,
@@ -231,7 +233,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 26] = [
+    pub const ALL: [Invariant; 27] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -246,6 +248,7 @@ impl Invariant {
         Self::NoStaleImage,
         Self::AmbiguousCounted,
         Self::DocumentSound,
+        Self::MachineSound,
         Self::LeaseIntegrity,
         Self::RunUndisturbed,
         Self::LossLearned,
@@ -277,6 +280,7 @@ impl Invariant {
             Self::NoStaleImage => "no_stale_image",
             Self::AmbiguousCounted => "ambiguous_counted",
             Self::DocumentSound => "document_sound",
+            Self::MachineSound => "machine_sound",
             Self::LeaseIntegrity => "lease_integrity",
             Self::RunUndisturbed => "run_undisturbed",
             Self::LossLearned => "loss_learned",

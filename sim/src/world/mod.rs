@@ -444,7 +444,20 @@ impl World {
             self.store.set_now(next.at);
             self.stats.steps += 1;
             self.note(|| format!("{:>9} {:?}", next.at, next.ev));
-            self.handle(next.ev);
+            // The holders and the reconciler assert their own invariants after every input; a
+            // panic there is a violation of this seed, not a crash of the run.
+            let handled =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(next.ev)));
+            self.stats.checked(Invariant::MachineSound);
+            if let Err(panic) = handled {
+                let detail = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| String::from("panic"));
+                self.violate(Invariant::MachineSound, detail);
+                break;
+            }
             for fault in self.store.take_injected() {
                 self.stats.fault(fault);
             }
