@@ -198,6 +198,8 @@ pub enum Invariant {
     AmbiguousCounted,
     /// The pool document's own assertions held.
     DocumentSound,
+    /// The lease holders' and the reconciler's own assertions held.
+    MachineSound,
     /// A lease is renewed or ended only by its own holder's command carrying its token, or by the
     /// pool's takeover once it truly expired (or its claim ended, or its worker is proven gone).
     LeaseIntegrity,
@@ -218,6 +220,11 @@ pub enum Invariant {
     RefusalTruthful,
     /// Nothing is granted or created while the inventory is stale (POOL-11).
     AdmissionClosed,
+    /// A grant names a worker that was really created.
+    GrantedWorkerExisted,
+    /// A listing older than one already reported changes nothing (it could show workers since
+    /// confirmed gone).
+    InventoryInOrder,
     /// Without faults, every ticket is served or refused before its deadline.
     LivenessServed,
     /// Without faults, the pool returns to its target with nothing orphaned.
@@ -226,7 +233,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 24] = [
+    pub const ALL: [Invariant; 27] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -241,6 +248,7 @@ impl Invariant {
         Self::NoStaleImage,
         Self::AmbiguousCounted,
         Self::DocumentSound,
+        Self::MachineSound,
         Self::LeaseIntegrity,
         Self::RunUndisturbed,
         Self::LossLearned,
@@ -249,6 +257,8 @@ impl Invariant {
         Self::NoWastefulCreate,
         Self::RefusalTruthful,
         Self::AdmissionClosed,
+        Self::InventoryInOrder,
+        Self::GrantedWorkerExisted,
         Self::LivenessServed,
         Self::LivenessConverged,
     ];
@@ -270,6 +280,7 @@ impl Invariant {
             Self::NoStaleImage => "no_stale_image",
             Self::AmbiguousCounted => "ambiguous_counted",
             Self::DocumentSound => "document_sound",
+            Self::MachineSound => "machine_sound",
             Self::LeaseIntegrity => "lease_integrity",
             Self::RunUndisturbed => "run_undisturbed",
             Self::LossLearned => "loss_learned",
@@ -278,6 +289,8 @@ impl Invariant {
             Self::NoWastefulCreate => "no_wasteful_create",
             Self::RefusalTruthful => "refusal_truthful",
             Self::AdmissionClosed => "admission_closed",
+            Self::InventoryInOrder => "inventory_in_order",
+            Self::GrantedWorkerExisted => "granted_worker_existed",
             Self::LivenessServed => "liveness_served",
             Self::LivenessConverged => "liveness_converged",
         }

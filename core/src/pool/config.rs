@@ -57,11 +57,15 @@ pub enum Mutation {
     AdmissionOpen,
     /// A ticket outlives its deadline (by its whole wait again) before it is refused.
     GrantAfterDeadline,
+    /// A heartbeat renews a lease already past its expiry (stale ownership revived, POOL-6).
+    ReviveExpired,
+    /// A listing older than one already applied is applied too.
+    OldListing,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 18] = [
+    pub const ALL: [Mutation; 20] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -80,6 +84,8 @@ impl Mutation {
         Self::CreateConcurrency,
         Self::AdmissionOpen,
         Self::GrantAfterDeadline,
+        Self::ReviveExpired,
+        Self::OldListing,
     ];
 
     /// The name used on the simulator's command line.
@@ -104,6 +110,8 @@ impl Mutation {
             Self::CreateConcurrency => "create-concurrency",
             Self::AdmissionOpen => "admission-open",
             Self::GrantAfterDeadline => "grant-after-deadline",
+            Self::ReviveExpired => "revive-expired",
+            Self::OldListing => "old-listing",
         }
     }
 }

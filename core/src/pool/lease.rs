@@ -186,7 +186,7 @@ impl PoolDoc {
             });
             return;
         }
-        if expires_at <= now {
+        if expires_at <= now && !config.broken(Mutation::ReviveExpired) {
             // Expired but not yet swept: the holder is too late; take the worker over now.
             self.take_over(worker, RemovalReason::LeaseExpired, now, config, out);
             out.events.push(Event::Refused {

@@ -184,7 +184,9 @@ impl PoolDoc {
         let as_of = as_of.min(now);
         // A listing older than one already applied arrived out of order: it proves nothing new,
         // and it could show workers since confirmed gone.
-        if self.inventory_as_of.is_some_and(|seen| as_of < seen) {
+        if self.inventory_as_of.is_some_and(|seen| as_of < seen)
+            && !config.broken(Mutation::OldListing)
+        {
             return;
         }
         self.inventory_as_of = Some(self.inventory_as_of.map_or(as_of, |seen| seen.max(as_of)));

@@ -68,6 +68,7 @@ impl World {
             (true, Some((Outcome::Done, self.rng.range(100, 1_500))))
         };
         if created {
+            self.truth.created.insert(worker);
             self.workers.insert(
                 worker,
                 TrueWorker {

@@ -2,7 +2,7 @@
 //! replica pauses, controller crashes and zombies), and the start of the liveness phase, in which
 //! every fault stops and the system must converge.
 
-use super::{Ev, World};
+use super::{Ev, World, ZombieHold};
 use crate::faults::{Fault, FaultMix};
 
 impl World {
@@ -56,7 +56,11 @@ impl World {
         }
         if self.rng.chance(self.mix.rate(Fault::ZombieController)) && self.controller.alive {
             // The next store call the controller makes is held through a pause.
-            self.controller.zombie_pending = true;
+            self.controller.zombie_pending = Some(if self.rng.chance(333) {
+                ZombieHold::Listing
+            } else {
+                ZombieHold::PublishOrTick
+            });
         }
         if self.rng.chance(self.mix.rate(Fault::ControllerCrash)) && self.controller.alive {
             self.stats.fault(Fault::ControllerCrash);
@@ -79,7 +83,7 @@ impl World {
                 self.replicas[replica].incarnation += 1;
             }
         }
-        self.controller.zombie_pending = false;
+        self.controller.zombie_pending = None;
         if !self.controller.alive {
             self.start_controller();
         }

@@ -92,6 +92,7 @@ impl World {
         after: &PoolDoc,
         now: UnixMillis,
     ) {
+        self.check_inventory_order(command, before, after, now);
         self.record_inventory(command, after, now);
         self.record_tickets(command, applied, now);
         for effect in &applied.effects {
@@ -115,9 +116,32 @@ impl World {
                 self.check_burst_linger(before, after, now);
                 self.check_wasteful_create(applied, after);
             }
-            self.record_lease_ends(command, before, after);
+            self.record_lease_ends(command, before, after, now);
         }
         self.record_leases(command, applied, after, now);
+    }
+
+    /// A listing older than one the document already took changes no worker.
+    fn check_inventory_order(
+        &mut self,
+        command: &Command,
+        before: Option<&PoolDoc>,
+        after: &PoolDoc,
+        now: UnixMillis,
+    ) {
+        let (Command::InventoryObserved { as_of, .. }, Some(before)) = (command, before) else {
+            return;
+        };
+        let Some(seen) = self.truth.inventory_as_of.get(&before.epoch()).copied() else {
+            return;
+        };
+        if (*as_of).min(now) >= seen {
+            return;
+        }
+        let unchanged = before.workers() == after.workers();
+        self.check(Invariant::InventoryInOrder, unchanged, || {
+            format!("a listing as of {as_of}, older than {seen}, changed the pool's workers")
+        });
     }
 
     fn record_inventory(&mut self, command: &Command, after: &PoolDoc, now: UnixMillis) {
@@ -184,7 +208,13 @@ impl World {
     }
 
     /// Leases that ended in this write: by their holder's release, or taken over.
-    fn record_lease_ends(&mut self, command: &Command, before: &PoolDoc, after: &PoolDoc) {
+    fn record_lease_ends(
+        &mut self,
+        command: &Command,
+        before: &PoolDoc,
+        after: &PoolDoc,
+        now: UnixMillis,
+    ) {
         for (id, worker) in before.workers() {
             let WorkerState::Leased(lease) = &worker.state else {
                 continue;
@@ -196,11 +226,17 @@ impl World {
             if still {
                 continue;
             }
-            let by_holder = match command {
-                Command::Release { lease: l, .. } => *l == lease.id,
-                Command::Cancel { ticket } => *ticket == lease.id,
-                _ => false,
-            };
+            // A release that comes after the lease expired finds it taken over, not released.
+            let over = lease.expires_at <= now
+                || worker
+                    .claim_deadline
+                    .is_some_and(|deadline| deadline <= now);
+            let by_holder = !over
+                && match command {
+                    Command::Release { lease: l, .. } => *l == lease.id,
+                    Command::Cancel { ticket } => *ticket == lease.id,
+                    _ => false,
+                };
             if let Some(truth) = self.truth.leases.get_mut(&lease.id) {
                 truth.ended = Some(if by_holder {
                     LeaseEnd::Released
@@ -430,6 +466,12 @@ impl World {
             .iter()
             .filter(|e| matches!(e, Effect::Create { .. }))
             .count();
+        for (ticket, worker) in &granted {
+            let existed = self.truth.created.contains(worker);
+            self.check(Invariant::GrantedWorkerExisted, existed, || {
+                format!("{ticket} granted {worker}, which was never created")
+            });
+        }
         if granted.is_empty() && created == 0 {
             return;
         }
@@ -455,15 +497,16 @@ impl World {
                 continue;
             };
             let after_state = after.workers().get(id).map(|w| &w.state);
-            let renewed = match after_state {
+            let renewed_to = match after_state {
                 Some(WorkerState::Leased(l)) if l.id == lease.id => {
                     if l.expires_at == lease.expires_at {
                         continue;
                     }
-                    true
+                    Some(l.expires_at)
                 }
-                _ => false,
+                _ => None,
             };
+            let renewed = renewed_to.is_some();
             let by_holder = match command {
                 Command::Heartbeat {
                     worker: w,
@@ -483,8 +526,17 @@ impl World {
                 || worker
                     .claim_deadline
                     .is_some_and(|deadline| deadline <= now);
-            let legitimate = if renewed {
-                matches!(command, Command::Heartbeat { .. }) && by_holder
+            // A renewal (POOL-6) comes from the holder's heartbeat while the lease lives, and runs
+            // exactly one time to live from now (capped by the claim): stale ownership stays bounded.
+            let full_term = now.plus_ms(self.config.lease_ttl_ms);
+            let term = worker
+                .claim_deadline
+                .map_or(full_term, |deadline| full_term.min(deadline));
+            let legitimate = if let Some(renewed_to) = renewed_to {
+                matches!(command, Command::Heartbeat { .. })
+                    && by_holder
+                    && !over
+                    && renewed_to == term
             } else {
                 by_holder
                     || (matches!(command, Command::Tick { .. }) && over)

@@ -13,6 +13,7 @@ use corral_core::time::MonoMillis;
 
 use super::{
     Actor, CONTROLLER_PERIOD_MS, Ev, RECONCILER_CALL_TIMEOUT_MS, StoreAnswer, WorkReply, World,
+    ZombieHold,
 };
 use crate::faults::Fault;
 
@@ -34,16 +35,23 @@ impl World {
         }
         let incarnation = self.controller.incarnation;
         if let Some(call) = self.controller.machine.poll_command() {
-            // It pauses in the middle of a pass, with the pass's publication or tick in hand.
-            let mid_pass = matches!(
-                call,
-                StoreCall::Commit(
-                    corral_core::pool::Command::Tick { .. }
-                        | corral_core::pool::Command::PublishImage { .. }
+            // It pauses in the middle of a pass, with the pass's publication, listing or tick in
+            // hand.
+            let held = matches!(
+                (&call, self.controller.zombie_pending),
+                (
+                    StoreCall::Commit(
+                        corral_core::pool::Command::Tick { .. }
+                            | corral_core::pool::Command::PublishImage { .. },
+                    ),
+                    Some(ZombieHold::PublishOrTick),
+                ) | (
+                    StoreCall::Commit(corral_core::pool::Command::InventoryObserved { .. }),
+                    Some(ZombieHold::Listing),
                 )
             );
-            if self.controller.zombie_pending && mid_pass {
-                self.controller.zombie_pending = false;
+            if held {
+                self.controller.zombie_pending = None;
                 self.zombie_controller(call);
                 return;
             }
@@ -243,7 +251,7 @@ impl World {
         self.controller.alive = true;
         self.controller.incarnation += 1;
         self.controller.paused_until = 0;
-        self.controller.zombie_pending = false;
+        self.controller.zombie_pending = None;
         if !self.liveness && self.rng.chance(self.mix.rate(Fault::NewRelease)) {
             self.stats.fault(Fault::NewRelease);
             self.releases += 1;

@@ -9,7 +9,7 @@
 
 use corral_core::holder::{Ending, HolderEvent, LeaseHolder};
 use corral_core::ids::{OpToken, WorkerId};
-use corral_core::pool::{Applied, Command, Effect};
+use corral_core::pool::{Applied, Command, Effect, Event};
 use corral_core::reset::ResetEvidence;
 use corral_core::time::MonoMillis;
 
@@ -144,6 +144,16 @@ impl World {
             return;
         }
         let now = MonoMillis(self.now);
+        let Some(ticket) = self.clients.get(&client).map(|c| c.ticket) else {
+            return;
+        };
+        let refused = answer.as_ref().is_some_and(|applied| {
+            applied.events.iter().any(|event| match event {
+                Event::Refused { ticket: t, .. } => *t == ticket,
+                Event::LeaseLost { lease, .. } => *lease == ticket,
+                _ => false,
+            })
+        });
         if let Some(holder) = self
             .clients
             .get_mut(&client)
@@ -151,6 +161,11 @@ impl World {
         {
             holder.handle_committed(answer, now);
         }
+        // A refusal or a loss of its lease means the lease is gone: the run must learn it now.
+        let holds = self.holder_holds(client);
+        self.check(Invariant::LossLearned, !(refused && holds), || {
+            format!("client {client}'s lease {ticket} was refused or lost, and it still holds it")
+        });
         self.drive_holder(client);
     }
 

@@ -293,6 +293,15 @@ struct Replica {
     paused_until: u64,
 }
 
+/// What a zombie controller holds through its pause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ZombieHold {
+    /// The pass's publication or tick.
+    PublishOrTick,
+    /// The pass's listing report.
+    Listing,
+}
+
 struct Controller {
     alive: bool,
     incarnation: u64,
@@ -301,8 +310,8 @@ struct Controller {
     generation: u64,
     /// Paused until then, holding a store call.
     paused_until: u64,
-    /// The next store call is held through a pause (a zombie controller).
-    zombie_pending: bool,
+    /// The next store call of this kind is held through a pause (a zombie controller).
+    zombie_pending: Option<ZombieHold>,
 }
 
 /// One seed's world.
@@ -392,7 +401,7 @@ impl World {
                 release,
                 generation: 0,
                 paused_until: 0,
-                zombie_pending: false,
+                zombie_pending: None,
             },
             releases: 0,
             clients: BTreeMap::new(),
@@ -435,7 +444,20 @@ impl World {
             self.store.set_now(next.at);
             self.stats.steps += 1;
             self.note(|| format!("{:>9} {:?}", next.at, next.ev));
-            self.handle(next.ev);
+            // The holders and the reconciler assert their own invariants after every input; a
+            // panic there is a violation of this seed, not a crash of the run.
+            let handled =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.handle(next.ev)));
+            self.stats.checked(Invariant::MachineSound);
+            if let Err(panic) = handled {
+                let detail = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| String::from("panic"));
+                self.violate(Invariant::MachineSound, detail);
+                break;
+            }
             for fault in self.store.take_injected() {
                 self.stats.fault(fault);
             }

@@ -2,7 +2,7 @@
 //! that landed (with the command that made it and what it did), every reset a worker performed,
 //! every listing reported. Nothing here is read back from the pool's view of itself.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use corral_core::ids::{OpToken, TicketId, WorkerId};
 use corral_core::time::UnixMillis;
@@ -48,6 +48,8 @@ pub(super) struct Truth {
     pub(super) resets: BTreeMap<(WorkerId, OpToken), bool>,
     /// The latest listing reported to each epoch's document.
     pub(super) inventory_as_of: BTreeMap<u64, UnixMillis>,
+    /// Every worker the backend ever created.
+    pub(super) created: BTreeSet<WorkerId>,
     /// Each platform claim's deadline, as its create was ordered.
     pub(super) claim_deadline: BTreeMap<WorkerId, UnixMillis>,
 }
