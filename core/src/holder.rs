@@ -144,8 +144,8 @@ pub enum TimerKind {
     Retry,
 }
 
-impl TimerKind {
-    const ALL: [TimerKind; 3] = [Self::Heartbeat, Self::LeaseDeadline, Self::Retry];
+impl crate::time::TimerKind for TimerKind {
+    const ALL: &'static [Self] = &[Self::Heartbeat, Self::LeaseDeadline, Self::Retry];
 
     fn index(self) -> usize {
         match self {
@@ -157,22 +157,7 @@ impl TimerKind {
 }
 
 /// The deadline table: one optional deadline per [`TimerKind`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Timers([Option<MonoMillis>; 3]);
-
-impl Timers {
-    fn get(&self, kind: TimerKind) -> Option<MonoMillis> {
-        self.0[kind.index()]
-    }
-
-    fn set(&mut self, kind: TimerKind, at: Option<MonoMillis>) {
-        self.0[kind.index()] = at;
-    }
-
-    fn earliest(&self) -> Option<MonoMillis> {
-        self.0.iter().flatten().min().copied()
-    }
-}
+type Timers = crate::time::Deadlines<TimerKind, 3>;
 
 /// Where the lease stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,10 +377,8 @@ impl LeaseHolder {
 
     /// Fires every timer that is due; a call with nothing due changes nothing.
     pub fn handle_timeout(&mut self, now: MonoMillis) {
-        for kind in TimerKind::ALL {
-            if self.timers.get(kind).is_some_and(|at| at <= now) {
-                self.fire(kind, now);
-            }
+        for kind in self.timers.take_due(now) {
+            self.fire(kind, now);
         }
         for job in self.resets.values_mut() {
             if job.deadline <= now && job.step != ResetStep::Finished {

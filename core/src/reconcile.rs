@@ -168,8 +168,8 @@ pub enum TimerKind {
     Listing,
 }
 
-impl TimerKind {
-    const ALL: [TimerKind; 2] = [Self::Pass, Self::Listing];
+impl crate::time::TimerKind for TimerKind {
+    const ALL: &'static [Self] = &[Self::Pass, Self::Listing];
 
     fn index(self) -> usize {
         match self {
@@ -179,18 +179,8 @@ impl TimerKind {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Timers([Option<MonoMillis>; 2]);
-
-impl Timers {
-    fn get(&self, kind: TimerKind) -> Option<MonoMillis> {
-        self.0[kind.index()]
-    }
-
-    fn set(&mut self, kind: TimerKind, at: Option<MonoMillis>) {
-        self.0[kind.index()] = at;
-    }
-}
+/// The deadline table: one optional deadline per [`TimerKind`].
+type Timers = crate::time::Deadlines<TimerKind, 2>;
 
 /// Where the pass stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -305,17 +295,14 @@ impl Reconciler {
 
     /// Fires every timer and call deadline that is due; a call with nothing due changes nothing.
     pub fn handle_timeout(&mut self, now: MonoMillis) {
-        for kind in TimerKind::ALL {
-            if self.timers.get(kind).is_some_and(|at| at <= now) {
-                self.timers.set(kind, None);
-                match kind {
-                    TimerKind::Pass => self.start_pass(now),
-                    TimerKind::Listing => {
-                        // No listing in time: the pass goes on without one, as when it fails.
-                        self.listing_out = false;
-                        if self.step == Step::List {
-                            self.step = Step::Tick;
-                        }
+        for kind in self.timers.take_due(now) {
+            match kind {
+                TimerKind::Pass => self.start_pass(now),
+                TimerKind::Listing => {
+                    // No listing in time: the pass goes on without one, as when it fails.
+                    self.listing_out = false;
+                    if self.step == Step::List {
+                        self.step = Step::Tick;
                     }
                 }
             }
@@ -558,8 +545,11 @@ impl Reconciler {
     /// When `handle_timeout` must next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<MonoMillis> {
-        let timers = TimerKind::ALL.iter().filter_map(|k| self.timers.get(*k));
-        timers.chain(self.operations.values().copied()).min()
+        self.timers
+            .earliest()
+            .into_iter()
+            .chain(self.operations.values().copied())
+            .min()
     }
 
     fn start_pass(&mut self, now: MonoMillis) {

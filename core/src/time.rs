@@ -66,3 +66,62 @@ impl MonoMillis {
         Self(self.0.saturating_add(ms))
     }
 }
+
+/// A component's timer kinds: a small enum whose variants number themselves `0..COUNT`.
+pub trait TimerKind: Copy + 'static {
+    /// Every kind, in order of their numbers.
+    const ALL: &'static [Self];
+    /// This kind's number, below `ALL.len()`.
+    fn index(self) -> usize;
+}
+
+/// A deadline table (STYLE.md item 5): at most one deadline per timer kind `K` of a component
+/// with `N` kinds. Timers are data; the component fires every expired one and re-arms or clears
+/// each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deadlines<K, const N: usize> {
+    at: [Option<MonoMillis>; N],
+    kind: core::marker::PhantomData<K>,
+}
+
+impl<K: TimerKind, const N: usize> Default for Deadlines<K, N> {
+    fn default() -> Self {
+        assert_eq!(K::ALL.len(), N, "one deadline per timer kind");
+        Self {
+            at: [None; N],
+            kind: core::marker::PhantomData,
+        }
+    }
+}
+
+impl<K: TimerKind, const N: usize> Deadlines<K, N> {
+    /// When `kind` fires, if it is armed.
+    #[must_use]
+    pub fn get(&self, kind: K) -> Option<MonoMillis> {
+        self.at[kind.index()]
+    }
+
+    /// Arms `kind` for `at`, or clears it with `None`.
+    pub fn set(&mut self, kind: K, at: Option<MonoMillis>) {
+        self.at[kind.index()] = at;
+    }
+
+    /// The earliest deadline armed.
+    #[must_use]
+    pub fn earliest(&self) -> Option<MonoMillis> {
+        self.at.iter().flatten().min().copied()
+    }
+
+    /// The kinds due at `now`, each cleared (the caller re-arms what repeats).
+    pub fn take_due(&mut self, now: MonoMillis) -> Vec<K> {
+        let due: Vec<K> = K::ALL
+            .iter()
+            .copied()
+            .filter(|kind| self.get(*kind).is_some_and(|at| at <= now))
+            .collect();
+        for kind in &due {
+            self.set(*kind, None);
+        }
+        due
+    }
+}

@@ -4,7 +4,7 @@ use std::process::ChildStdin;
 use std::time::{Duration, Instant};
 
 use corral_contract::messages::EvidenceReport;
-use corral_core::bounds::code_fits;
+use corral_core::bounds::{ExecutionBounds, code_fits};
 use corral_core::ids::OpToken;
 use corral_core::jail::NotRun;
 use corral_core::run::outcome::NOT_RUN_EXIT_CODE;
@@ -105,13 +105,7 @@ impl Worker {
         let posture = self.decide_posture(result)?;
         let language = request.language;
         let bounds = &self.settings.bounds;
-        if !code_fits(request.code.len(), bounds) {
-            note(
-                &mut result.reply.diagnostics,
-                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
-            );
-            return Err(NotRun::CodeTooLarge);
-        }
+        refuse_oversized_code(request, bounds, result)?;
         // In the order a run has always had: the cgroups once the workspace is accepted.
         let dirs = self.create_dirs(run, result)?;
         let before = self.fill_workspace(request, language, run, &dirs, result)?;
@@ -140,13 +134,7 @@ impl Worker {
         self.decide_posture(result)?;
         let language = request.language;
         let bounds = &self.settings.bounds;
-        if !code_fits(request.code.len(), bounds) {
-            note(
-                &mut result.reply.diagnostics,
-                "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
-            );
-            return Err(NotRun::CodeTooLarge);
-        }
+        refuse_oversized_code(request, bounds, result)?;
         let dirs = RunDirs {
             run_dir: run.run_dir.clone(),
         };
@@ -176,4 +164,21 @@ impl Worker {
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }
+}
+
+/// Refuses code larger than the workspace bound (`corral_core::bounds::code_fits`, the rule the
+/// API admitted it by), with a note saying so.
+fn refuse_oversized_code(
+    request: &RunRequest,
+    bounds: &ExecutionBounds,
+    result: &mut RunResult,
+) -> Result<(), NotRun> {
+    if code_fits(request.code.len(), bounds) {
+        return Ok(());
+    }
+    note(
+        &mut result.reply.diagnostics,
+        "the code is larger than SANDBOX_WORKSPACE_MAX_BYTES",
+    );
+    Err(NotRun::CodeTooLarge)
 }
