@@ -7,7 +7,14 @@
 //! counts and lists after `cargo test`. A test that returns early without calling [`skip`] is a
 //! test that can pass with the feature broken.
 //!
-//! This crate depends on nothing but `std`, and holds nothing but what a skip needs.
+//! It also holds the test registries ([`registries`]): a PyPI index and an npm registry that a
+//! test starts on loopback and fills with packages it builds, never reaching any other index, and
+//! ports that refuse or never answer.
+//!
+//! This crate depends on nothing but `std`, and holds nothing but what a skip needs and those
+//! registries.
+
+pub mod registries;
 
 use std::fmt;
 use std::fs::OpenOptions;
@@ -21,7 +28,8 @@ pub const SKIP_LOG_VAR: &str = "CORRAL_SKIP_LOG";
 /// which a test that lacks it fails instead of skipping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
-    /// A server the test starts: Valkey, or moto's S3 server (`scripts/setup-services --tests`).
+    /// A server the test starts: Valkey, moto's S3 server, pypiserver or verdaccio
+    /// (`scripts/setup-services --tests`).
     Services,
     /// Network namespaces: `ip netns`, `unshare(CLONE_NEWNET)`.
     Netns,
