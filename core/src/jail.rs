@@ -73,17 +73,25 @@ pub enum NotRun {
     /// A persistent kernel was asked for, and this release runs only ephemeral code (KER-1): the
     /// code is refused rather than run ephemerally.
     PersistentKernelUnavailable,
+    /// A requested package was refused before anything was installed (PKG-4, PKG-6): a URL, a
+    /// path, an index, an installer flag, or not a distribution's name.
+    DependencyRequestInvalid,
+    /// The run's dependencies could not be installed (PKG-5, PKG-6, PKG-7): the record's
+    /// `dependencies` says which packages and why.
+    DependencyInstallFailed,
 }
 
 impl NotRun {
     /// Every reason.
-    pub const ALL: [NotRun; 6] = [
+    pub const ALL: [NotRun; 8] = [
         Self::UnsupportedLanguage,
         Self::IsolationUnavailable,
         Self::WorkspaceTooLarge,
         Self::CodeTooLarge,
         Self::JailSetupFailed,
         Self::PersistentKernelUnavailable,
+        Self::DependencyRequestInvalid,
+        Self::DependencyInstallFailed,
     ];
 
     /// The stable reason code.
@@ -96,6 +104,8 @@ impl NotRun {
             Self::CodeTooLarge => "code_too_large",
             Self::JailSetupFailed => "jail_setup_failed",
             Self::PersistentKernelUnavailable => "persistent_kernel_unavailable",
+            Self::DependencyRequestInvalid => "dependency_request_invalid",
+            Self::DependencyInstallFailed => "dependency_install_failed",
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - [`egress`]: the one egress decision (modes, address classes, target parsing) and signed grants.
 //! - [`holder`]: the lease holder, a state machine that owns one lease from grant to release.
 //! - [`jail`]: the rules of one run: languages, refusals, isolation posture, bounds, output caps.
+//! - [`packages`]: requested packages, the baked stack, what a run's dependencies need, the broker's rules.
 //! - [`pool`]: the allocation rules, a pure transition over one pool's shared document.
 //! - [`reconcile`]: the controller's reconciler, a state machine that orders each pass.
 //! - [`run`]: one `run_code`, decided: admission, and the outcome of what the worker reported.
@@ -57,6 +58,7 @@ pub mod egress;
 pub mod holder;
 pub mod ids;
 pub mod jail;
+pub mod packages;
 pub mod pool;
 pub mod reconcile;
 pub mod reset;

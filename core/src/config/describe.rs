@@ -98,6 +98,7 @@ impl Settings {
             self.jail.allow_weaker_isolation.to_string(),
         ));
         out.push((JAIL_CGROUP_ROOT, self.jail.cgroup_root.clone()));
+        out.push((JAIL_PYTHON_STACK, self.jail.python_stack.clone()));
         out
     }
 

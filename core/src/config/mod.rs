@@ -194,6 +194,10 @@ pub struct JailSettings {
     /// `CORRAL_JAIL_CGROUP_ROOT` (default `/sys/fs/cgroup`): where the cgroup v1 `memory` and
     /// `pids` controllers are mounted.
     pub cgroup_root: String,
+    /// `CORRAL_JAIL_PYTHON_STACK` (default `/opt/corral/python`): the baked Python stack's
+    /// environment (PKG-1), built by `scripts/build-python-stack`. The jail binds it read-only at
+    /// the same path and runs Python from it; without it, Python runs bare and says so.
+    pub python_stack: String,
 }
 
 /// Every setting, parsed, in range, and with its limits agreeing with each other.
@@ -305,6 +309,7 @@ impl Default for Settings {
             jail: JailSettings {
                 allow_weaker_isolation: false,
                 cgroup_root: "/sys/fs/cgroup".to_owned(),
+                python_stack: "/opt/corral/python".to_owned(),
             },
         }
     }
@@ -356,6 +361,7 @@ impl Settings {
                 allow_weaker_isolation: r
                     .flag(JAIL_ALLOW_WEAKER_ISOLATION, d.jail.allow_weaker_isolation)?,
                 cgroup_root: r.path(JAIL_CGROUP_ROOT, &d.jail.cgroup_root)?,
+                python_stack: r.path(JAIL_PYTHON_STACK, &d.jail.python_stack)?,
             },
         };
         settings.validate()?;

@@ -17,6 +17,8 @@ use crate::egress::grant::PROVIDER_HINT_MAX;
 use crate::egress::target::NAME_MAX_BYTES;
 use crate::ids::{ActorId, ConversationId, MemberId, identity_is_valid};
 use crate::jail::{Language, NotRun};
+use crate::packages::resolve::{Available, DependencyFailure, Resolution, resolve};
+use crate::packages::stack::baked;
 
 /// The most names a run may declare as outputs (WS-7).
 pub const DECLARED_MAX: usize = 64;
@@ -51,6 +53,11 @@ pub struct RunCodeRequest {
     /// How long to wait for a worker, capped by `SANDBOX_ACQUIRE_WAIT_SECONDS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_seconds: Option<u64>,
+    /// Packages the run needs beyond what its imports name (PKG-4): Python requirement names
+    /// with optional exact versions (`humanize`, `pandas==2.2.3`), or npm names
+    /// (`left-pad@1.3.0`). Never a URL, a path, an index or an installer flag.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<String>,
 }
 
 fn is_default(overrides: &BoundOverrides) -> bool {
@@ -80,6 +87,9 @@ pub struct Admitted {
     pub provider_hint: Option<Vec<String>>,
     /// How long to wait for a worker, at most `SANDBOX_ACQUIRE_WAIT_SECONDS`, over every attempt.
     pub wait_ms: u64,
+    /// What the run's dependencies need: satisfied by the baked stack, or installed through the
+    /// broker before the code runs.
+    pub dependencies: Resolution,
 }
 
 /// Why a request is refused. The codes are stable.
@@ -137,6 +147,8 @@ pub enum Admission {
     NotRun(NotRun),
     /// Refused as malformed.
     Refused(Refusal),
+    /// Answered with a `not_run` record of its dependencies (PKG-6), before any lease.
+    Dependencies(DependencyFailure),
 }
 
 fn refused(
@@ -153,10 +165,11 @@ fn refused(
     })
 }
 
-/// Judges `request` under `settings`. Checks run in a fixed order (identity, kernel, language,
-/// code, bounds, declared outputs, provider hint) and the first failure answers.
+/// Judges `request` under `settings`, with the registries `available` to the broker. Checks run
+/// in a fixed order (identity, kernel, language, code, bounds, declared outputs, provider hint,
+/// dependencies) and the first failure answers.
 #[must_use]
-pub fn admit(request: RunCodeRequest, settings: &Settings) -> Admission {
+pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available) -> Admission {
     for (field, value) in [
         ("actor", &request.actor),
         ("conversation", &request.conversation),
@@ -234,6 +247,16 @@ pub fn admit(request: RunCodeRequest, settings: &Settings) -> Admission {
             format!("at most {PROVIDER_HINT_MAX} host names of at most {NAME_MAX_BYTES} bytes"),
         );
     }
+    let dependencies = match resolve(
+        language,
+        &request.packages,
+        &request.code,
+        baked(),
+        available,
+    ) {
+        Ok(resolution) => resolution,
+        Err(failure) => return Admission::Dependencies(failure),
+    };
     let wait_max_ms = settings.pool().acquire_wait_ms;
     let wait_ms = request
         .wait_seconds
@@ -249,6 +272,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings) -> Admission {
         bounds,
         provider_hint: request.provider_hint,
         wait_ms,
+        dependencies,
     }))
 }
 
@@ -286,12 +310,17 @@ mod tests {
         }
     }
 
+    const ANY: Available = Available {
+        python: true,
+        npm: true,
+    };
+
     fn settings() -> Settings {
         Settings::from_pairs(&[("SANDBOX_ACQUIRE_WAIT_SECONDS", "30")]).unwrap()
     }
 
     fn refusal(request: RunCodeRequest) -> Refusal {
-        match admit(request, &settings()) {
+        match admit(request, &settings(), ANY) {
             Admission::Refused(refusal) => refusal,
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -303,7 +332,7 @@ mod tests {
         asked.bounds.max_wall_seconds = Some(5);
         asked.declared_outputs = vec!["./out/report.pdf".into(), "out/report.pdf".into()];
         asked.wait_seconds = Some(3_600);
-        let Admission::Admitted(admitted) = admit(asked, &settings()) else {
+        let Admission::Admitted(admitted) = admit(asked, &settings(), ANY) else {
             panic!("not admitted");
         };
         assert_eq!(admitted.language, Language::Python);
@@ -320,14 +349,50 @@ mod tests {
         let mut ruby = request();
         ruby.language = "ruby".into();
         assert_eq!(
-            admit(ruby, &settings()),
+            admit(ruby, &settings(), ANY),
             Admission::NotRun(NotRun::UnsupportedLanguage)
         );
         let mut persistent = request();
         persistent.kernel = Some("persistent".into());
         assert_eq!(
-            admit(persistent, &settings()),
+            admit(persistent, &settings(), ANY),
             Admission::NotRun(NotRun::PersistentKernelUnavailable)
+        );
+    }
+
+    #[test]
+    fn pkg_06_a_bad_dependency_request_is_not_run_before_a_lease() {
+        for bad in [
+            "--index-url=http://x/simple",
+            "-e",
+            "./pkg",
+            "https://x/p.whl",
+            "p @ file:///x",
+        ] {
+            let mut asked = request();
+            asked.packages = vec![bad.into()];
+            match admit(asked, &settings(), ANY) {
+                Admission::Dependencies(failure) => {
+                    assert_eq!(failure.reason(), NotRun::DependencyRequestInvalid, "{bad}");
+                }
+                other => panic!("{bad}: expected a dependency refusal, got {other:?}"),
+            }
+        }
+        let mut docx = request();
+        docx.code = "import docx\nimport pandas".into();
+        let Admission::Admitted(admitted) = admit(docx, &settings(), ANY) else {
+            panic!("not admitted");
+        };
+        assert!(
+            !admitted.dependencies.needs_broker(),
+            "the baked stack provides docx and pandas"
+        );
+        assert!(
+            admitted
+                .dependencies
+                .satisfied
+                .iter()
+                .any(|s| s.starts_with("python-docx "))
         );
     }
 

@@ -37,6 +37,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(caller)
         .merge(admin)
         .route("/v1/egress/verifying_key", get(verifying_key))
+        .route(
+            "/v1/packages/{token}/pypi/simple/{project}/",
+            get(crate::broker::simple),
+        )
+        .route(
+            "/v1/packages/{token}/pypi/simple/{project}",
+            get(crate::broker::simple),
+        )
+        .route(
+            "/v1/packages/{token}/pypi/files/{project}/{filename}",
+            get(crate::broker::file),
+        )
+        .route("/v1/packages/{token}/npm/{*path}", get(crate::broker::npm))
+        .route("/v1/packages/{token}/status", get(crate::broker::status))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use corral_core::config::Settings;
 use corral_store::ValkeyStore;
 
+pub mod broker;
 pub mod client;
 pub mod egress;
 pub mod http;
@@ -48,6 +49,22 @@ pub struct AppState {
     pub caller_credential: String,
     /// The admin credential.
     pub admin_credential: String,
+    /// The package broker (PKG-3), `None` when it could not be built.
+    pub broker: Option<broker::Broker>,
+}
+
+impl AppState {
+    /// The registries runs may install from through the broker (PKG-3, PKG-7).
+    #[must_use]
+    pub fn packages(&self) -> corral_core::packages::resolve::Available {
+        self.broker.as_ref().map_or(
+            corral_core::packages::resolve::Available {
+                python: false,
+                npm: false,
+            },
+            broker::Broker::available,
+        )
+    }
 }
 
 /// Serves the API on `listener` until `shutdown` completes.

@@ -96,6 +96,7 @@ impl Fixture {
             metrics: Metrics::default(),
             caller_credential: String::from("caller-credential-0123456789"),
             admin_credential: String::from("admin-credential-0123456789"),
+            broker: None,
         });
         Some((
             Fixture {

@@ -73,6 +73,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
     let workers = WorkerClient::new(parts.locator, parts.worker)?;
     let egress =
         corral_api::egress::Egress::new(settings.egress.clone(), parts.field_key.as_deref());
+    let settings_packages = settings.packages.clone();
     Ok(Arc::new(AppState {
         settings,
         store,
@@ -82,6 +83,10 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         metrics: corral_api::metrics::Metrics::default(),
         caller_credential: parts.caller,
         admin_credential: parts.admin,
+        broker: match corral_api::broker::Broker::new(&settings_packages) {
+            Ok(broker) => Some(broker),
+            Err(why) => return Err(why),
+        },
     }))
 }
 

@@ -36,7 +36,10 @@ const USAGE: &str =
 
 /// The sample `--sample` runs.
 const SAMPLE: &str = r#"import os, platform
-print("hello from a Corral worker, Python", platform.python_version())
+import pandas as pd
+print("hello from a Corral worker, Python", platform.python_version(), "pandas", pd.__version__)
+frame = pd.DataFrame({"city": ["Lisbon", "Osaka", "Quito"], "rain_mm": [690, 1470, 1010]})
+print(frame.sort_values("rain_mm").to_string(index=False))
 with open("hello.txt", "w") as f:
     f.write("kept in this actor's workspace for this conversation\n")
 print("workspace:", sorted(os.listdir(".")))

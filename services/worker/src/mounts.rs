@@ -64,6 +64,9 @@ pub struct Layout<'a> {
     pub uid: u32,
     /// See `uid`.
     pub gid: u32,
+    /// The baked Python stack, bound read-only at the same path (its environment names its own
+    /// absolute paths).
+    pub python_stack: Option<&'a Path>,
 }
 
 /// Builds the jail's root and makes it the calling process's root. The caller must be alone in a
@@ -92,6 +95,11 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         || "mount the root tmpfs".to_owned(),
     )?;
     system_entries(&root)?;
+    if let Some(stack) = layout.python_stack {
+        let inside = root.join(stack.strip_prefix("/").unwrap_or(stack));
+        let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        bind_dir(stack, &inside, read_only)?;
+    }
     etc(&root, layout)?;
     dev(&root, layout.run_dir)?;
     let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;

@@ -20,6 +20,10 @@ pub struct JailPlan {
     pub inner_gid: u32,
     /// Whether a seccomp filter that cannot be installed is waived instead of refusing the run.
     pub seccomp_waivable: bool,
+    /// The baked Python stack's directory (PKG-1), bound read-only at the same path; `None` when
+    /// the worker found none to use.
+    #[serde(default)]
+    pub python_stack: Option<String>,
     /// The interpreter and its arguments, as paths inside the jail.
     pub argv: Vec<String>,
     /// The code's whole environment.

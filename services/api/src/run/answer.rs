@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use corral_contract::{ErrorBody, ExecuteReply};
 use corral_core::bounds::OutputStream;
 use corral_core::jail::NotRun;
+use corral_core::packages::resolve::DependencyFailure;
 use corral_core::run::admission::{Refusal, RefusalCode};
 use corral_core::run::outcome::{Decided, ErrorCode};
 use corral_store::lease::AcquireError;
@@ -119,6 +120,36 @@ pub fn not_run_before_lease(run_id: &str, reason: NotRun) -> Reply {
     )
 }
 
+/// A run stopped by its dependencies before its code ran (PKG-6): a `not_run` record whose error
+/// names the packages and the cause, which is what the member reads. `diagnostics` are the
+/// worker's, when the install ran there.
+pub fn dependencies_failed(
+    run_id: &str,
+    failure: &DependencyFailure,
+    diagnostics: &[String],
+) -> Reply {
+    let decided = Decided::not_run_before_lease(failure.reason());
+    let empty = OutputStream::default();
+    let mut model = serde_json::to_value(decided.model(&empty, &empty, diagnostics, &[]))
+        .unwrap_or(Value::Null);
+    model["dependencies"] = json!({ "failure": failure });
+    (
+        StatusCode::OK,
+        json!({
+            "run_id": run_id,
+            "outcome": decided.outcome,
+            "error": {
+                "code": failure.reason(),
+                "cause": failure.cause,
+                "packages": failure.packages,
+                "message": failure.message,
+            },
+            "model": model,
+            "member": decided.member(),
+        }),
+    )
+}
+
 /// What the API adds to the model's projection of a run.
 pub struct Context<'a> {
     /// The run's id.
@@ -131,6 +162,8 @@ pub struct Context<'a> {
     pub worker: String,
     /// Where the API's time went.
     pub phases: serde_json::Map<String, Value>,
+    /// What the run's dependencies needed (PKG-1, PKG-2).
+    pub dependencies: Value,
 }
 
 /// A run's outcome: corral-core's decision, with the worker's output and the API's context.
@@ -161,6 +194,7 @@ pub fn decided(
             json!({ "generation": decided.generation, "saved": keeping.saved, "unchanged": keeping.unchanged }),
         );
         model.insert("warm".into(), json!(reply.warm));
+        model.insert("dependencies".into(), context.dependencies);
         model.insert("worker".into(), json!(context.worker));
         let mut durations = json!(reply.durations);
         durations["api"] = Value::Object(context.phases);

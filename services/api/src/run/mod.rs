@@ -55,7 +55,7 @@ pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
 
 async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
-    let admitted = match admit(request, &state.settings) {
+    let admitted = match admit(request, &state.settings, state.packages()) {
         Admission::Admitted(admitted) => admitted,
         Admission::NotRun(reason) => {
             state.metrics.run("not_run");
@@ -64,6 +64,10 @@ async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
         Admission::Refused(refused) => {
             state.metrics.refusal(refused.code.code());
             return answer::request_refused(&refused);
+        }
+        Admission::Dependencies(failure) => {
+            state.metrics.run("not_run");
+            return answer::dependencies_failed(&run_id, &failure, &[]);
         }
     };
     let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
@@ -257,6 +261,11 @@ async fn leased(
         egress: egress.report,
         worker: granted.worker.to_string(),
         phases: phases.marks,
+        dependencies: json!({
+            "satisfied": admitted.dependencies.satisfied,
+            "installed": admitted.dependencies.packages(),
+            "notes": admitted.dependencies.notes,
+        }),
     };
     Leased::Done(
         answer::decided(&decided, &reply, &keeping, context),

@@ -5,10 +5,11 @@ use corral_core::jail::Language;
 use crate::plan::LINE_WAITING;
 use crate::relay;
 
-/// The interpreter's command line for the code at `path` (inside the jail).
-pub(super) fn interpreter(language: Language, path: &str) -> Vec<String> {
+/// The interpreter's command line for the code at `path` (inside the jail); `python` is the
+/// Python interpreter (the baked stack's, or the system's).
+pub(super) fn interpreter(language: Language, python: &str, path: &str) -> Vec<String> {
     let program = match language {
-        Language::Python => "/usr/bin/python3",
+        Language::Python => python,
         Language::Node => "/usr/bin/node",
     };
     vec![program.to_owned(), path.to_owned()]
@@ -23,7 +24,12 @@ pub(super) fn interpreter(language: Language, path: &str) -> Vec<String> {
 /// checked to be dotted identifiers), each in its own `try`: a module that is missing or fails
 /// is skipped, and the code meets it as a cold run would. The modules stay in `sys.modules`,
 /// which is the point; their names, like the bootstrap's own, are removed from `__main__`.
-pub(super) fn bootstrap(language: Language, path: &str, preimport: &[String]) -> Vec<String> {
+pub(super) fn bootstrap(
+    language: Language,
+    python: &str,
+    path: &str,
+    preimport: &[String],
+) -> Vec<String> {
     match language {
         Language::Python => {
             // Imported while no tenant's file exists (the workspace is filled when a run takes
@@ -74,7 +80,7 @@ pub(super) fn bootstrap(language: Language, path: &str, preimport: &[String]) ->
                 dir = "/run/corral",
                 waiting = LINE_WAITING,
             );
-            vec!["/usr/bin/python3".to_owned(), "-c".to_owned(), source]
+            vec![python.to_owned(), "-c".to_owned(), source]
         }
         Language::Node => {
             let source = format!(
@@ -127,7 +133,7 @@ mod tests {
     /// itself then reads end of input and sees itself as the main program at `path`.
     fn bootstrapped(language: Language, code: &str, preimport: &[String]) -> (i32, String, String) {
         let path = format!("/run/corral/main.{}", language.extension());
-        let argv = bootstrap(language, &path, preimport);
+        let argv = bootstrap(language, "/usr/bin/python3", &path, preimport);
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())

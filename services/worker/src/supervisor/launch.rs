@@ -64,14 +64,23 @@ impl Worker {
             inner_uid,
             inner_gid,
             seccomp_waivable: waived(Primitive::Seccomp),
+            python_stack: self
+                .python_stack()
+                .ok()
+                .map(|stack| stack.to_string_lossy().into_owned()),
             argv: if warm {
                 bootstrap(
                     language,
+                    &self.python(),
                     &format!("/run/corral/{code_name}"),
                     &self.settings.prepare.python_preimport,
                 )
             } else {
-                interpreter(language, &format!("/run/corral/{code_name}"))
+                interpreter(
+                    language,
+                    &self.python(),
+                    &format!("/run/corral/{code_name}"),
+                )
             },
             env: environment(),
             limits: Limits {

@@ -31,6 +31,7 @@ mod prepare;
 mod reset;
 mod run;
 mod setup;
+mod stack;
 mod supervise;
 
 use launch::Started;
@@ -134,6 +135,8 @@ pub struct Worker {
     /// The egress proxy the relays carry granted connections to (`SANDBOX_EGRESS_PROXY_URL`),
     /// or why there is none (every relay then refuses everything).
     egress_proxy: Result<ProxyAddress, String>,
+    /// The baked Python stack (PKG-1) the jails run Python from, or why there is none.
+    python_stack: Result<PathBuf, String>,
 }
 
 impl Worker {
@@ -164,15 +167,33 @@ impl Worker {
             None => Err("SANDBOX_EGRESS_PROXY_URL is unset".to_owned()),
             Some(url) => ProxyAddress::parse(url),
         };
+        let python_stack = stack::find(Path::new(&settings.jail.python_stack));
+        if let Err(why) = &python_stack {
+            eprintln!("corral worker: Python runs without the baked stack: {why}");
+        }
         Self {
             settings,
             reexec,
             base,
             missing,
+            python_stack,
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),
             egress_proxy,
+        }
+    }
+
+    /// The baked Python stack in use, or why there is none.
+    pub fn python_stack(&self) -> Result<&Path, &str> {
+        self.python_stack.as_deref().map_err(String::as_str)
+    }
+
+    /// The Python interpreter the jails run: the stack's, or the system's without one.
+    fn python(&self) -> String {
+        match &self.python_stack {
+            Ok(stack) => stack::interpreter(stack),
+            Err(_) => stack::SYSTEM_PYTHON.to_owned(),
         }
     }
 
