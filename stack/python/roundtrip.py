@@ -47,6 +47,15 @@ def read_xlsx_rows(file):
 
 
 @check
+def interpreter_is_the_stack():
+    expect(sys.prefix != sys.base_prefix, f"{sys.executable} is not the baked stack's venv")
+    stack_id = os.path.join(sys.prefix, "corral-stack.id")
+    expect(os.path.isfile(stack_id), f"{sys.prefix} is not a baked stack (no corral-stack.id)")
+    system = [p for p in sys.path if "dist-packages" in p]
+    expect(not system, f"the system's packages are on sys.path: {system}")
+
+
+@check
 def openpyxl_writes_openpyxl_reads():
     import openpyxl
 
