@@ -235,8 +235,8 @@ fn resolve_python(
                     return Err(no_registry(
                         vec![(*raw).clone()],
                         format!(
-                            "{} is not available: no package registry is configured \
-                             (SANDBOX_PACKAGE_REGISTRIES={{}}); the baked stack has {} {}",
+                            "{} is not available: no Python package registry is configured \
+                             (SANDBOX_PACKAGE_REGISTRIES names none); the baked stack has {} {}",
                             requirement.spec(),
                             baked.name,
                             baked.version
@@ -270,8 +270,8 @@ fn resolve_python(
         return Err(no_registry(
             unavailable.clone(),
             format!(
-                "{} cannot be installed: no package registry is configured \
-                 (SANDBOX_PACKAGE_REGISTRIES={{}}); only the baked stack is available: {}",
+                "{} cannot be installed: no Python package registry is configured \
+                 (SANDBOX_PACKAGE_REGISTRIES names none); only the baked stack is available: {}",
                 unavailable.join(", "),
                 stack.summary()
             ),
@@ -342,7 +342,7 @@ fn resolve_npm(packages: &[String], registry: bool) -> Result<Resolution, Depend
     if !registry && !resolution.install.is_empty() {
         return Err(no_registry(
             packages.to_vec(),
-            "no npm registry is configured (SANDBOX_PACKAGE_REGISTRIES={}); the baked stack is \
+            "no npm registry is configured (SANDBOX_PACKAGE_REGISTRIES); the baked stack is \
              Python's only"
                 .to_owned(),
         ));

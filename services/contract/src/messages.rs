@@ -11,6 +11,7 @@ use corral_core::downloads::{Download, Rejected};
 use corral_core::egress::grant::grant_is_sendable;
 use corral_core::ids::OpToken;
 use corral_core::jail::{Language, NotRun};
+use corral_core::packages::resolve::{DependencyFailure, Install};
 use corral_core::reset::{ResetEvidence, Verdict, judge};
 use corral_core::run::admission::declared_outputs;
 use corral_core::run::outcome::Packed;
@@ -43,8 +44,52 @@ pub struct ExecuteRequest {
     /// Relative names the run declared as outputs (WS-7).
     #[serde(default)]
     pub declared: Vec<String>,
+    /// What to install through the broker before the code runs (PKG-2, PKG-3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependencies: Option<InstallOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+}
+
+/// What a run installs before its code: corral-core's resolution, and the broker token that
+/// the worker's relay carries (never given to the code).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallOrder {
+    /// The distributions, in the installer's spelling.
+    pub install: Vec<Install>,
+    /// `name==version` of each baked distribution the install keeps (PKG-2).
+    #[serde(default)]
+    pub constraints: Vec<String>,
+    /// The broker token for this run.
+    pub token: String,
+}
+
+impl InstallOrder {
+    /// Whether every item parses as corral-core parses a request (the API resolved it with the
+    /// same functions), and the token can travel in a path.
+    #[must_use]
+    pub fn is_valid(&self, language: Language) -> bool {
+        use corral_core::packages::requirement::{REQUESTED_MAX, parse_npm, parse_python};
+        let spec_ok = |spec: &str| match language {
+            Language::Python => parse_python(spec).is_ok(),
+            Language::Node => parse_npm(spec).is_ok(),
+        };
+        !self.install.is_empty()
+            && self.install.len() <= 2 * REQUESTED_MAX
+            && self.install.iter().all(|i| spec_ok(&i.spec))
+            && self.constraints.len() <= 256
+            && self
+                .constraints
+                .iter()
+                .all(|c| parse_python(c).is_ok_and(|r| r.version.is_some()))
+            && !self.token.is_empty()
+            && self.token.len() <= 256
+            && self
+                .token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_'))
+    }
 }
 
 /// An execute request the worker accepted: its bounds and its workspace's bytes.
@@ -115,6 +160,14 @@ impl ExecuteRequest {
                 );
             }
         };
+        if let Some(order) = &self.dependencies
+            && !order.is_valid(self.language)
+        {
+            return refuse(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("dependencies: an item corral-core does not accept"),
+            );
+        }
         let archive = match self.workspace.as_deref().map(|text| BASE64.decode(text)) {
             None => None,
             Some(Ok(bytes)) => Some(bytes),
@@ -250,6 +303,21 @@ pub struct ExecuteReply {
     pub durations: Durations,
     /// The workspace after the run.
     pub workspace: WorkspaceReturn,
+    /// What the run installed before its code, or why it could not (PKG-6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dependencies: Option<InstallReport>,
+}
+
+/// What a run's install did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallReport {
+    /// What was installed.
+    pub installed: Vec<String>,
+    /// Why the install failed, beside a `dependency_install_failed` record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<DependencyFailure>,
+    /// How long it took.
+    pub install_ms: u64,
 }
 
 /// Appends `note` to `diagnostics` within the contract's bounds: shortened when long, dropped
@@ -341,6 +409,7 @@ mod tests {
             bounds: BoundOverrides::default(),
             grant: None,
             declared: Vec::new(),
+            dependencies: None,
             token: OpToken(3),
         }
     }

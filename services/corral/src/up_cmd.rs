@@ -287,7 +287,18 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
     let backend = Arc::new(crate::controller_cmd::local_backend(
         &workers_dir,
         &worker_token,
-        &[("SANDBOX_EGRESS_PROXY_URL", &proxy_url)],
+        &[
+            ("SANDBOX_EGRESS_PROXY_URL", &proxy_url),
+            // The package broker is this API (PKG-3), unless the operator names another.
+            (
+                "SANDBOX_PACKAGE_BROKER_URL",
+                &settings
+                    .packages
+                    .broker_url
+                    .clone()
+                    .unwrap_or_else(|| api_url.clone()),
+            ),
+        ],
     )?);
     started.backend = Some(backend.clone());
     let store = corral_store::ValkeyStore::connect(&valkey, "default")

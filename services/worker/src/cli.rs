@@ -196,6 +196,7 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             bounds: None,
             pack_workspace: false,
             grant,
+            install: None,
         }),
         Err(reason) => worker.refuse(reason, OpToken(0)),
     };

@@ -121,6 +121,8 @@ pub struct Relay {
 /// What the accepting thread and the connections share with the owner.
 struct Shared {
     upstream: Option<ProxyAddress>,
+    /// A plain relay (the package broker's): bytes both ways, no head read, no grant.
+    passthrough: bool,
     state: Mutex<State>,
 }
 
@@ -165,18 +167,34 @@ impl Relay {
     pub fn open(jail_pid: u32, upstream: Option<ProxyAddress>) -> Result<Self, String> {
         let path = format!("/proc/{jail_pid}/ns/net");
         let namespace = File::open(&path).map_err(|e| format!("relay: open {path}: {e}"))?;
-        Self::open_in(&namespace, upstream)
+        Self::open_in(&namespace, upstream, LISTEN_PORT, false)
+    }
+
+    /// A plain relay on 127.0.0.1:`port` in the network namespace of process `jail_pid` to
+    /// `upstream`: the package broker's route (PKG-3), which never goes through the egress
+    /// proxy, so that the proxy's loopback and private-address denials stay absolute. It is open
+    /// only while a run's install runs; the broker checks the token in each request's path.
+    pub fn open_plain(jail_pid: u32, upstream: ProxyAddress, port: u16) -> Result<Self, String> {
+        let path = format!("/proc/{jail_pid}/ns/net");
+        let namespace = File::open(&path).map_err(|e| format!("relay: open {path}: {e}"))?;
+        Self::open_in(&namespace, Some(upstream), port, true)
     }
 
     /// [`Relay::open`] in the network namespace `namespace` (an open `ns/net` file).
-    fn open_in(namespace: &File, upstream: Option<ProxyAddress>) -> Result<Self, String> {
-        let listener = bind_in_namespace(namespace)?;
+    fn open_in(
+        namespace: &File,
+        upstream: Option<ProxyAddress>,
+        port: u16,
+        passthrough: bool,
+    ) -> Result<Self, String> {
+        let listener = bind_in_namespace(namespace, port)?;
         listener
             .set_nonblocking(true)
             .map_err(|e| format!("relay listener: {e}"))?;
         let (stop, stopped) = UnixStream::pair().map_err(|e| format!("relay stop pair: {e}"))?;
         let shared = Arc::new(Shared {
             upstream,
+            passthrough,
             state: Mutex::new(State {
                 grant: None,
                 stopped: false,
@@ -234,7 +252,7 @@ impl Drop for Relay {
 
 /// Binds the listener from a short-lived thread that joins the jail's network namespace (a
 /// namespace is per thread, and the socket keeps the one it was made in).
-fn bind_in_namespace(namespace: &File) -> Result<TcpListener, String> {
+fn bind_in_namespace(namespace: &File, port: u16) -> Result<TcpListener, String> {
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("corral-relay-bind".to_owned())
@@ -243,8 +261,8 @@ fn bind_in_namespace(namespace: &File) -> Result<TcpListener, String> {
                     .map_err(|e| format!("relay: enter the jail's network namespace: {e}"))?;
                 // The jail's stage 1 brings it up too, later; the listener needs it now.
                 netlink::loopback_up().map_err(|e| format!("relay: {e}"))?;
-                TcpListener::bind(("127.0.0.1", LISTEN_PORT))
-                    .map_err(|e| format!("relay: bind 127.0.0.1:{LISTEN_PORT}: {e}"))
+                TcpListener::bind(("127.0.0.1", port))
+                    .map_err(|e| format!("relay: bind 127.0.0.1:{port}: {e}"))
             })
             .map_err(|e| format!("relay: bind thread: {e}"))?
             .join()
@@ -363,6 +381,18 @@ impl Answer {
 /// One connection, from its head to its end.
 fn relay_connection(id: u64, mut client: TcpStream, shared: &Shared) {
     let _ = client.set_nonblocking(false);
+    if shared.passthrough {
+        let Some(upstream) = shared.upstream.clone() else {
+            return;
+        };
+        let Some(server) = connect(&upstream) else {
+            return answer_and_close(&mut client, Answer::ProxyUnreachable);
+        };
+        if !shared.register(id, &server) {
+            return;
+        }
+        return splice(client, server);
+    }
     let (head, rest) = match read_head(&mut client) {
         Ok(read) => read,
         Err(answer) => return answer_and_close(&mut client, answer),
@@ -392,6 +422,11 @@ fn relay_connection(id: u64, mut client: TcpStream, shared: &Shared) {
         return;
     }
     drop(rewritten);
+    splice(client, proxy);
+}
+
+/// Copies both ways until both directions end.
+fn splice(client: TcpStream, proxy: TcpStream) {
     let (Ok(client_back), Ok(proxy_back)) = (client.try_clone(), proxy.try_clone()) else {
         return;
     };
@@ -674,7 +709,7 @@ mod tests {
             return;
         };
         let (proxy, ends) = echoing_proxy();
-        let relay = Relay::open_in(&namespace, Some(proxy)).unwrap();
+        let relay = Relay::open_in(&namespace, Some(proxy), LISTEN_PORT, false).unwrap();
         relay.attach_grant(Some("unit-grant"));
         let mut client = connect_inside(&namespace).unwrap();
         client
@@ -709,7 +744,7 @@ mod tests {
             return;
         };
         // No grant: a connection that sent its head would be answered 407.
-        let relay = Relay::open_in(&namespace, None).unwrap();
+        let relay = Relay::open_in(&namespace, None, LISTEN_PORT, false).unwrap();
         let idle: Vec<TcpStream> = (0..CONNECTIONS_MAX)
             .map(|_| connect_inside(&namespace).unwrap())
             .collect();

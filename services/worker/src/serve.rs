@@ -485,6 +485,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         bounds: Some(bounds.clone()),
         pack_workspace: true,
         grant: request.grant,
+        install: request.dependencies,
     };
     let ran = worker
         .run(move |worker| {

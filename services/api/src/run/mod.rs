@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use corral_contract::messages::archive_text;
+use corral_contract::messages::{InstallOrder, archive_text};
 use corral_contract::{CallError, ExecuteRequest};
 use corral_core::pool::Disposition;
 use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
@@ -193,6 +193,15 @@ async fn leased(
         bounds: admitted.overrides,
         grant: egress.grant,
         declared: admitted.declared.clone(),
+        dependencies: admitted.dependencies.needs_broker().then(|| InstallOrder {
+            install: admitted.dependencies.install.clone(),
+            constraints: admitted.dependencies.constraints.clone(),
+            token: state
+                .broker
+                .as_ref()
+                .map(|broker| broker.mint(run_id))
+                .unwrap_or_default(),
+        }),
         token: granted.token,
     };
     let reply = match state
@@ -252,6 +261,16 @@ async fn leased(
     phases.lap("keep_us");
     let decided = decide(&reported, &keeping.kept, &admitted.declared, run_id);
     state.metrics.run(decided.outcome.as_str());
+    // PKG-6: an install that failed is answered with its record (nothing ran, nothing kept).
+    if let (Some(_), Some(failure)) = (
+        decided.not_run,
+        reply.dependencies.as_ref().and_then(|d| d.failure.as_ref()),
+    ) {
+        return Leased::Done(
+            answer::dependencies_failed(run_id, failure, &reply.diagnostics),
+            Disposition::Reset,
+        );
+    }
     if let Some(bound) = decided.bound {
         state.metrics.bound(bound.setting());
     }
@@ -263,7 +282,8 @@ async fn leased(
         phases: phases.marks,
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
-            "installed": admitted.dependencies.packages(),
+            "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
+            "install_ms": reply.dependencies.as_ref().map(|d| d.install_ms),
             "notes": admitted.dependencies.notes,
         }),
     };

@@ -104,8 +104,6 @@ pub(super) fn environment() -> Vec<(String, String)> {
         ("LANG", "C.UTF-8"),
         ("USER", "corral"),
         ("TERM", "dumb"),
-        // Modules written to the workspace are importable, as they would be beside the script.
-        ("PYTHONPATH", "/workspace"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("MPLCONFIGDIR", "/tmp/matplotlib"),
         ("NODE_PATH", "/workspace/node_modules"),
@@ -118,6 +116,12 @@ pub(super) fn environment() -> Vec<(String, String)> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    // Modules written to the workspace are importable, as they would be beside the script;
+    // packages the run installed come next, ahead of the baked stack (PKG-2).
+    .chain([(
+        "PYTHONPATH".to_owned(),
+        format!("/workspace:{}", super::install::PYTHON_SITE),
+    )])
     .collect()
 }
 

@@ -113,6 +113,7 @@ impl Worker {
         plan: &JailPlan,
         run: &mut ActiveRun,
         grant: Option<&str>,
+        broker: Option<crate::relay::ProxyAddress>,
         diagnostics: &mut Vec<String>,
         keep_stdin: bool,
     ) -> Result<(Started, Option<ChildStdin>), NotRun> {
@@ -170,6 +171,15 @@ impl Worker {
             Relay::open(pid, self.egress_proxy.clone().ok()).map_err(|e| failed(diagnostics, e))?;
         relay.attach_grant(grant);
         run.relay = Some(relay);
+        if let Some(broker) = broker {
+            let plain = Relay::open_plain(
+                pid,
+                broker,
+                corral_core::packages::registries::JAIL_BROKER_PORT,
+            )
+            .map_err(|e| failed(diagnostics, e))?;
+            run.broker_relay = Some(plain);
+        }
         stdin
             .write_all(&[GO_BYTE])
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;

@@ -26,6 +26,7 @@ use crate::relay::{ProxyAddress, Relay};
 use crate::workspace::RunDirs;
 
 mod command;
+mod install;
 mod launch;
 mod prepare;
 mod reset;
@@ -91,6 +92,8 @@ pub struct RunRequest {
     /// The run's egress grant, which the relay adds to each connection it carries to the egress
     /// proxy (EGR-8); `None`: the relay refuses every connection.
     pub grant: Option<String>,
+    /// What to install through the broker before the code (PKG-2, PKG-3); such a run goes cold.
+    pub install: Option<corral_contract::messages::InstallOrder>,
 }
 
 /// What one run has created, for the reset.
@@ -103,6 +106,8 @@ struct ActiveRun {
     stage1: Option<Child>,
     /// The egress relay listening in the jail's network namespace; closed by the reset.
     relay: Option<Relay>,
+    /// The package broker's relay, open only while the run's install runs.
+    broker_relay: Option<Relay>,
 }
 
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
@@ -263,6 +268,7 @@ impl Worker {
             uids: [root_uid, root_uid.saturating_add(1)],
             stage1: None,
             relay: None,
+            broker_relay: None,
         }
     }
 }

@@ -96,7 +96,7 @@ impl Worker {
         );
         // The grant is not known yet: it is attached when a run takes the jail.
         let (mut started, program) =
-            self.start_jail(&plan, run, None, &mut result.reply.diagnostics, true)?;
+            self.start_jail(&plan, run, None, None, &mut result.reply.diagnostics, true)?;
         let Some(program) = program else {
             note(
                 &mut result.reply.diagnostics,

@@ -105,6 +105,9 @@ impl Worker {
         diagnostics: &mut Vec<String>,
     ) -> ResetEvidence {
         // The relay first: no connection of the run outlives it.
+        if let Some(relay) = run.broker_relay.take() {
+            relay.close();
+        }
         if let Some(relay) = run.relay.take() {
             relay.close();
         }

@@ -23,7 +23,12 @@ impl Worker {
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
         let mut result = RunResult::default();
-        let prepared = self.take_prepared(request, &mut result.reply.diagnostics);
+        // A run that installs goes cold: its installer runs in the jail before the interpreter.
+        let prepared = if request.install.is_some() {
+            None
+        } else {
+            self.take_prepared(request, &mut result.reply.diagnostics)
+        };
         if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
             note(
                 &mut result.reply.diagnostics,
@@ -108,13 +113,26 @@ impl Worker {
         refuse_oversized_code(request, bounds, result)?;
         // In the order a run has always had: the cgroups once the workspace is accepted.
         let dirs = self.create_dirs(run, result)?;
-        let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        let mut before = self.fill_workspace(request, language, run, &dirs, result)?;
         self.create_cgroups(run, &posture, result)?;
+        if let Some(order) = &request.install {
+            self.install(order, language, run, &dirs, &posture, result)?;
+            // What the install put in the workspace (node_modules) is not the code's output.
+            if let Ok((after, _, _)) = crate::workspace::snapshot(&dirs.workspace()) {
+                before = after;
+            }
+        }
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
         let grant = request.grant.as_deref();
-        let (started, _) =
-            self.start_jail(&plan, run, grant, &mut result.reply.diagnostics, false)?;
+        let (started, _) = self.start_jail(
+            &plan,
+            run,
+            grant,
+            None,
+            &mut result.reply.diagnostics,
+            false,
+        )?;
         let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
