@@ -20,14 +20,16 @@
 //! redirect is refused (the registry is configuration; a page elsewhere is not it).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use base64::Engine as _;
 use corral_core::config::{PackageRegistries, PackageSettings};
 use corral_core::packages::registries::{
@@ -38,8 +40,6 @@ use corral_core::packages::resolve::Available;
 use corral_core::time::MonoMillis;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256, Sha512};
-
-use crate::AppState;
 
 /// The most file redirects followed (a registry's download host).
 const REDIRECTS_MAX: usize = 3;
@@ -55,6 +55,8 @@ pub struct Broker {
     cooldowns: Mutex<Cooldowns>,
     /// Runs that met an unreachable registry.
     unreachable: Mutex<BTreeMap<String, bool>>,
+    /// Runs that have ended, and when: their tokens are refused until they would have expired.
+    ended: Mutex<BTreeMap<String, MonoMillis>>,
     max_index: u64,
     max_file: u64,
     ttl_ms: u64,
@@ -191,6 +193,7 @@ impl Broker {
             started: Instant::now(),
             cooldowns: Mutex::new(Cooldowns::default()),
             unreachable: Mutex::new(BTreeMap::new()),
+            ended: Mutex::new(BTreeMap::new()),
             max_index: settings.max_index_bytes,
             max_file: settings.max_file_bytes,
             ttl_ms: settings.token_ttl_seconds.saturating_mul(1_000),
@@ -233,7 +236,7 @@ impl Broker {
     }
 
     fn check(&self, token: &str) -> Result<String, Box<Response>> {
-        check_token(&self.key, token, self.now()).map_err(|refused| {
+        let run = check_token(&self.key, token, self.now()).map_err(|refused| {
             let message = match refused {
                 TokenRefusal::Invalid => "not a package token of this deployment",
                 TokenRefusal::Expired => {
@@ -245,15 +248,37 @@ impl Broker {
                 refused.code(),
                 message.to_owned(),
             ))
-        })
+        })?;
+        if self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(&run)
+        {
+            return Err(Box::new(refusal(
+                StatusCode::FORBIDDEN,
+                "package_token_revoked",
+                "the run this token was minted for has ended".to_owned(),
+            )));
+        }
+        Ok(run)
     }
 
-    /// Forgets run `run` (its token stays valid until it expires).
-    pub fn forget(&self, run: &str) {
+    /// Run `run` has ended: its token is refused from now on (PKG-3: a token is bound to its
+    /// run), and what the broker remembered of it is dropped. Ended runs are remembered until
+    /// their tokens would have expired anyway.
+    pub fn end(&self, run: &str) {
         self.unreachable
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(run);
+        let now = self.now();
+        let mut ended = self
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ended.retain(|_, at| at.plus_ms(self.ttl_ms) > now);
+        ended.insert(run.to_owned(), now);
     }
 
     fn mark_unreachable(&self, run: &str) {
@@ -596,16 +621,18 @@ fn anchors(html: &str) -> Vec<BTreeMap<String, String>> {
 // ---------------------------------------------------------------------------------------------
 // Handlers.
 
-/// The broker and the run `token` was minted for, or the refusal.
-fn authorize<'a>(state: &'a AppState, token: &str) -> Result<(&'a Broker, String), Box<Response>> {
-    let broker = state.broker.as_ref().ok_or_else(|| {
-        Box::new(refusal(
-            StatusCode::NOT_FOUND,
-            "package_broker_unavailable",
-            "no package registry is configured (SANDBOX_PACKAGE_REGISTRIES)".to_owned(),
-        ))
-    })?;
-    Ok((broker, broker.check(token)?))
+/// The routes under `/v1/packages/{token}/`.
+pub fn routes(broker: Arc<Broker>) -> Router {
+    Router::new()
+        .route("/v1/packages/{token}/pypi/simple/{project}/", get(simple))
+        .route("/v1/packages/{token}/pypi/simple/{project}", get(simple))
+        .route(
+            "/v1/packages/{token}/pypi/files/{project}/{filename}",
+            get(file),
+        )
+        .route("/v1/packages/{token}/npm/{*path}", get(npm))
+        .route("/v1/packages/{token}/status", get(status))
+        .with_state(broker)
 }
 
 fn wants_json(headers: &HeaderMap) -> bool {
@@ -617,12 +644,12 @@ fn wants_json(headers: &HeaderMap) -> bool {
 
 /// `GET /v1/packages/{token}/pypi/simple/{project}/`.
 pub async fn simple(
-    State(state): State<std::sync::Arc<AppState>>,
+    State(broker): State<Arc<Broker>>,
     Path((token, project)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let (broker, run) = match authorize(&state, &token) {
-        Ok(authorized) => authorized,
+    let run = match broker.check(&token) {
+        Ok(run) => run,
         Err(response) => return *response,
     };
     let listed = match broker.project(&run, &project).await {
@@ -689,11 +716,11 @@ pub async fn simple(
 /// `GET /v1/packages/{token}/pypi/files/{project}/{filename}`: a file the project's index lists,
 /// or the PEP 658 metadata of one that has it.
 pub async fn file(
-    State(state): State<std::sync::Arc<AppState>>,
+    State(broker): State<Arc<Broker>>,
     Path((token, project, filename)): Path<(String, String, String)>,
 ) -> Response {
-    let (broker, run) = match authorize(&state, &token) {
-        Ok(authorized) => authorized,
+    let run = match broker.check(&token) {
+        Ok(run) => run,
         Err(response) => return *response,
     };
     let listed = match broker.project(&run, &project).await {
@@ -749,12 +776,12 @@ fn hex(bytes: &[u8]) -> String {
 /// `GET /v1/packages/{token}/npm/{*path}`: a packument (`{name}`, `@scope/{name}`), or a tarball
 /// it lists (`-/files/{name}/{file}`).
 pub async fn npm(
-    State(state): State<std::sync::Arc<AppState>>,
+    State(broker): State<Arc<Broker>>,
     Path((token, path)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    let (broker, run) = match authorize(&state, &token) {
-        Ok(authorized) => authorized,
+    let run = match broker.check(&token) {
+        Ok(run) => run,
         Err(response) => return *response,
     };
     let Some(base) = broker.registries.npm.clone() else {
@@ -869,17 +896,7 @@ pub async fn npm(
 }
 
 /// `GET /v1/packages/{token}/status`: whether this token's run met an unreachable registry.
-pub async fn status(
-    State(state): State<std::sync::Arc<AppState>>,
-    Path(token): Path<String>,
-) -> Response {
-    let Some(broker) = state.broker.as_ref() else {
-        return refusal(
-            StatusCode::NOT_FOUND,
-            "package_broker_unavailable",
-            "no package broker".to_owned(),
-        );
-    };
+pub async fn status(State(broker): State<Arc<Broker>>, Path(token): Path<String>) -> Response {
     // An expired token may still ask: the install it served has just failed.
     let run = match check_token(&broker.key, &token, MonoMillis(0)) {
         Ok(run) => run,

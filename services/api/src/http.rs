@@ -33,24 +33,14 @@ pub fn router(state: Arc<AppState>) -> Router {
     let admin = Router::new()
         .route("/v1/admin/egress_policy", get(policy_get).put(policy_put))
         .layer(middleware::from_fn_with_state(state.clone(), admin_auth));
+    let packages = state
+        .broker
+        .clone()
+        .map_or_else(Router::new, crate::broker::routes);
     Router::new()
         .merge(caller)
         .merge(admin)
         .route("/v1/egress/verifying_key", get(verifying_key))
-        .route(
-            "/v1/packages/{token}/pypi/simple/{project}/",
-            get(crate::broker::simple),
-        )
-        .route(
-            "/v1/packages/{token}/pypi/simple/{project}",
-            get(crate::broker::simple),
-        )
-        .route(
-            "/v1/packages/{token}/pypi/files/{project}/{filename}",
-            get(crate::broker::file),
-        )
-        .route("/v1/packages/{token}/npm/{*path}", get(crate::broker::npm))
-        .route("/v1/packages/{token}/status", get(crate::broker::status))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -61,6 +51,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .layer(DefaultBodyLimit::max(body_max))
         .with_state(state)
+        .merge(packages)
 }
 
 /// A JSON refusal with a stable code.

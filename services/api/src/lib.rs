@@ -50,7 +50,7 @@ pub struct AppState {
     /// The admin credential.
     pub admin_credential: String,
     /// The package broker (PKG-3), `None` when it could not be built.
-    pub broker: Option<broker::Broker>,
+    pub broker: Option<Arc<broker::Broker>>,
 }
 
 impl AppState {
@@ -62,7 +62,7 @@ impl AppState {
                 python: false,
                 npm: false,
             },
-            broker::Broker::available,
+            |broker| broker.available(),
         )
     }
 }

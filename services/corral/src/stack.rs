@@ -84,7 +84,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         caller_credential: parts.caller,
         admin_credential: parts.admin,
         broker: match corral_api::broker::Broker::new(&settings_packages) {
-            Ok(broker) => Some(broker),
+            Ok(broker) => Some(Arc::new(broker)),
             Err(why) => return Err(why),
         },
     }))

@@ -55,6 +55,16 @@ pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
 
 async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
+    let reply = attempt(&state, request, &run_id).await;
+    if let Some(broker) = &state.broker {
+        broker.end(&run_id);
+    }
+    reply
+}
+
+/// The run `run_id`, from admission to its answer.
+async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -> Reply {
+    let run_id = run_id.to_owned();
     let admitted = match admit(request, &state.settings, state.packages()) {
         Admission::Admitted(admitted) => admitted,
         Admission::NotRun(reason) => {

@@ -4,6 +4,8 @@
 
 use corral_store::valkey_server::ValkeyServer;
 
+pub mod stack;
+
 /// Root (the worker's jail needs it) and a started Valkey server, or `None` after skipping the
 /// test `test`.
 pub fn root_and_valkey_or_skip(test: &str) -> Option<ValkeyServer> {

@@ -1,0 +1,190 @@
+//! A running `corral up` for the service tests, driven over HTTP as an agent platform would.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use corral_core::pool::PoolDoc;
+use corral_core::store::Loaded;
+use corral_store::ValkeyStore;
+use corral_store::valkey_server::ValkeyServer;
+use serde_json::{Value, json};
+
+/// A running `corral up`, stopped with SIGTERM when dropped.
+pub struct Stack {
+    pub child: Child,
+    pub api: String,
+    pub caller: Client,
+    pub admin: Client,
+    pub state: PathBuf,
+    pub valkey: String,
+    _server: ValkeyServer,
+}
+
+impl Stack {
+    /// Starts `corral up` with `env` and `args` for the test `test`, or skips the test.
+    pub fn start(test: &str, env: &[(&str, &str)], args: &[&str]) -> Option<Stack> {
+        let server = super::root_and_valkey_or_skip(test)?;
+        // Under Cargo's target directory rather than the system's temporary one, which may be a
+        // tmpfs: the failed-save check needs a filesystem that keeps the immutable flag.
+        static STACKS: AtomicU32 = AtomicU32::new(0);
+        let state = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "corral-e2e-{}-{}",
+            std::process::id(),
+            STACKS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&state);
+        let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
+        command
+            .args([
+                "up",
+                "--listen",
+                "127.0.0.1:0",
+                "--valkey",
+                &server.url(),
+                "--state-dir",
+            ])
+            .arg(&state)
+            .args(args)
+            .env("SANDBOX_WARM_POOL_MIN", "2")
+            .env("SANDBOX_POOL_TARGET_IDLE", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn().expect("corral up starts");
+        let stdout = child.stdout.take().expect("stdout");
+        // The ready line, read on a thread so that a stack that never comes up fails in time.
+        let (lines, ready) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if lines.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let api = loop {
+            let line = ready
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("{test}: corral up printed no ready line"));
+            if let Some(rest) = line.strip_prefix("corral is ready: API ") {
+                break rest.split_whitespace().next().expect("url").to_owned();
+            }
+        };
+        let read = |name: &str| {
+            std::fs::read_to_string(state.join(name))
+                .expect(name)
+                .trim()
+                .to_owned()
+        };
+        Some(Stack {
+            caller: Client::new(&api, &read("api-token")).expect("client"),
+            admin: Client::new(&api, &read("admin-token")).expect("client"),
+            child,
+            api,
+            state,
+            valkey: server.url(),
+            _server: server,
+        })
+    }
+
+    pub async fn run(&self, body: Value) -> (u16, Value) {
+        self.caller.run_code(&body).await.expect("the API answers")
+    }
+
+    pub async fn doc(&self) -> PoolDoc {
+        let store = ValkeyStore::connect(&self.valkey, "default")
+            .await
+            .expect("valkey");
+        match store.load().await {
+            Ok(Loaded::Found { doc, .. }) => doc,
+            other => panic!("no pool document: {other:?}"),
+        }
+    }
+
+    /// Waits until no worker is leased or resetting and none is leaving (every lease ended, every
+    /// worker reset or gone).
+    pub async fn settled(&self) -> PoolDoc {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let doc = self.doc().await;
+            let counts = doc.counts();
+            if counts.leased == 0
+                && counts.resetting == 0
+                && counts.retiring == 0
+                && counts.quarantined == 0
+            {
+                return doc;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the pool did not settle: {counts:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn read_output(
+        &self,
+        actor: &str,
+        conversation: &str,
+        reference: &str,
+    ) -> (u16, Vec<u8>) {
+        let query = format!(
+            "/v1/read_output?actor={}&conversation={}&reference={}",
+            encode(actor),
+            encode(conversation),
+            encode(reference)
+        );
+        self.caller.get(&query).await.expect("the API answers")
+    }
+
+    pub async fn read(&self, actor: &str, conversation: &str, path: &str) -> (u16, Vec<u8>) {
+        let query = format!(
+            "/v1/read_workspace?actor={}&conversation={}&path={}",
+            encode(actor),
+            encode(conversation),
+            encode(path)
+        );
+        self.caller.get(&query).await.expect("the API answers")
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = nix_kill(self.child.id(), "TERM");
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+pub fn nix_kill(pid: u32, signal: &str) -> std::io::Result<std::process::ExitStatus> {
+    Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+}
+
+pub fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+pub fn python(actor: &str, conversation: &str, code: &str) -> Value {
+    json!({ "actor": actor, "conversation": conversation, "member": actor, "language": "python", "code": code })
+}
+
+pub fn stdout(body: &Value) -> &str {
+    body["model"]["stdout"]["text"].as_str().unwrap_or_default()
+}
