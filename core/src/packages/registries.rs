@@ -27,6 +27,8 @@ pub const PIP_TIMEOUT_SECONDS: u32 = 60;
 pub const NPM_FETCH_RETRIES: u32 = 1;
 /// See [`NPM_FETCH_RETRIES`].
 pub const NPM_FETCH_RETRY_MAX_MS: u32 = 2_000;
+/// npm's shortest back-off (its default, 10 s, is above the longest).
+pub const NPM_FETCH_RETRY_MIN_MS: u32 = 1_000;
 /// Where the jail reaches the broker: the worker's relay listens here inside the jail and adds the
 /// run's token to each request's path, so that the token never enters the jail.
 pub const JAIL_BROKER_PORT: u16 = 8000;

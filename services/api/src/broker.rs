@@ -61,6 +61,7 @@ pub struct Broker {
     max_file: u64,
     ttl_ms: u64,
     dials: AtomicU64,
+    minted: AtomicU64,
 }
 
 /// Why an upstream fetch failed.
@@ -198,6 +199,7 @@ impl Broker {
             max_file: settings.max_file_bytes,
             ttl_ms: settings.token_ttl_seconds.saturating_mul(1_000),
             dials: AtomicU64::new(0),
+            minted: AtomicU64::new(0),
         })
     }
 
@@ -219,6 +221,12 @@ impl Broker {
         self.dials.load(Ordering::Relaxed)
     }
 
+    /// Tokens minted so far.
+    #[must_use]
+    pub fn minted(&self) -> u64 {
+        self.minted.load(Ordering::Relaxed)
+    }
+
     fn now(&self) -> MonoMillis {
         MonoMillis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
@@ -226,6 +234,7 @@ impl Broker {
     /// A token for run `run`, living `SANDBOX_PACKAGE_TOKEN_TTL_SECONDS`.
     #[must_use]
     pub fn mint(&self, run: &str) -> String {
+        self.minted.fetch_add(1, Ordering::Relaxed);
         mint_token(&self.key, run, self.now().plus_ms(self.ttl_ms))
     }
 

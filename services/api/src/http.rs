@@ -353,9 +353,18 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         Ok(Loaded::Found { doc, .. }) => Some((doc.counts(), doc.tickets().count())),
         _ => None,
     };
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(pool, state.store.write_counts()),
-    )
-        .into_response()
+    let mut text = state.metrics.render(pool, state.store.write_counts());
+    if let Some(broker) = &state.broker {
+        text.push_str(&format!(
+            "# HELP corral_package_registry_dials_total Connections the package broker opened to a registry.\n\
+             # TYPE corral_package_registry_dials_total counter\n\
+             corral_package_registry_dials_total {}\n\
+             # HELP corral_package_tokens_total Package broker tokens minted (one per run that installs).\n\
+             # TYPE corral_package_tokens_total counter\n\
+             corral_package_tokens_total {}\n",
+            broker.dials(),
+            broker.minted()
+        ));
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use corral_contract::messages::{InstallOrder, InstallReport};
 use corral_core::jail::{Language, NotRun, Posture};
 use corral_core::packages::registries::{
-    JAIL_BROKER_PORT, NPM_FETCH_RETRIES, NPM_FETCH_RETRY_MAX_MS, PIP_RETRIES, PIP_TIMEOUT_SECONDS,
+    JAIL_BROKER_PORT, NPM_FETCH_RETRIES, NPM_FETCH_RETRY_MAX_MS, NPM_FETCH_RETRY_MIN_MS,
+    PIP_RETRIES, PIP_TIMEOUT_SECONDS,
 };
 use corral_core::packages::resolve::{Cause, DependencyFailure};
 
@@ -213,6 +214,8 @@ impl Worker {
                     format!("{index}/npm/"),
                     "--fetch-retries".to_owned(),
                     NPM_FETCH_RETRIES.to_string(),
+                    "--fetch-retry-mintimeout".to_owned(),
+                    NPM_FETCH_RETRY_MIN_MS.to_string(),
                     "--fetch-retry-maxtimeout".to_owned(),
                     NPM_FETCH_RETRY_MAX_MS.to_string(),
                     "--".to_owned(),
