@@ -48,7 +48,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("SANDBOX_PACKAGE_TOKEN_TTL_SECONDS", "300", "PKG-3", "Lifetime of a package broker token."),
     doc("SANDBOX_PACKAGE_MAX_INDEX_BYTES", "8 MiB", "PKG-3", "Largest registry index page the broker relays."),
     doc("SANDBOX_PACKAGE_MAX_FILE_BYTES", "100 MB", "PKG-3", "Largest package file the broker relays."),
-    doc("SANDBOX_PACKAGE_REGISTRIES", "", "PKG-7", "Registries the broker fronts (unset: the public ones; {}: none)."),
+    doc("SANDBOX_PACKAGE_REGISTRIES", "", "PKG-7", "Registries the broker fronts, {\"pypi\": URL, \"npm\": URL} (unset: this machine's pip and npm configuration; {}: none)."),
     doc("SANDBOX_EGRESS_ENABLED", "true", "ISO-4", "Egress through the proxy is on (enabled is not open)."),
     doc("SANDBOX_EGRESS_MODE", "public_internet", "EGR-1", "isolated, public_internet, private_network or host_allowlist."),
     doc("SANDBOX_EGRESS_ALLOWED_PORTS", "80,443", "EGR-1", "Destination ports egress may reach."),

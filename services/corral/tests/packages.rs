@@ -387,3 +387,53 @@ async fn pkg_07_with_no_registry_nothing_is_installed_and_the_error_names_the_ba
     assert_outcome(&body, "succeeded");
     stack.settled().await;
 }
+
+#[test]
+fn pkg_01_the_baked_stack_round_trips_in_a_jail() {
+    const TEST: &str = "pkg_01_the_baked_stack_round_trips_in_a_jail";
+    if !needs_or_skip(TEST, false) {
+        return;
+    }
+    if !corral_testkit::is_root() {
+        skip(TEST, Need::Root, "the jail needs root");
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../stack/python/roundtrip.py");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args([
+            "jail",
+            "run",
+            "--language",
+            "python",
+            "--wall-seconds",
+            "300",
+        ])
+        .arg(&script)
+        .env("CORRAL_JAIL_PYTHON_STACK", STACK)
+        .output()
+        .expect("corral jail run");
+    let reply: Value = serde_json::from_slice(&output.stdout).expect("a JSON reply");
+    assert_eq!(reply["exit_code"], 0, "{reply:#}");
+    let said = reply["stdout"]["text"].as_str().unwrap_or_default();
+    assert!(said.contains("stack round trips: ok"), "{said}");
+    // The jail's Python is the stack's, never the system's site-packages.
+    let probe = TempDir::new("pkg-01-probe");
+    let code = probe.path().join("probe.py");
+    std::fs::write(
+        &code,
+        "import sys, pandas\nprint(sys.prefix)\nprint(any('dist-packages' in p for p in sys.path))\nprint(pandas.__file__.startswith(sys.prefix))\n",
+    )
+    .expect("written");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_corral"))
+        .args(["jail", "run", "--language", "python"])
+        .arg(&code)
+        .env("CORRAL_JAIL_PYTHON_STACK", STACK)
+        .output()
+        .expect("corral jail run");
+    let reply: Value = serde_json::from_slice(&output.stdout).expect("a JSON reply");
+    assert_eq!(
+        reply["stdout"]["text"],
+        format!("{STACK}\nFalse\nTrue\n"),
+        "{reply:#}"
+    );
+}

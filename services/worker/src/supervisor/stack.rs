@@ -18,6 +18,15 @@ pub(super) fn interpreter(stack: &Path) -> String {
 /// The stack at `dir`, if it is one this release can use: its interpreter exists and its table is
 /// this release's ([`TABLE`]), so that what resolution promised is what the jail imports.
 pub(super) fn find(dir: &Path) -> Result<PathBuf, String> {
+    // These are the jail's own: a stack there would be hidden by the run's mounts.
+    for owned in ["/tmp", "/workspace", "/run", "/proc", "/dev", "/etc"] {
+        if dir.starts_with(owned) {
+            return Err(format!(
+                "{} is under {owned}, which the jail mounts its own: put the stack elsewhere",
+                dir.display()
+            ));
+        }
+    }
     let python = dir.join("bin/python3");
     if !python.exists() {
         return Err(format!(
