@@ -35,7 +35,7 @@ mod table;
 mod validate;
 
 pub use error::ConfigError;
-pub use specs::{PYTHON_MODULE_NAME_MAX_BYTES, PYTHON_PREIMPORT_MAX};
+pub use specs::{PYTHON_MODULE_NAME_MAX_BYTES, PYTHON_PREIMPORT_DEFAULT, PYTHON_PREIMPORT_MAX};
 pub use table::{SETTINGS, SettingDoc, setting_doc, setting_value};
 
 use error::shown;
@@ -178,9 +178,9 @@ pub struct PrepareSettings {
     /// keeps one prepared jail each for, in the order given, without repeats. Unlike other
     /// settings, set but empty means none (unset is the default).
     pub languages: Vec<Language>,
-    /// `CORRAL_WORKER_PYTHON_PREIMPORT` (default none): modules a prepared Python jail imports
-    /// before it waits for the code, each a dotted name of ASCII identifiers, at most
-    /// [`PYTHON_PREIMPORT_MAX`] of them, without repeats.
+    /// `CORRAL_WORKER_PYTHON_PREIMPORT` (default [`PYTHON_PREIMPORT_DEFAULT`]; set but blank:
+    /// none): modules a prepared Python jail imports before it waits for the code, each a dotted
+    /// name of ASCII identifiers, at most [`PYTHON_PREIMPORT_MAX`] of them, without repeats.
     pub python_preimport: Vec<String>,
 }
 
@@ -304,7 +304,11 @@ impl Default for Settings {
             },
             prepare: PrepareSettings {
                 languages: vec![Language::Python],
-                python_preimport: Vec::new(),
+                // The heavy part of the baked stack (PKG-1, decision 0015).
+                python_preimport: PYTHON_PREIMPORT_DEFAULT
+                    .iter()
+                    .map(|m| (*m).to_owned())
+                    .collect(),
             },
             jail: JailSettings {
                 allow_weaker_isolation: false,
@@ -355,7 +359,7 @@ impl Settings {
             },
             prepare: PrepareSettings {
                 languages: r.prepare_languages(&d.prepare.languages)?,
-                python_preimport: r.python_preimport()?,
+                python_preimport: r.python_preimport(&d.prepare.python_preimport)?,
             },
             jail: JailSettings {
                 allow_weaker_isolation: r

@@ -108,10 +108,11 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
         Ok(languages)
     }
 
-    /// `CORRAL_WORKER_PYTHON_PREIMPORT`: dotted module names, none by default.
-    pub(super) fn python_preimport(&self) -> Result<Vec<String>, ConfigError> {
-        let Some(text) = self.raw(WORKER_PYTHON_PREIMPORT) else {
-            return Ok(Vec::new());
+    /// `CORRAL_WORKER_PYTHON_PREIMPORT`: dotted module names; unset is `default`, set but blank
+    /// is none (like `CORRAL_WORKER_PREPARE_LANGUAGES`).
+    pub(super) fn python_preimport(&self, default: &[String]) -> Result<Vec<String>, ConfigError> {
+        let Some(text) = (self.lookup)(WORKER_PYTHON_PREIMPORT) else {
+            return Ok(default.to_vec());
         };
         let refused = |item: &str, expected: &'static str| ConfigError::InvalidListItem {
             setting: WORKER_PYTHON_PREIMPORT,

@@ -67,5 +67,8 @@ pub(super) const JAIL_PYTHON_STACK: &str = "CORRAL_JAIL_PYTHON_STACK";
 pub(super) const PATH_MAX_BYTES: usize = 4_096;
 /// The most modules `CORRAL_WORKER_PYTHON_PREIMPORT` may name: each costs every preparation.
 pub const PYTHON_PREIMPORT_MAX: usize = 64;
+/// What a prepared Python jail imports when `CORRAL_WORKER_PYTHON_PREIMPORT` is unset: the heavy
+/// part of the baked stack (PKG-1), so that importing it in a run costs next to nothing.
+pub const PYTHON_PREIMPORT_DEFAULT: &[&str] = &["numpy", "pandas", "matplotlib"];
 /// The longest module name `CORRAL_WORKER_PYTHON_PREIMPORT` accepts, in bytes.
 pub const PYTHON_MODULE_NAME_MAX_BYTES: usize = 256;

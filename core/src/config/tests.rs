@@ -703,7 +703,10 @@ fn prepare_languages_parse_fail_closed() {
 
 #[test]
 fn python_preimport_parse_fail_closed() {
-    assert!(Settings::default().prepare.python_preimport.is_empty());
+    assert_eq!(
+        Settings::default().prepare.python_preimport,
+        ["numpy", "pandas", "matplotlib"]
+    );
     let modules = |value: &str| {
         parse(&[("CORRAL_WORKER_PYTHON_PREIMPORT", value)])
             .prepare

@@ -180,6 +180,7 @@ impl Broker {
             PackageRegistries::Configured(text) => Registries::parse(text)?,
             PackageRegistries::PublicDefaults => machine_defaults(),
         };
+        crate::ensure_crypto_provider();
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
             .read_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))

@@ -57,11 +57,23 @@ pub(super) fn bootstrap(
             } else {
                 "\x20   __import__('importlib').invalidate_caches()\n"
             };
-            // The bootstrap's own names are removed from __main__ before the code runs in it.
+            // The bootstrap's own names are removed from __main__ before the code runs in it; what
+            // runs after the code holds its own references (closure cells), not globals the code
+            // could rebind.
+            //
+            // The end of the run (decision 0015): what the interpreter's own exit does before it
+            // tears its modules down (join non-daemon threads, atexit handlers, the run's globals
+            // dropped so that their files are flushed and closed, a collection, the standard
+            // streams flushed), then `os._exit`. Tearing down the pre-imported stack would cost
+            // every run a quarter of a second; the jail is discarded after the run regardless.
+            // The pre-imported objects are frozen out of the collector, so the collection sees
+            // only the run's. An uncaught exception prints as it would in a cold run, without the
+            // bootstrap's frame.
             let source = format!(
                 "import sys, os, __main__ as m\n\
                  {preimport_source}\
-                 def _corral():\n\
+                 def _corral(sys=sys, os=os, m=m):\n\
+                 \x20   import gc, atexit\n\
                  \x20   sys.stdout.flush()\n\
                  \x20   os.write(1, b'{waiting}\\n')\n\
                  \x20   src = sys.stdin.buffer.read()\n\
@@ -75,8 +87,46 @@ pub(super) fn bootstrap(
                  \x20   for k in [k for k in g if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__')]:\n\
                  \x20       del g[k]\n\
                  \x20   g['__file__'] = {path:?}\n\
-                 \x20   return compile(src, {path:?}, 'exec'), g\n\
-                 exec(*_corral())\n",
+                 \x20   code = compile(src, {path:?}, 'exec')\n\
+                 \x20   gc.freeze()\n\
+                 \x20   def run():\n\
+                 \x20       status = 0\n\
+                 \x20       try:\n\
+                 \x20           exec(code, g)\n\
+                 \x20       except SystemExit as e:\n\
+                 \x20           c = e.code\n\
+                 \x20           if c is None:\n\
+                 \x20               status = 0\n\
+                 \x20           elif isinstance(c, int):\n\
+                 \x20               status = c\n\
+                 \x20           else:\n\
+                 \x20               try:\n\
+                 \x20                   print(c, file=sys.stderr)\n\
+                 \x20               except Exception:\n\
+                 \x20                   pass\n\
+                 \x20               status = 1\n\
+                 \x20       except BaseException as e:\n\
+                 \x20           tb = e.__traceback__\n\
+                 \x20           if tb is not None:\n\
+                 \x20               e.__traceback__ = tb = tb.tb_next\n\
+                 \x20           sys.excepthook(type(e), e, tb)\n\
+                 \x20           status = 1\n\
+                 \x20       try:\n\
+                 \x20           if 'threading' in sys.modules:\n\
+                 \x20               sys.modules['threading']._shutdown()\n\
+                 \x20           atexit._run_exitfuncs()\n\
+                 \x20           g.clear()\n\
+                 \x20           gc.collect()\n\
+                 \x20       except BaseException:\n\
+                 \x20           pass\n\
+                 \x20       for stream in (sys.stdout, sys.stderr):\n\
+                 \x20           try:\n\
+                 \x20               stream.flush()\n\
+                 \x20           except Exception:\n\
+                 \x20               status = status or 120\n\
+                 \x20       os._exit(status & 0xff)\n\
+                 \x20   return run\n\
+                 _corral()()\n",
                 dir = "/run/corral",
                 waiting = LINE_WAITING,
             );
@@ -193,6 +243,47 @@ mod tests {
             stdout, "__main__ /run/corral/main.py ['/run/corral/main.py'] ''\n['sys']\n",
             "{stderr}"
         );
+    }
+
+    #[test]
+    fn the_python_bootstrap_ends_a_run_as_the_interpreter_would() {
+        if !interpreter_or_skip(
+            "the_python_bootstrap_ends_a_run_as_the_interpreter_would",
+            "/usr/bin/python3",
+        ) {
+            return;
+        }
+        // An uncaught exception: the traceback without the bootstrap's frame, and 1.
+        let (code, _, stderr) =
+            bootstrapped(Language::Python, "x = 1\n1 / 0\n", &["json".to_owned()]);
+        assert_eq!(code, 1);
+        assert!(stderr.starts_with("Traceback (most recent call last):\n  File \"/run/corral/main.py\", line 2"), "{stderr}");
+        assert!(stderr.ends_with("ZeroDivisionError: division by zero\n"), "{stderr}");
+        assert!(!stderr.contains("<string>"), "{stderr}");
+        // sys.exit with a message: the message on stderr, and 1; with a number, that number.
+        let (code, _, stderr) = bootstrapped(Language::Python, "import sys\nsys.exit('bye')\n", &[]);
+        assert_eq!((code, stderr.as_str()), (1, "bye\n"));
+        let (code, _, _) = bootstrapped(Language::Python, "raise SystemExit(300)\n", &[]);
+        assert_eq!(code, 300 & 0xff);
+        // What an exit does before tearing down: atexit handlers, a non-daemon thread joined,
+        // an unclosed file of the run's flushed, stdout flushed.
+        let dir = std::env::temp_dir().join(format!("corral-bootstrap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("unclosed.txt");
+        let program = format!(
+            "import atexit, threading, time, sys\n\
+             atexit.register(lambda: print('atexit ran'))\n\
+             def late():\n    time.sleep(0.2)\n    print('thread done')\n\
+             threading.Thread(target=late).start()\n\
+             f = open({file:?}, 'w')\nf.write('kept')\n\
+             sys.stdout.write('no newline')\n",
+            file = file.to_string_lossy()
+        );
+        let (code, stdout, stderr) = bootstrapped(Language::Python, &program, &[]);
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(stdout, "no newlinethread done\natexit ran\n");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "kept");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
