@@ -64,6 +64,31 @@ pub struct Broker {
     minted: AtomicU64,
 }
 
+/// What an upstream answer is, and so its bound (PKG-3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// An index page or packument: `SANDBOX_PACKAGE_MAX_INDEX_BYTES`, redirects refused.
+    Index,
+    /// A package file: `SANDBOX_PACKAGE_MAX_FILE_BYTES`, redirects (a download host) followed.
+    File,
+}
+
+impl Kind {
+    fn setting(self) -> &'static str {
+        match self {
+            Self::Index => "SANDBOX_PACKAGE_MAX_INDEX_BYTES",
+            Self::File => "SANDBOX_PACKAGE_MAX_FILE_BYTES",
+        }
+    }
+
+    fn too_large(self) -> &'static str {
+        match self {
+            Self::Index => "package_index_too_large",
+            Self::File => "package_file_too_large",
+        }
+    }
+}
+
 /// Why an upstream fetch failed.
 #[derive(Debug)]
 enum Failure {
@@ -71,7 +96,7 @@ enum Failure {
     NotFound,
     Upstream(u16),
     Redirected(String),
-    TooLarge { setting: &'static str, max: u64 },
+    TooLarge { kind: Kind, max: u64 },
     Truncated,
     IndexNotUnderstood(String),
     HashMismatch(String),
@@ -110,14 +135,10 @@ impl Failure {
                     "the registry redirected the index to {to}; only the configured registry is used"
                 ),
             ),
-            Self::TooLarge { setting, max } => (
+            Self::TooLarge { kind, max } => (
                 StatusCode::BAD_GATEWAY,
-                if *setting == "SANDBOX_PACKAGE_MAX_INDEX_BYTES" {
-                    "package_index_too_large"
-                } else {
-                    "package_file_too_large"
-                },
-                format!("over {max} bytes ({setting})"),
+                kind.too_large(),
+                format!("over {max} bytes ({})", kind.setting()),
             ),
             Self::Truncated => (
                 StatusCode::BAD_GATEWAY,
@@ -304,10 +325,12 @@ impl Broker {
         run: &str,
         url: &str,
         accept: &str,
-        max: u64,
-        setting: &'static str,
-        follow: bool,
+        kind: Kind,
     ) -> Result<(String, Vec<u8>), Failure> {
+        let (max, follow) = match kind {
+            Kind::Index => (self.max_index, false),
+            Kind::File => (self.max_file, true),
+        };
         let mut url = reqwest::Url::parse(url).map_err(|_| Failure::NotFound)?;
         for _ in 0..=REDIRECTS_MAX {
             let host = format!(
@@ -366,7 +389,7 @@ impl Broker {
                 return Err(Failure::Upstream(status.as_u16()));
             }
             if response.content_length().is_some_and(|n| n > max) {
-                return Err(Failure::TooLarge { setting, max });
+                return Err(Failure::TooLarge { kind, max });
             }
             let content_type = response
                 .headers()
@@ -381,7 +404,7 @@ impl Broker {
                     Ok(Some(chunk)) => {
                         body.extend_from_slice(&chunk);
                         if body.len() as u64 > max {
-                            return Err(Failure::TooLarge { setting, max });
+                            return Err(Failure::TooLarge { kind, max });
                         }
                     }
                     Ok(None) => break,
@@ -413,9 +436,7 @@ impl Broker {
                 run,
                 &page,
                 &format!("{PEP691}, text/html;q=0.1"),
-                self.max_index,
-                "SANDBOX_PACKAGE_MAX_INDEX_BYTES",
-                false,
+                Kind::Index,
             )
             .await?;
         let page_url = reqwest::Url::parse(&page).map_err(|_| Failure::NotFound)?;
@@ -752,17 +773,7 @@ pub async fn file(
     } else {
         entry.url.clone()
     };
-    let (_, body) = match broker
-        .fetch(
-            &run,
-            &url,
-            "*/*",
-            broker.max_file,
-            "SANDBOX_PACKAGE_MAX_FILE_BYTES",
-            true,
-        )
-        .await
-    {
+    let (_, body) = match broker.fetch(&run, &url, "*/*", Kind::File).await {
         Ok(fetched) => fetched,
         Err(failure) => return failure.response(),
     };
@@ -814,14 +825,7 @@ pub async fn npm(
     let escaped = name.replace('/', "%2f");
     let packument_url = format!("{}/{escaped}", base.trim_end_matches('/'));
     let (_, body) = match broker
-        .fetch(
-            &run,
-            &packument_url,
-            "application/json",
-            broker.max_index,
-            "SANDBOX_PACKAGE_MAX_INDEX_BYTES",
-            false,
-        )
+        .fetch(&run, &packument_url, "application/json", Kind::Index)
         .await
     {
         Ok(fetched) => fetched,
@@ -876,17 +880,7 @@ pub async fn npm(
                 .ok()
                 .and_then(|base| base.join(&url).ok())
                 .map_or(url, |u| u.to_string());
-            let (_, body) = match broker
-                .fetch(
-                    &run,
-                    &url,
-                    "*/*",
-                    broker.max_file,
-                    "SANDBOX_PACKAGE_MAX_FILE_BYTES",
-                    true,
-                )
-                .await
-            {
+            let (_, body) = match broker.fetch(&run, &url, "*/*", Kind::File).await {
                 Ok(fetched) => fetched,
                 Err(failure) => return failure.response(),
             };

@@ -84,17 +84,17 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
     let mut watch = None;
     let mut unreachable = String::new();
     for _ in 0..LEASES_MAX {
-        let (granted, asked_at) =
-            match lease::acquire(state, &admitted, deadline, &mut watch).await {
-                Ok(acquired) => acquired,
-                Err(error) => {
-                    let reply = answer::admission_refused(state, &error, admitted.wait_ms);
-                    if let AcquireError::WaitTimeout { orders } = error {
-                        lease::perform_orders(state.clone(), orders);
-                    }
-                    return reply;
+        let (granted, asked_at) = match lease::acquire(state, &admitted, deadline, &mut watch).await
+        {
+            Ok(acquired) => acquired,
+            Err(error) => {
+                let reply = answer::admission_refused(state, &error, admitted.wait_ms);
+                if let AcquireError::WaitTimeout { orders } = error {
+                    lease::perform_orders(state.clone(), orders);
                 }
-            };
+                return reply;
+            }
+        };
         let holder = lease::Holder::start(state.clone(), granted, asked_at);
         match leased(state, &admitted, &run_id, &holder).await {
             Leased::Done(reply, disposition) => {

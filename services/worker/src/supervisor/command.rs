@@ -257,11 +257,20 @@ mod tests {
         let (code, _, stderr) =
             bootstrapped(Language::Python, "x = 1\n1 / 0\n", &["json".to_owned()]);
         assert_eq!(code, 1);
-        assert!(stderr.starts_with("Traceback (most recent call last):\n  File \"/run/corral/main.py\", line 2"), "{stderr}");
-        assert!(stderr.ends_with("ZeroDivisionError: division by zero\n"), "{stderr}");
+        assert!(
+            stderr.starts_with(
+                "Traceback (most recent call last):\n  File \"/run/corral/main.py\", line 2"
+            ),
+            "{stderr}"
+        );
+        assert!(
+            stderr.ends_with("ZeroDivisionError: division by zero\n"),
+            "{stderr}"
+        );
         assert!(!stderr.contains("<string>"), "{stderr}");
         // sys.exit with a message: the message on stderr, and 1; with a number, that number.
-        let (code, _, stderr) = bootstrapped(Language::Python, "import sys\nsys.exit('bye')\n", &[]);
+        let (code, _, stderr) =
+            bootstrapped(Language::Python, "import sys\nsys.exit('bye')\n", &[]);
         assert_eq!((code, stderr.as_str()), (1, "bye\n"));
         let (code, _, _) = bootstrapped(Language::Python, "raise SystemExit(300)\n", &[]);
         assert_eq!(code, 300 & 0xff);
