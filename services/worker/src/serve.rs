@@ -105,6 +105,9 @@ struct JailThread {
     prepared: Arc<PreparedLanguages>,
 }
 
+/// How often a prepared jail that is still importing is asked whether it waits.
+const PREPARE_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Jobs that may wait for the thread: the one of the request holding the lock, and the
 /// preparation that follows a reset.
 const JOBS_QUEUED_MAX: usize = 2;
@@ -120,7 +123,26 @@ impl JailThread {
             .spawn(move || {
                 prepare_next(&mut worker);
                 reported.set(&worker.prepared_languages());
-                while let Ok(job) = queue.recv() {
+                loop {
+                    // While a prepared jail is still importing, jobs are taken as they come (a
+                    // run that needs none of its imports goes cold rather than wait), and the
+                    // jail is polled between them until it says it waits.
+                    let job = if worker.is_preparing() {
+                        match queue.recv_timeout(PREPARE_POLL) {
+                            Ok(job) => job,
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                                worker.poll_prepared(std::time::Instant::now());
+                                reported.set(&worker.prepared_languages());
+                                continue;
+                            }
+                            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
+                    } else {
+                        match queue.recv() {
+                            Ok(job) => job,
+                            Err(_) => return,
+                        }
+                    };
                     job(&mut worker);
                     reported.set(&worker.prepared_languages());
                 }

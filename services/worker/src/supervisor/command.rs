@@ -145,6 +145,17 @@ pub(super) fn bootstrap(
     }
 }
 
+/// Whether Python `code` imports a module of `preimport` (by its top-level package), so that a
+/// run of it is worth waiting for a prepared jail still importing.
+pub(super) fn uses_preimport(code: &[u8], preimport: &[String]) -> bool {
+    let code = String::from_utf8_lossy(code);
+    let imported = corral_core::packages::imports::imported_modules(&code);
+    preimport.iter().any(|name| {
+        let top = name.split('.').next().unwrap_or(name);
+        imported.iter().any(|m| m == top)
+    })
+}
+
 /// The code's whole environment: nothing of the supervisor's.
 pub(super) fn environment() -> Vec<(String, String)> {
     [

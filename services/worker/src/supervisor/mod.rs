@@ -123,6 +123,14 @@ struct Prepared {
     started: Started,
     /// The write end the code is delivered through; closing it is the code's end of input.
     program: ChildStdin,
+    /// Whether its bootstrap has said it waits (`B`: its pre-imports done). Until then it is
+    /// still importing, at preparation's priority, and a run that needs none of its imports goes
+    /// cold rather than wait for them (decision 0015).
+    ready: bool,
+    /// When it must have said so, or its preparation fails.
+    ready_by: std::time::Instant,
+    /// Lines it printed before `B` (dropped), within the protocol's bound.
+    lines: usize,
 }
 
 /// The worker's supervisor.
@@ -205,13 +213,23 @@ impl Worker {
     /// Whether a prepared jail is waiting for a run.
     #[must_use]
     pub fn is_prepared(&self) -> bool {
-        !self.prepared.is_empty()
+        self.prepared.values().any(|p| p.ready)
     }
 
-    /// The languages a prepared jail is waiting for, in order.
+    /// The languages a prepared jail is waiting for (its imports done), in order.
     #[must_use]
     pub fn prepared_languages(&self) -> Vec<Language> {
-        self.prepared.keys().copied().collect()
+        self.prepared
+            .iter()
+            .filter(|(_, p)| p.ready)
+            .map(|(language, _)| *language)
+            .collect()
+    }
+
+    /// Whether a prepared jail is still importing (see [`Worker::poll_prepared`]).
+    #[must_use]
+    pub fn is_preparing(&self) -> bool {
+        self.prepared.values().any(|p| !p.ready)
     }
 
     /// The languages to keep a jail prepared for (`CORRAL_WORKER_PREPARE_LANGUAGES`).

@@ -53,6 +53,9 @@ impl Worker {
                         processes,
                         started,
                         program,
+                        ready: false,
+                        ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
+                        lines: 0,
                     },
                 );
                 self.prepare_failures.remove(&language);
@@ -95,7 +98,7 @@ impl Worker {
             true,
         );
         // The grant is not known yet: it is attached when a run takes the jail.
-        let (mut started, program) =
+        let (started, program) =
             self.start_jail(&plan, run, None, None, &mut result.reply.diagnostics, true)?;
         let Some(program) = program else {
             note(
@@ -104,34 +107,56 @@ impl Worker {
             );
             return Err(NotRun::JailSetupFailed);
         };
-        // Prepared means waiting for the code with the imports done, so that a run never waits
-        // for them. Lines before it (a module that printed as it was imported) are dropped.
-        let deadline = Instant::now() + BOOTSTRAP_DEADLINE;
-        for _ in 0..LINES_MAX {
-            match capture::read_line(&mut started.stdout, deadline) {
-                Ok(Some(line)) if line == LINE_WAITING => return Ok((started, program)),
-                Ok(Some(_)) => {}
-                Ok(None) => {
-                    note(
-                        &mut result.reply.diagnostics,
-                        "the bootstrap ended before it waited for the code",
-                    );
-                    return Err(NotRun::JailSetupFailed);
+        // Its bootstrap imports now, while the thread takes other jobs: it counts as prepared
+        // once it says it waits (`poll_prepared`).
+        Ok((started, program))
+    }
+
+    /// Reads what the prepared jails still importing have said, waiting at most until `until`
+    /// for each: one that says `B` is ready; one that ends, prints too much, or passes its
+    /// deadline is torn down and its language's next run goes cold, saying why.
+    pub fn poll_prepared(&mut self, until: Instant) {
+        let languages: Vec<Language> = self
+            .prepared
+            .iter()
+            .filter(|(_, p)| !p.ready)
+            .map(|(language, _)| *language)
+            .collect();
+        for language in languages {
+            let Some(prepared) = self.prepared.get_mut(&language) else {
+                continue;
+            };
+            let failure = loop {
+                if prepared.lines >= LINES_MAX {
+                    break Some("the bootstrap printed too much before it waited for the code".to_owned());
                 }
-                Err(error) => {
-                    note(
-                        &mut result.reply.diagnostics,
-                        format!("the bootstrap: {error}"),
-                    );
-                    return Err(NotRun::JailSetupFailed);
+                let deadline = until.min(prepared.ready_by);
+                match capture::read_line(&mut prepared.started.stdout, deadline) {
+                    Ok(Some(line)) if line == LINE_WAITING => {
+                        prepared.ready = true;
+                        break None;
+                    }
+                    // A module that printed as it was imported: dropped.
+                    Ok(Some(_)) => prepared.lines += 1,
+                    Ok(None) => {
+                        break Some("the bootstrap ended before it waited for the code".to_owned());
+                    }
+                    Err(_) if Instant::now() < prepared.ready_by => break None,
+                    Err(error) => break Some(format!("the bootstrap: {error}")),
                 }
+            };
+            if let Some(why) = failure {
+                if let Some(old) = self.prepared.remove(&language) {
+                    let mut notes = Vec::new();
+                    let _ = self.teardown_prepared(old, &mut notes);
+                }
+                eprintln!(
+                    "corral worker: no prepared {} jail, its runs go cold: {why}",
+                    language.as_str()
+                );
+                self.prepare_failures.insert(language, why);
             }
         }
-        note(
-            &mut result.reply.diagnostics,
-            "the bootstrap printed too much before it waited for the code",
-        );
-        Err(NotRun::JailSetupFailed)
     }
 
     /// The prepared jail of the request's language, if there is one that can take `request`
@@ -144,6 +169,24 @@ impl Worker {
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
         let language = request.language;
+        // Still importing: a run that imports what it imports waits for it (within its
+        // deadline); any other goes cold at once rather than wait for imports it never uses.
+        if self.prepared.get(&language).is_some_and(|p| !p.ready) {
+            let wanted = crate::supervisor::command::uses_preimport(
+                &request.code,
+                &self.settings.prepare.python_preimport,
+            );
+            if language == Language::Python && wanted {
+                self.poll_prepared(Instant::now() + BOOTSTRAP_DEADLINE);
+            }
+            if self.prepared.get(&language).is_some_and(|p| !p.ready) {
+                note(
+                    diagnostics,
+                    "the prepared jail was still importing; ran cold",
+                );
+                return None;
+            }
+        }
         let Some(prepared) = self.prepared.remove(&language) else {
             if let Some(why) = self.prepare_failures.get(&language) {
                 note(
