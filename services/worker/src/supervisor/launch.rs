@@ -73,7 +73,7 @@ impl Worker {
                     language,
                     &self.python(),
                     &format!("/run/corral/{code_name}"),
-                    &self.settings.prepare.python_preimport,
+                    self.preimport(),
                 )
             } else {
                 interpreter(

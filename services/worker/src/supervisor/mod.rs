@@ -150,7 +150,15 @@ pub struct Worker {
     egress_proxy: Result<ProxyAddress, String>,
     /// The baked Python stack (PKG-1) the jails run Python from, or why there is none.
     python_stack: Result<PathBuf, String>,
+    /// Whether each of the last Python runs imported a pre-imported module, newest in the lowest
+    /// bit; all set at start. A prepared Python jail pre-imports only while one of the last
+    /// [`PREIMPORT_MEMORY`] did (decision 0015): importing the stack costs a core-second per
+    /// preparation, which back-to-back runs that never use it would pay for.
+    preimport_history: u8,
 }
+
+/// How many recent Python runs decide whether the next prepared jail pre-imports.
+const PREIMPORT_MEMORY: u32 = 4;
 
 impl Worker {
     /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
@@ -190,6 +198,7 @@ impl Worker {
             base,
             missing,
             python_stack,
+            preimport_history: u8::MAX,
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),
@@ -224,6 +233,23 @@ impl Worker {
             .filter(|(_, p)| p.ready)
             .map(|(language, _)| *language)
             .collect()
+    }
+
+    /// The modules the next prepared Python jail imports: `CORRAL_WORKER_PYTHON_PREIMPORT`, while
+    /// one of the last runs used them.
+    fn preimport(&self) -> &[String] {
+        let recent = self.preimport_history & ((1 << PREIMPORT_MEMORY) - 1);
+        if recent == 0 {
+            &[]
+        } else {
+            &self.settings.prepare.python_preimport
+        }
+    }
+
+    /// Records whether a Python run's `code` imported a pre-imported module.
+    fn remember_imports(&mut self, code: &[u8]) {
+        let used = command::uses_preimport(code, &self.settings.prepare.python_preimport);
+        self.preimport_history = (self.preimport_history << 1) | u8::from(used);
     }
 
     /// Whether a prepared jail is still importing (see [`Worker::poll_prepared`]).

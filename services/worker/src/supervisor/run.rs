@@ -23,6 +23,9 @@ impl Worker {
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
         let mut result = RunResult::default();
+        if request.language == corral_core::jail::Language::Python {
+            self.remember_imports(&request.code);
+        }
         // A run that installs goes cold: its installer runs in the jail before the interpreter.
         let prepared = if request.install.is_some() {
             None
