@@ -161,6 +161,22 @@ async fn main() {
         args.pause.as_millis()
     );
 
+    let bare_print = p50(spawned(
+        &["/usr/bin/python3", "-c", "print(1)"],
+        args.runs,
+        &[],
+    ));
+    let (latencies, warm, _) =
+        through_api(&client, &request("print(1)", &[]), args.runs, args.pause).await;
+    let api_print = p50(latencies);
+    println!(
+        "print(1): API p50 {:.1} ms ({warm}/{} warm) vs bare python3 -c {:.1} ms: ratio {:.2}",
+        ms(api_print),
+        args.runs,
+        ms(bare_print),
+        ms(api_print) / ms(bare_print)
+    );
+
     let heavy = "import pandas, numpy, matplotlib; print(1)";
     let bare_heavy = p50(spawned(
         &[&python, "-c", heavy],
@@ -176,22 +192,6 @@ async fn main() {
         args.runs,
         ms(bare_heavy),
         ms(api_heavy) / ms(bare_heavy)
-    );
-
-    let bare_print = p50(spawned(
-        &["/usr/bin/python3", "-c", "print(1)"],
-        args.runs,
-        &[],
-    ));
-    let (latencies, warm, _) =
-        through_api(&client, &request("print(1)", &[]), args.runs, args.pause).await;
-    let api_print = p50(latencies);
-    println!(
-        "print(1): API p50 {:.1} ms ({warm}/{} warm) vs bare python3 -c {:.1} ms: ratio {:.2}",
-        ms(api_print),
-        args.runs,
-        ms(bare_print),
-        ms(api_print) / ms(bare_print)
     );
 
     let pip_runs: Vec<Duration> = (0..args.runs)

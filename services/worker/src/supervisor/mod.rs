@@ -158,7 +158,7 @@ pub struct Worker {
 }
 
 /// How many recent Python runs decide whether the next prepared jail pre-imports.
-const PREIMPORT_MEMORY: u32 = 4;
+const PREIMPORT_MEMORY: u32 = 1;
 
 impl Worker {
     /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
