@@ -129,6 +129,8 @@ struct Prepared {
     ready: bool,
     /// When it must have said so, or its preparation fails.
     ready_by: std::time::Instant,
+    /// Whether its bootstrap pre-imports modules (a core-second), or only starts (milliseconds).
+    importing: bool,
     /// Lines it printed before `B` (dropped), within the protocol's bound.
     lines: usize,
 }

@@ -55,6 +55,7 @@ impl Worker {
                         program,
                         ready: false,
                         ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
+                        importing: language == Language::Python && !self.preimport().is_empty(),
                         lines: 0,
                     },
                 );
@@ -169,14 +170,16 @@ impl Worker {
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
         let language = request.language;
-        // Still importing: a run that imports what it imports waits for it (within its
-        // deadline); any other goes cold at once rather than wait for imports it never uses.
-        if self.prepared.get(&language).is_some_and(|p| !p.ready) {
-            let wanted = crate::supervisor::command::uses_preimport(
-                &request.code,
-                &self.settings.prepare.python_preimport,
-            );
-            if language == Language::Python && wanted {
+        // Not ready yet: a run waits for a bootstrap that only starts (milliseconds), or for
+        // one whose imports it uses; any other goes cold at once rather than wait a
+        // core-second for imports it never uses.
+        if let Some(prepared) = self.prepared.get(&language).filter(|p| !p.ready) {
+            let wait = !prepared.importing
+                || crate::supervisor::command::uses_preimport(
+                    &request.code,
+                    &self.settings.prepare.python_preimport,
+                );
+            if wait {
                 self.poll_prepared(Instant::now() + BOOTSTRAP_DEADLINE);
             }
             if self.prepared.get(&language).is_some_and(|p| !p.ready) {
