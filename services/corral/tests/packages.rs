@@ -437,3 +437,50 @@ fn pkg_01_the_baked_stack_round_trips_in_a_jail() {
         "{reply:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_1_pkg_06_an_install_past_its_timeout_stops_the_run_before_its_code() {
+    const TEST: &str = "bound_1_pkg_06_an_install_past_its_timeout_stops_the_run_before_its_code";
+    if !needs_or_skip(TEST, false) {
+        return;
+    }
+    // A registry that accepts and never answers holds pip past a two-second install bound (the
+    // broker itself would give up on it only after five).
+    let silent = SilentPort::start();
+    let registries =
+        json!({ "pypi": format!("http://127.0.0.1:{}/simple/", silent.port()) }).to_string();
+    let Some(stack) = Stack::start(
+        TEST,
+        &[
+            ("SANDBOX_PACKAGE_REGISTRIES", &registries),
+            ("SANDBOX_DEPENDENCY_INSTALL_TIMEOUT_SECONDS", "2"),
+        ],
+        &[],
+    ) else {
+        return;
+    };
+    let (_, first) = stack
+        .run(python("slow", "c", "open('kept.txt', 'w').write('v1')"))
+        .await;
+    assert_outcome(&first, "succeeded");
+    let started = Instant::now();
+    let (_, body) = stack
+        .run(with_packages(
+            python("slow", "c", "open('kept.txt', 'w').write('v2')"),
+            &["corral-demo"],
+        ))
+        .await;
+    assert_outcome(&body, "not_run");
+    assert_eq!(body["error"]["code"], "dependency_install_failed");
+    assert_eq!(body["error"]["cause"], "timed_out", "{body:#}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("SANDBOX_DEPENDENCY_INSTALL_TIMEOUT_SECONDS")
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let (status, kept) = stack.read("slow", "c", "kept.txt").await;
+    assert_eq!((status, kept.as_slice()), (200, b"v1".as_slice()));
+    stack.settled().await;
+}
