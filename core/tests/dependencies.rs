@@ -30,7 +30,10 @@ const ALLOWED: &[(&str, &str)] = &[
         "serde_json",
         "reads SANDBOX_PACKAGE_REGISTRIES, a JSON object, with `alloc` only (docs/decisions/0014)",
     ),
-    ("sha2", "the hash under HKDF and ed25519, and the broker tokens' HMAC (docs/decisions/0014)"),
+    (
+        "sha2",
+        "the hash under HKDF and ed25519, and the broker tokens' HMAC (docs/decisions/0014)",
+    ),
     ("zeroize", "wipes key material"),
 ];
 

@@ -145,6 +145,12 @@ pub(super) fn bootstrap(
     }
 }
 
+/// Where, inside the jail, the packages a run installs live (decision 0014): the run's scratch
+/// space, ahead of the stack on the code's path.
+pub(super) const PYTHON_PREFIX: &str = "/tmp/.corral/python";
+/// The site directory under [`PYTHON_PREFIX`] (the stack's interpreter is CPython 3.11).
+const PYTHON_SITE: &str = "/tmp/.corral/python/lib/python3.11/site-packages";
+
 /// Whether Python `code` imports a module of `preimport` (by its top-level package), so that a
 /// run of it is worth waiting for a prepared jail still importing.
 pub(super) fn uses_preimport(code: &[u8], preimport: &[String]) -> bool {
@@ -179,10 +185,7 @@ pub(super) fn environment() -> Vec<(String, String)> {
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     // Modules written to the workspace are importable, as they would be beside the script;
     // packages the run installed come next, ahead of the baked stack (PKG-2).
-    .chain([(
-        "PYTHONPATH".to_owned(),
-        format!("/workspace:{}", super::install::PYTHON_SITE),
-    )])
+    .chain([("PYTHONPATH".to_owned(), format!("/workspace:{PYTHON_SITE}"))])
     .collect()
 }
 

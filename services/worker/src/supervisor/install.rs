@@ -16,17 +16,13 @@ use corral_core::packages::registries::{
 };
 use corral_core::packages::resolve::{Cause, DependencyFailure};
 
+use super::command::PYTHON_PREFIX;
 use super::supervise::millis;
 use super::{ActiveRun, Worker};
 use crate::relay::ProxyAddress;
 use crate::result::{RunResult, note};
 use crate::workspace::RunDirs;
 
-/// Where, inside the jail, installed Python packages live (decision 0014): the run's scratch
-/// space, ahead of the stack on the code's path.
-pub(super) const PYTHON_PREFIX: &str = "/tmp/.corral/python";
-/// The site directory under [`PYTHON_PREFIX`] (the stack's interpreter is CPython 3.11).
-pub(super) const PYTHON_SITE: &str = "/tmp/.corral/python/lib/python3.11/site-packages";
 /// How much of the installer's output goes into the diagnostics.
 const OUTPUT_TAIL_CHARS: usize = 1_500;
 /// How long asking the broker whether the registry was unreachable may take.

@@ -129,7 +129,9 @@ impl Worker {
             };
             let failure = loop {
                 if prepared.lines >= LINES_MAX {
-                    break Some("the bootstrap printed too much before it waited for the code".to_owned());
+                    break Some(
+                        "the bootstrap printed too much before it waited for the code".to_owned(),
+                    );
                 }
                 let deadline = until.min(prepared.ready_by);
                 match capture::read_line(&mut prepared.started.stdout, deadline) {
