@@ -105,6 +105,28 @@ fn is_worker_process(pid: i32, worker: WorkerId) -> bool {
     named && !matches!(state, Some("Z" | "X"))
 }
 
+/// The state and start time (in clock ticks since boot) of process `pid`, from /proc; `None`
+/// once it is gone.
+fn state_and_start(pid: i32) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields follow the parenthesised command name, which may itself contain spaces.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = fields.next()?.to_owned();
+    // `starttime` is field 22; `state` was field 3.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// Whether the process that was `pid`, started at `start`, has ended: gone, a zombie, or the pid
+/// taken by another process. A process that is exiting loses its command line and environment
+/// before it stops running, so their absence is not yet proof.
+fn ended(pid: i32, start: u64) -> bool {
+    match state_and_start(pid) {
+        None => true,
+        Some((state, started)) => started != start || matches!(state.as_str(), "Z" | "X"),
+    }
+}
+
 fn free_port() -> Option<u16> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .ok()?
@@ -178,7 +200,8 @@ impl Backend for LocalBackend {
         let Some(record) = self.record(worker) else {
             return Outcome::Done;
         };
-        if is_worker_process(record.pid, worker) {
+        let start = state_and_start(record.pid).map(|(_, start)| start);
+        if let (true, Some(start)) = (is_worker_process(record.pid, worker), start) {
             let pid = nix::unistd::Pid::from_raw(record.pid);
             if nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).is_err()
                 && is_worker_process(record.pid, worker)
@@ -186,7 +209,7 @@ impl Backend for LocalBackend {
                 return Outcome::Failed;
             }
             let deadline = Instant::now() + Duration::from_secs(10);
-            while is_worker_process(record.pid, worker) {
+            while !ended(record.pid, start) {
                 if Instant::now() > deadline {
                     return Outcome::Unknown;
                 }
