@@ -38,6 +38,8 @@ pub fn document() -> Value {
                     "code": { "type": "string" },
                     "declared_outputs": { "type": "array", "items": { "type": "string" } },
                     "provider_hint": { "type": "array", "items": { "type": "string" } },
+                    "packages": { "type": "array", "maxItems": 32, "items": { "type": "string", "maxLength": 214 },
+                        "description": "Packages the run needs beyond its imports (PKG-4): Python names with an optional exact version (humanize, pandas==2.2.3), or npm names (left-pad@1.3.0); never a URL, path, index or installer flag" },
                     "kernel": { "enum": ["ephemeral", "persistent"], "default": "ephemeral" },
                     "bounds": { "type": "object", "properties": {
                         "wall_seconds": { "type": "integer" }, "output_bytes": { "type": "integer" },
@@ -47,11 +49,12 @@ pub fn document() -> Value {
                 "RunResult": { "type": "object", "properties": {
                     "run_id": { "type": "string" },
                     "outcome": { "enum": ["succeeded", "failed", "bound_exceeded", "not_run", "error"] },
-                    "error": { "type": ["object", "null"], "description": "When the outcome is error: a stable code (output_invalid, declared_document_missing, workspace_conflict, workspace_storage_unavailable, workspace_not_packed, workspace_not_returned, worker_record_inconsistent), a message, and the paths, checks, reason or setting it is about" },
+                    "error": { "type": ["object", "null"], "description": "When the outcome is error, or not_run for packages (dependency_request_invalid, dependency_install_failed with cause and packages): a stable code (output_invalid, declared_document_missing, workspace_conflict, workspace_storage_unavailable, workspace_not_packed, workspace_not_returned, worker_record_inconsistent), a message, and the paths, checks, reason or setting it is about" },
                     "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
                         "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
                         "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },
-                        "not_run": { "type": ["string", "null"] },
+                        "not_run": { "type": ["string", "null"], "description": "Why the code did not run: unsupported_language, persistent_kernel_unavailable, dependency_request_invalid, dependency_install_failed, ..." },
+                        "dependencies": { "type": "object", "description": "What the baked stack satisfied, what was installed through the broker (and install_ms), notes; or the failure: cause (no_registry, registry_unreachable, timed_out, install_failed), packages, message" },
                         "diagnostics": { "type": "array", "items": { "type": "string" } },
                         "downloads": { "type": "array", "items": { "type": "object", "properties": {
                             "path": { "type": "string" }, "bytes": { "type": "integer" }, "media_type": { "type": "string" },
