@@ -118,3 +118,35 @@ pub fn document() -> Value {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use corral_core::run::admission::RunCodeRequest;
+
+    /// The document names exactly the fields `run_code` accepts (it refuses any other).
+    #[test]
+    fn the_run_code_schema_names_every_field_the_api_accepts() {
+        let request = RunCodeRequest {
+            declared_outputs: vec!["a".into()],
+            provider_hint: Some(vec!["h".into()]),
+            kernel: Some("ephemeral".into()),
+            wait_seconds: Some(1),
+            packages: vec!["p".into()],
+            bounds: corral_core::bounds::BoundOverrides {
+                max_wall_seconds: Some(1),
+                ..Default::default()
+            },
+            ..RunCodeRequest::default()
+        };
+        let accepted = serde_json::to_value(&request).expect("encodes");
+        let mut accepted: Vec<&String> = accepted.as_object().expect("object").keys().collect();
+        accepted.sort();
+        let document = super::document();
+        let properties = document["components"]["schemas"]["RunCode"]["properties"]
+            .as_object()
+            .expect("RunCode has properties");
+        let mut documented: Vec<&String> = properties.keys().collect();
+        documented.sort();
+        assert_eq!(documented, accepted);
+    }
+}
