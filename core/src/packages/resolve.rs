@@ -141,6 +141,13 @@ impl Resolution {
         !self.install.is_empty()
     }
 
+    /// Whether the install pins the baked distribution `name` to another version.
+    fn replaces(&self, name: &str) -> bool {
+        self.install
+            .iter()
+            .any(|i| i.replaces.is_some() && i.spec.starts_with(&format!("{name}==")))
+    }
+
     /// The requested names of what is installed, for a failure's record.
     #[must_use]
     pub fn packages(&self) -> Vec<String> {
@@ -280,10 +287,7 @@ fn resolve_python(
     for module in imported_modules(code) {
         if let Some(baked) = stack.providing(&module) {
             let used = format!("{} {}", baked.name, baked.version);
-            let replaced = resolution
-                .install
-                .iter()
-                .any(|i| i.replaces.is_some() && i.spec.starts_with(&format!("{}==", baked.name)));
+            let replaced = resolution.replaces(&baked.name);
             if !replaced && !resolution.satisfied.contains(&used) {
                 resolution.satisfied.push(used);
             }
@@ -315,11 +319,7 @@ fn resolve_python(
         resolution.constraints = stack
             .distributions
             .iter()
-            .filter(|baked| {
-                !resolution.install.iter().any(|i| {
-                    i.replaces.is_some() && i.spec.starts_with(&format!("{}==", baked.name))
-                })
-            })
+            .filter(|baked| !resolution.replaces(&baked.name))
             .map(|baked| format!("{}=={}", baked.name, baked.version))
             .collect();
     }

@@ -779,7 +779,7 @@ pub async fn file(
     };
     if !metadata
         && let Some(expected) = &entry.sha256
-        && hex(&Sha256::digest(&body)) != *expected
+        && corral_core::ids::hex(&Sha256::digest(&body)) != *expected
     {
         return Failure::HashMismatch(entry.filename.clone()).response();
     }
@@ -788,10 +788,6 @@ pub async fn file(
         Body::from(body),
     )
         .into_response()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    corral_core::ids::hex(bytes)
 }
 
 /// `GET /v1/packages/{token}/npm/{*path}`: a packument (`{name}`, `@scope/{name}`), or a tarball
