@@ -51,7 +51,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -228,8 +228,12 @@ impl PreparedLanguages {
 struct AppState {
     token: Vec<u8>,
     /// The one worker's thread; held for the whole of a run or reset, so that a second one gets
-    /// 409.
+    /// 409. Taken only through [`AppState::hold`].
     worker: Arc<Mutex<JailThread>>,
+    /// Whether a run or reset holds the worker, for `/health`. A flag rather than a look at the
+    /// lock: trying the lock takes it for an instant, and an execute arriving in that instant
+    /// would be turned away with 409 by a mere probe.
+    busy: Arc<AtomicBool>,
     /// Which languages' prepared jails wait for the next execute.
     prepared: Arc<PreparedLanguages>,
     bounds: ExecutionBounds,
@@ -322,6 +326,7 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
         token,
         prepared,
         worker: Arc::new(Mutex::new(worker)),
+        busy: Arc::new(AtomicBool::new(false)),
         body_max_bytes: execute_body_max_bytes(bounds.workspace_max_bytes),
         bounds,
         posture,
@@ -459,7 +464,7 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     axum::Json(HealthReply {
         status: "ok".to_owned(),
         posture: state.posture.to_owned(),
-        busy: state.worker.try_lock().is_err(),
+        busy: state.busy.load(Ordering::SeqCst),
         prepared: !prepared.is_empty(),
         prepared_languages: prepared,
         body_max_bytes: state.body_max_bytes,
@@ -480,8 +485,40 @@ enum Refusal {
     Staging(String),
 }
 
+impl AppState {
+    /// The worker for one run or reset, or `None` while another holds it.
+    fn hold(&self) -> Option<Held> {
+        let guard = self.worker.clone().try_lock_owned().ok()?;
+        self.busy.store(true, Ordering::SeqCst);
+        Some(Held {
+            guard,
+            busy: self.busy.clone(),
+        })
+    }
+}
+
+/// The worker held by one request; `/health` says busy until it is dropped.
+struct Held {
+    guard: tokio::sync::OwnedMutexGuard<JailThread>,
+    busy: Arc<AtomicBool>,
+}
+
+impl std::ops::Deref for Held {
+    type Target = JailThread;
+    fn deref(&self) -> &JailThread {
+        &self.guard
+    }
+}
+
+impl Drop for Held {
+    /// Lowers the flag before the lock is released (fields drop after this body).
+    fn drop(&mut self) {
+        self.busy.store(false, Ordering::SeqCst);
+    }
+}
+
 async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let Ok(worker) = state.worker.clone().try_lock_owned() else {
+    let Some(worker) = state.hold() else {
         return busy();
     };
     let request: ExecuteRequest = match serde_json::from_slice(&body) {
@@ -572,7 +609,7 @@ fn execute_reply(result: RunResult) -> ExecuteReply {
 }
 
 async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let Ok(worker) = state.worker.clone().try_lock_owned() else {
+    let Some(worker) = state.hold() else {
         return busy();
     };
     let request: ResetRequest = match serde_json::from_slice(&body) {

@@ -287,6 +287,44 @@ fn api_concurrent_execute_gets_409() {
 }
 
 #[test]
+fn a_health_probe_never_turns_an_execute_away() {
+    if !root_or_skip("a_health_probe_never_turns_an_execute_away") {
+        return;
+    }
+    let _serial = serial();
+    // Cold runs, so that many are quick; the probe runs as fast as the server answers.
+    let server = std::sync::Arc::new(Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "")]));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (server, stop) = (server.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut probes = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (status, _) = server.request("GET", "/health", Some(TOKEN), b"");
+                assert_eq!(status, 200);
+                probes += 1;
+            }
+            probes
+        })
+    };
+    let statuses: Vec<(u16, Value)> = (0..24)
+        .map(|n| server.execute(&json!({ "language": "python", "code": format!("print({n})") })))
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let probes = probe.join().unwrap();
+    assert!(probes > 0, "the probe never ran");
+    let refused: Vec<&Value> = statuses
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .map(|(_, json)| json)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "executes refused beside {probes} probes: {refused:?}"
+    );
+}
+
+#[test]
 fn bound_1_api_oversized_body_and_raised_bounds_are_refused() {
     if !root_or_skip("bound_1_api_oversized_body_and_raised_bounds_are_refused") {
         return;
