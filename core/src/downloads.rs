@@ -102,7 +102,8 @@ pub fn relative_path(text: &str) -> Result<String, PathRefusal> {
 }
 
 /// The files a run offers for download: regular files in `after` that are new or changed since
-/// `before`, plus declared names that are regular files in `after`, in path order. A declaration
+/// `before`, plus declared names that are regular files in `after`, in path order, less a
+/// persistent kernel's own files. A declaration
 /// grants nothing else (WS-7): a declared symlink, directory or missing file is not offered.
 #[must_use]
 pub fn candidates(before: &Snapshot, after: &Snapshot, declared: &[String]) -> Vec<String> {
@@ -111,6 +112,10 @@ pub fn candidates(before: &Snapshot, after: &Snapshot, declared: &[String]) -> V
         let Entry::File(stamp) = entry else {
             continue;
         };
+        // A persistent kernel's checkpoint is its own, never an output (KER-2).
+        if crate::kernel::is_kernel_path(path) {
+            continue;
+        }
         let unchanged = matches!(before.get(path), Some(Entry::File(old)) if old == stamp);
         let was_declared = declared
             .iter()

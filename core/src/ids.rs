@@ -110,6 +110,28 @@ pub fn hex(bytes: &[u8]) -> String {
     text
 }
 
+/// HMAC-SHA256 (RFC 2104) of the concatenation of `message`'s parts under `key`: the one MAC of
+/// package tokens and kernel seals.
+#[must_use]
+pub fn hmac_sha256(key: &[u8], message: &[&[u8]]) -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let mut inner = Sha256::new();
+    inner.update(block.map(|b| b ^ 0x36));
+    for part in message {
+        inner.update(part);
+    }
+    let mut outer = Sha256::new();
+    outer.update(block.map(|b| b ^ 0x5c));
+    outer.update(inner.finalize());
+    outer.finalize().into()
+}
+
 /// Longest actor, member or conversation id, in bytes.
 pub const IDENTITY_MAX_BYTES: usize = 256;
 

@@ -70,9 +70,19 @@ pub enum NotRun {
     CodeTooLarge,
     /// The jail could not be built for another reason; the diagnostics say which step failed.
     JailSetupFailed,
-    /// A persistent kernel was asked for, and this release runs only ephemeral code (KER-1): the
-    /// code is refused rather than run ephemerally.
+    /// A persistent kernel was asked for and cannot be given here (KER-1): the deployment has no
+    /// field key to seal its checkpoints with. The code is refused rather than run ephemerally.
     PersistentKernelUnavailable,
+    /// A persistent cell names the shared-resource contract; a persistent kernel mounts no
+    /// resources (KER-5).
+    ResourcePersistentKernel,
+    /// The kernel's checkpoint is not a checkpoint, truncated, or does not match its header.
+    KernelCheckpointCorrupt,
+    /// The kernel's checkpoint has no valid seal: it was not written by a persistent cell of this
+    /// workspace (`crate::kernel`).
+    KernelCheckpointUntrusted,
+    /// The kernel's checkpoint was written by another interpreter or stack.
+    KernelCheckpointIncompatible,
     /// A requested package was refused before anything was installed (PKG-4, PKG-6): a URL, a
     /// path, an index, an installer flag, or not a distribution's name.
     DependencyRequestInvalid,
@@ -83,13 +93,17 @@ pub enum NotRun {
 
 impl NotRun {
     /// Every reason.
-    pub const ALL: [NotRun; 8] = [
+    pub const ALL: [NotRun; 12] = [
         Self::UnsupportedLanguage,
         Self::IsolationUnavailable,
         Self::WorkspaceTooLarge,
         Self::CodeTooLarge,
         Self::JailSetupFailed,
         Self::PersistentKernelUnavailable,
+        Self::ResourcePersistentKernel,
+        Self::KernelCheckpointCorrupt,
+        Self::KernelCheckpointUntrusted,
+        Self::KernelCheckpointIncompatible,
         Self::DependencyRequestInvalid,
         Self::DependencyInstallFailed,
     ];
@@ -104,6 +118,10 @@ impl NotRun {
             Self::CodeTooLarge => "code_too_large",
             Self::JailSetupFailed => "jail_setup_failed",
             Self::PersistentKernelUnavailable => "persistent_kernel_unavailable",
+            Self::ResourcePersistentKernel => "resource_persistent_kernel",
+            Self::KernelCheckpointCorrupt => crate::kernel::Refusal::Corrupt.code(),
+            Self::KernelCheckpointUntrusted => crate::kernel::Refusal::Untrusted.code(),
+            Self::KernelCheckpointIncompatible => crate::kernel::Refusal::Incompatible.code(),
             Self::DependencyRequestInvalid => "dependency_request_invalid",
             Self::DependencyInstallFailed => "dependency_install_failed",
         }

@@ -58,6 +58,7 @@ pub mod egress;
 pub mod holder;
 pub mod ids;
 pub mod jail;
+pub mod kernel;
 pub mod packages;
 pub mod pool;
 pub mod reconcile;

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use sha2::{Digest as _, Sha256};
+
+use crate::ids::hmac_sha256;
 
 use crate::time::MonoMillis;
 
@@ -91,24 +92,6 @@ const TOKEN_PREFIX: &str = "pk1";
 const TOKEN_CONTEXT: &[u8] = b"corral package token v1\0";
 /// The longest run id a token carries.
 pub const TOKEN_RUN_MAX: usize = 64;
-
-fn hmac_sha256(key: &[u8], message: &[&[u8]]) -> [u8; 32] {
-    let mut block = [0u8; 64];
-    if key.len() > 64 {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let mut inner = Sha256::new();
-    inner.update(block.map(|b| b ^ 0x36));
-    for part in message {
-        inner.update(part);
-    }
-    let mut outer = Sha256::new();
-    outer.update(block.map(|b| b ^ 0x5c));
-    outer.update(inner.finalize());
-    outer.finalize().into()
-}
 
 fn mac(key: &[u8], run: &str, expires: u64) -> String {
     URL_SAFE_NO_PAD.encode(hmac_sha256(

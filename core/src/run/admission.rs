@@ -3,7 +3,8 @@
 //! [`admit`] takes the request as received and the deployment's settings, and answers one of:
 //! - [`Admission::Admitted`]: every field checked and typed, ready to lease a worker for;
 //! - [`Admission::NotRun`]: a `not_run` record, answered before any lease (PKG-6: an unsupported
-//!   language, a persistent kernel this release does not run);
+//!   language, a persistent kernel with no key to seal it, a persistent cell that names the
+//!   shared-resource contract);
 //! - [`Admission::Refused`]: a malformed request, with a stable code and the field it names.
 //!
 //! The worker checks what reaches it again with the same functions (the language is a type on the
@@ -11,12 +12,14 @@
 //! [`crate::bounds::code_fits`]), so nothing an admitted request asks can differ at the worker.
 
 use crate::bounds::{BoundOverrides, ExecutionBounds, code_fits, lowered_bounds};
+use crate::config::FieldKeySource;
 use crate::config::Settings;
 use crate::downloads::relative_path;
 use crate::egress::grant::PROVIDER_HINT_MAX;
 use crate::egress::target::NAME_MAX_BYTES;
 use crate::ids::{ActorId, ConversationId, MemberId, identity_is_valid};
 use crate::jail::{Language, NotRun};
+use crate::kernel::{Kernel, names_resource_contract};
 use crate::packages::resolve::{Available, DependencyFailure, Resolution, resolve};
 use crate::packages::stack::baked;
 
@@ -90,6 +93,9 @@ pub struct Admitted {
     /// What the run's dependencies need: satisfied by the baked stack, or installed through the
     /// broker before the code runs.
     pub dependencies: Resolution,
+    /// Ephemeral, or persistent (KER-1): a persistent cell restores and checkpoints its
+    /// variables, and has no egress (KER-5).
+    pub kernel: Kernel,
 }
 
 /// Why a request is refused. The codes are stable.
@@ -184,10 +190,10 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
             );
         }
     }
-    match request.kernel.as_deref() {
-        None | Some("ephemeral") => {}
-        Some("persistent") => return Admission::NotRun(NotRun::PersistentKernelUnavailable),
-        Some(_) => {
+    let kernel = match request.kernel.as_deref().map(Kernel::parse) {
+        None => Kernel::Ephemeral,
+        Some(Some(kernel)) => kernel,
+        Some(None) => {
             return refused(
                 RefusalCode::KernelUnknown,
                 "kernel",
@@ -195,11 +201,20 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
                 "kernel must be ephemeral or persistent",
             );
         }
-    }
+    };
     let language = match Language::parse(&request.language) {
         Ok(language) => language,
         Err(reason) => return Admission::NotRun(reason),
     };
+    if kernel == Kernel::Persistent {
+        // Its checkpoints are sealed under a key derived from the field key (crate::kernel).
+        if settings.field_key == FieldKeySource::Unset {
+            return Admission::NotRun(NotRun::PersistentKernelUnavailable);
+        }
+        if names_resource_contract(&request.code) {
+            return Admission::NotRun(NotRun::ResourcePersistentKernel);
+        }
+    }
     let configured = &settings.bounds;
     if !code_fits(request.code.len(), configured) {
         return refused(
@@ -273,6 +288,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
         provider_hint: request.provider_hint,
         wait_ms,
         dependencies,
+        kernel,
     }))
 }
 
@@ -352,12 +368,36 @@ mod tests {
             admit(ruby, &settings(), ANY),
             Admission::NotRun(NotRun::UnsupportedLanguage)
         );
+        // A persistent kernel with no field key to seal its checkpoints with.
         let mut persistent = request();
         persistent.kernel = Some("persistent".into());
         assert_eq!(
             admit(persistent, &settings(), ANY),
             Admission::NotRun(NotRun::PersistentKernelUnavailable)
         );
+    }
+
+    #[test]
+    fn ker_05_a_persistent_cell_naming_the_resource_contract_is_not_run() {
+        let mut keyed = settings();
+        keyed.field_key = FieldKeySource::File("/run/corral/field-key".into());
+        let mut persistent = request();
+        persistent.kernel = Some("persistent".into());
+        let Admission::Admitted(admitted) = admit(persistent.clone(), &keyed, ANY) else {
+            panic!("a keyed persistent cell is admitted");
+        };
+        assert_eq!(admitted.kernel, Kernel::Persistent);
+        for name in crate::kernel::RESOURCE_CONTRACT {
+            let mut asks = persistent.clone();
+            asks.code = format!("import os\nprint(os.environ.get({name:?}))");
+            assert_eq!(
+                admit(asks.clone(), &keyed, ANY),
+                Admission::NotRun(NotRun::ResourcePersistentKernel)
+            );
+            // The same code in an ephemeral run is admitted.
+            asks.kernel = None;
+            assert!(matches!(admit(asks, &keyed, ANY), Admission::Admitted(_)));
+        }
     }
 
     #[test]

@@ -47,8 +47,67 @@ pub struct ExecuteRequest {
     /// What to install through the broker before the code runs (PKG-2, PKG-3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependencies: Option<InstallOrder>,
+    /// A persistent kernel's cell (KER-1, KER-2): restore, run, checkpoint. None: ephemeral.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+}
+
+/// A persistent cell: the key that seals this workspace's checkpoints
+/// (`corral_core::kernel::seal_key`), held by the worker's supervisor and never given to the code.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelOrder {
+    /// The seal key, 64 hex digits.
+    pub seal_key: String,
+}
+
+impl std::fmt::Debug for KernelOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KernelOrder { seal_key: <redacted> }")
+    }
+}
+
+impl KernelOrder {
+    /// The order for the workspace `storage_key` under the deployment's seal root.
+    #[must_use]
+    pub fn new(root: &[u8; 32], storage_key: &str) -> Self {
+        Self {
+            seal_key: corral_core::ids::hex(&corral_core::kernel::seal_key(root, storage_key)),
+        }
+    }
+
+    /// The key's bytes, when it is 64 hex digits.
+    #[must_use]
+    pub fn key(&self) -> Option<[u8; 32]> {
+        let text = self.seal_key.as_bytes();
+        if text.len() != 64 {
+            return None;
+        }
+        let mut key = [0u8; 32];
+        for (i, pair) in text.chunks(2).enumerate() {
+            let digit = |b: u8| char::from(b).to_digit(16);
+            key[i] = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
+        }
+        Some(key)
+    }
+}
+
+/// What a persistent cell's kernel did (KER-2, KER-3): reported beside the run's result.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelReport {
+    /// The names restored before the cell ran.
+    pub restored: Vec<String>,
+    /// Whether this cell wrote the checkpoint the workspace now holds; false when it was killed
+    /// or ended before its checkpoint, and the previous one stays.
+    pub checkpointed: bool,
+    /// The names the checkpoint carries.
+    pub kept: Vec<String>,
+    /// The names the cell had that it does not carry, and why.
+    pub not_kept: Vec<corral_core::kernel::NotKept>,
+    /// The checkpoint's size.
+    pub checkpoint_bytes: u64,
 }
 
 /// What a run installs before its code: corral-core's resolution, and the broker token that
@@ -160,6 +219,16 @@ impl ExecuteRequest {
                 );
             }
         };
+        if self
+            .kernel
+            .as_ref()
+            .is_some_and(|order| order.key().is_none())
+        {
+            return refuse(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("kernel: the seal key is not 64 hex digits"),
+            );
+        }
         if let Some(order) = &self.dependencies
             && !order.is_valid(self.language)
         {
@@ -306,6 +375,9 @@ pub struct ExecuteReply {
     /// What the run installed before its code, or why it could not (PKG-6).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dependencies: Option<InstallReport>,
+    /// What a persistent cell's kernel restored and kept (KER-2, KER-3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<KernelReport>,
 }
 
 /// What a run's install did.
@@ -410,7 +482,32 @@ mod tests {
             grant: None,
             declared: Vec::new(),
             dependencies: None,
+            kernel: None,
             token: OpToken(3),
+        }
+    }
+
+    #[test]
+    fn a_kernel_order_needs_a_64_hex_digit_key_and_never_prints_it() {
+        let order = KernelOrder::new(&[7; 32], "workspace");
+        assert_eq!(order.seal_key.len(), 64);
+        assert_eq!(
+            order.key(),
+            Some(corral_core::kernel::seal_key(&[7; 32], "workspace"))
+        );
+        assert!(!format!("{order:?}").contains(&order.seal_key));
+        let mut request = request();
+        request.kernel = Some(order);
+        assert!(request.accept(&configured()).is_ok());
+        for bad in ["", "00", &"g".repeat(64), &"0".repeat(63), &"0".repeat(65)] {
+            request.kernel = Some(KernelOrder {
+                seal_key: bad.to_owned(),
+            });
+            assert_eq!(
+                request.accept(&configured()).unwrap_err().error,
+                ErrorCode::BodyInvalid,
+                "{bad:?}"
+            );
         }
     }
 

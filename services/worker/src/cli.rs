@@ -197,6 +197,7 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             pack_workspace: false,
             grant,
             install: None,
+            kernel: None,
         }),
         Err(reason) => worker.refuse(reason, OpToken(0)),
     };

@@ -545,6 +545,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         pack_workspace: true,
         grant: request.grant,
         install: request.dependencies,
+        kernel: request.kernel,
     };
     let ran = worker
         .run(move |worker| {

@@ -5,6 +5,14 @@ use corral_core::jail::Language;
 use crate::plan::LINE_WAITING;
 use crate::relay;
 
+/// Where the jail sees the code's directory (the run's code files, read-only).
+const JAIL_CODE_DIR: &str = "/run/corral";
+
+/// The path, inside the jail, of the program a run of `language` runs.
+pub(super) fn code_path(language: Language) -> String {
+    format!("{JAIL_CODE_DIR}/main.{}", language.extension())
+}
+
 /// The interpreter's command line for the code at `path` (inside the jail); `python` is the
 /// Python interpreter (the baked stack's, or the system's).
 pub(super) fn interpreter(language: Language, python: &str, path: &str) -> Vec<String> {
@@ -127,7 +135,7 @@ pub(super) fn bootstrap(
                  \x20       os._exit(status & 0xff)\n\
                  \x20   return run\n\
                  _corral()()\n",
-                dir = "/run/corral",
+                dir = JAIL_CODE_DIR,
                 waiting = LINE_WAITING,
             );
             vec![python.to_owned(), "-c".to_owned(), source]

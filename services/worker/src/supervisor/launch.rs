@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use corral_core::jail::{Language, NotRun, Posture, Primitive};
 
-use super::command::{bootstrap, environment, interpreter};
+use super::command::{bootstrap, code_path, environment, interpreter};
 use super::{ActiveRun, Worker};
 use crate::capture;
 use crate::plan::{GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits};
@@ -56,7 +56,6 @@ impl Worker {
         };
         let memory_cgroup = !waived(Primitive::CgroupMemory);
         let pids_cgroup = !waived(Primitive::CgroupPids);
-        let code_name = format!("main.{}", language.extension());
         JailPlan {
             reexec_prefix: self.reexec.prefix.clone(),
             run_dir: run.run_dir.to_string_lossy().into_owned(),
@@ -72,15 +71,11 @@ impl Worker {
                 bootstrap(
                     language,
                     &self.python(),
-                    &format!("/run/corral/{code_name}"),
+                    &code_path(language),
                     self.preimport(),
                 )
             } else {
-                interpreter(
-                    language,
-                    &self.python(),
-                    &format!("/run/corral/{code_name}"),
-                )
+                interpreter(language, &self.python(), &code_path(language))
             },
             env: environment(),
             limits: Limits {

@@ -27,6 +27,7 @@ use crate::workspace::RunDirs;
 
 mod command;
 mod install;
+mod kernel;
 mod launch;
 mod prepare;
 mod reset;
@@ -94,6 +95,9 @@ pub struct RunRequest {
     pub grant: Option<String>,
     /// What to install through the broker before the code (PKG-2, PKG-3); such a run goes cold.
     pub install: Option<corral_contract::messages::InstallOrder>,
+    /// A persistent kernel's cell (KER-1): the code is the cell, which a driver restores
+    /// around, runs and checkpoints after.
+    pub kernel: Option<corral_contract::messages::KernelOrder>,
 }
 
 /// What one run has created, for the reset.
@@ -108,6 +112,8 @@ struct ActiveRun {
     relay: Option<Relay>,
     /// The package broker's relay, open only while the run's install runs.
     broker_relay: Option<Relay>,
+    /// A persistent cell's kernel, held by the supervisor (its seal key never enters the jail).
+    kernel: Option<kernel::KernelCell>,
 }
 
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
@@ -157,6 +163,8 @@ pub struct Worker {
     /// [`PREIMPORT_MEMORY`] did (decision 0015): importing the stack costs a core-second per
     /// preparation, which back-to-back runs that never use it would pay for.
     preimport_history: u8,
+    /// Each interpreter's runtime tag (`corral_core::kernel::runtime_tag`), asked once.
+    runtimes: BTreeMap<Language, String>,
 }
 
 /// How many recent Python runs decide whether the next prepared jail pre-imports.
@@ -201,6 +209,7 @@ impl Worker {
             missing,
             python_stack,
             preimport_history: u8::MAX,
+            runtimes: BTreeMap::new(),
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),
@@ -315,6 +324,7 @@ impl Worker {
             stage1: None,
             relay: None,
             broker_relay: None,
+            kernel: None,
         }
     }
 }

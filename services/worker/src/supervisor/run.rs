@@ -26,11 +26,35 @@ impl Worker {
         if request.language == corral_core::jail::Language::Python {
             self.remember_imports(&request.code);
         }
+        // A persistent cell: the program is the kernel's driver around the cell.
+        let kernel = match &request.kernel {
+            None => None,
+            Some(order) => match self.kernel_cell(request.language, order) {
+                Ok(cell) => Some(cell),
+                Err(why) => {
+                    let mut refused = self.refuse(NotRun::JailSetupFailed, request.token);
+                    note(&mut refused.reply.diagnostics, format!("kernel: {why}"));
+                    return refused;
+                }
+            },
+        };
+        let wrapped = kernel.as_ref().map(|cell| RunRequest {
+            code: super::kernel::program(
+                request.language,
+                &request.code,
+                cell,
+                &super::command::code_path(request.language),
+            ),
+            ..request.clone()
+        });
+        let cell = request;
+        let request = wrapped.as_ref().unwrap_or(cell);
         // A run that installs goes cold: its installer runs in the jail before the interpreter.
         let prepared = if request.install.is_some() {
             None
         } else {
-            self.take_prepared(request, &mut result.reply.diagnostics)
+            // Judged by the cell's own imports, not the driver's.
+            self.take_prepared(cell, &mut result.reply.diagnostics)
         };
         if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
             note(
@@ -63,11 +87,13 @@ impl Worker {
                     program,
                     ..
                 } = prepared;
+                run.kernel = kernel;
                 let executed = self.execute_warm(request, &mut run, jail, program, &mut result);
                 (run, executed)
             }
             None => {
                 let mut run = self.new_run();
+                run.kernel = kernel;
                 let executed = self.execute(request, &mut run, &mut result);
                 (run, executed)
             }
@@ -117,6 +143,7 @@ impl Worker {
         // In the order a run has always had: the cgroups once the workspace is accepted.
         let dirs = self.create_dirs(run, result)?;
         let mut before = self.fill_workspace(request, language, run, &dirs, result)?;
+        self.judge_kernel(language, run, &dirs, result)?;
         self.create_cgroups(run, &posture, result)?;
         if let Some(order) = &request.install {
             self.install(order, language, run, &dirs, &posture, result)?;
@@ -137,6 +164,7 @@ impl Worker {
             false,
         )?;
         let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.seal_kernel(language, run, &dirs, all_dead, result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }
@@ -163,6 +191,7 @@ impl Worker {
         // before its code arrives (its children inherit it).
         restore_priority(run, jail.pid);
         let before = self.fill_workspace(request, language, run, &dirs, result)?;
+        self.judge_kernel(language, run, &dirs, result)?;
         // Before the code arrives, so that its first connection already carries the grant.
         if let Some(relay) = &run.relay {
             relay.attach_grant(request.grant.as_deref());
@@ -182,6 +211,7 @@ impl Worker {
         }
         let started = Started { go_at, ..jail };
         let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.seal_kernel(language, run, &dirs, all_dead, result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }
