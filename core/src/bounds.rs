@@ -135,6 +135,10 @@ pub struct BoundObservations {
     pub workspace: Option<FilesystemUse>,
     /// The files offered as downloads exceeded `SANDBOX_MAX_ARTIFACT_BYTES`.
     pub artifacts_over: bool,
+    /// A write the run had to make found the workspace full, though what is left fits: a
+    /// persistent kernel's checkpoint that did not fit, removed before the workspace was
+    /// measured (KER-3).
+    pub workspace_filled: bool,
 }
 
 /// Every bound `observed` shows hit, in order of precedence (the first is the one to report).
@@ -158,9 +162,10 @@ pub fn bounds_hit(
     {
         hit.insert(Bound::Tmp);
     }
-    if observed
-        .workspace
-        .is_some_and(|fs| fs.at_bound(workspace_max_bytes))
+    if observed.workspace_filled
+        || observed
+            .workspace
+            .is_some_and(|fs| fs.at_bound(workspace_max_bytes))
     {
         hit.insert(Bound::Workspace);
     }
@@ -481,6 +486,15 @@ mod tests {
             ..BoundObservations::default()
         };
         assert!(bounds_hit(&observed, 1 << 21, 1 << 21).is_empty());
+        // A checkpoint that did not fit hits the workspace bound, whatever is left.
+        let filled = BoundObservations {
+            workspace_filled: true,
+            ..observed
+        };
+        assert_eq!(
+            bounds_hit(&filled, 1 << 21, 1 << 21).first(),
+            Some(&Bound::Workspace)
+        );
     }
 
     #[test]

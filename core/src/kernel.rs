@@ -90,6 +90,10 @@ pub fn seal_path(language: Language) -> String {
     format!("{CHECKPOINT_DIR}/{}.seal", language.as_str())
 }
 
+/// The note a persistent cell's egress report carries: it has no egress, whatever the policy
+/// (KER-5).
+pub const EGRESS_NOTE: &str = "persistent_kernel";
+
 /// The environment names through which code asks for the turn's shared resources (the
 /// shared-resource contract, PROJ-1): a run "asks for files" by naming one.
 pub const RESOURCE_CONTRACT: [&str; 2] = [
@@ -200,13 +204,18 @@ const SEAL_ROOT_SALT: &[u8] = b"corral kernel seal root v1";
 const SEAL_CONTEXT: &[u8] = b"corral kernel seal v1\0";
 
 /// The deployment's root for kernel seals, derived from its field key (the key every replica
-/// shares; egress grants derive from it too, under another label).
+/// shares; egress grants derive from it too, under another label). `None` for a key shorter than
+/// a grant's signing key accepts.
 #[must_use]
-pub fn seal_root(field_key: &[u8]) -> [u8; 32] {
+pub fn seal_root(field_key: &[u8]) -> Option<[u8; 32]> {
+    if field_key.len() < crate::egress::grant::FIELD_KEY_MIN_BYTES {
+        return None;
+    }
     let mut root = [0u8; 32];
-    // Expanding 32 bytes of SHA-256 output cannot exceed HKDF's limit.
-    let _ = hkdf::Hkdf::<Sha256>::new(Some(SEAL_ROOT_SALT), field_key).expand(b"seal", &mut root);
-    root
+    hkdf::Hkdf::<Sha256>::new(Some(SEAL_ROOT_SALT), field_key)
+        .expand(b"seal", &mut root)
+        .ok()?;
+    Some(root)
 }
 
 /// The key that seals the checkpoints of one workspace (`storage_key`, from
@@ -315,7 +324,10 @@ mod tests {
 
     #[test]
     fn ker_02_a_sealed_checkpoint_of_this_runtime_is_restored() {
-        let key = seal_key(&seal_root(b"0123456789abcdef0123456789abcdef"), "ws");
+        let key = seal_key(
+            &seal_root(b"0123456789abcdef0123456789abcdef").unwrap(),
+            "ws",
+        );
         let file = checkpoint(b"\x80\x04payload", "cpython-311");
         let sealed = seal(&key, Language::Python, &file);
         let header = judge(
@@ -336,7 +348,7 @@ mod tests {
 
     #[test]
     fn ker_02_truncated_extended_or_foreign_checkpoints_are_refused_by_code() {
-        let root = seal_root(b"0123456789abcdef0123456789abcdef");
+        let root = seal_root(b"0123456789abcdef0123456789abcdef").unwrap();
         let key = seal_key(&root, "ws");
         let file = checkpoint(b"\x80\x04payload", "cpython-311");
         let sealed = seal(&key, Language::Python, &file);
@@ -380,7 +392,11 @@ mod tests {
             Refusal::Incompatible
         );
         // Another deployment's field key seals differently.
-        let foreign = seal_key(&seal_root(b"another deployment's field key!!"), "ws");
+        assert_eq!(seal_root(b"short"), None);
+        let foreign = seal_key(
+            &seal_root(b"another deployment's field key!!").unwrap(),
+            "ws",
+        );
         assert_ne!(foreign, key);
     }
 

@@ -3,8 +3,7 @@
 //! [`admit`] takes the request as received and the deployment's settings, and answers one of:
 //! - [`Admission::Admitted`]: every field checked and typed, ready to lease a worker for;
 //! - [`Admission::NotRun`]: a `not_run` record, answered before any lease (PKG-6: an unsupported
-//!   language, a persistent kernel with no key to seal it, a persistent cell that names the
-//!   shared-resource contract);
+//!   language, a persistent cell that names the shared-resource contract);
 //! - [`Admission::Refused`]: a malformed request, with a stable code and the field it names.
 //!
 //! The worker checks what reaches it again with the same functions (the language is a type on the
@@ -12,7 +11,6 @@
 //! [`crate::bounds::code_fits`]), so nothing an admitted request asks can differ at the worker.
 
 use crate::bounds::{BoundOverrides, ExecutionBounds, code_fits, lowered_bounds};
-use crate::config::FieldKeySource;
 use crate::config::Settings;
 use crate::downloads::relative_path;
 use crate::egress::grant::PROVIDER_HINT_MAX;
@@ -206,14 +204,10 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
         Ok(language) => language,
         Err(reason) => return Admission::NotRun(reason),
     };
-    if kernel == Kernel::Persistent {
-        // Its checkpoints are sealed under a key derived from the field key (crate::kernel).
-        if settings.field_key == FieldKeySource::Unset {
-            return Admission::NotRun(NotRun::PersistentKernelUnavailable);
-        }
-        if names_resource_contract(&request.code) {
-            return Admission::NotRun(NotRun::ResourcePersistentKernel);
-        }
+    // A persistent kernel mounts no resources (KER-5). Whether its checkpoints can be sealed
+    // (a field key) is the shell's to know: it answers `persistent_kernel_unavailable` without.
+    if kernel == Kernel::Persistent && names_resource_contract(&request.code) {
+        return Admission::NotRun(NotRun::ResourcePersistentKernel);
     }
     let configured = &settings.bounds;
     if !code_fits(request.code.len(), configured) {
@@ -361,26 +355,18 @@ mod tests {
     }
 
     #[test]
-    fn pkg_06_unsupported_language_and_persistent_kernel_are_not_run_before_a_lease() {
+    fn pkg_06_an_unsupported_language_is_not_run_before_a_lease() {
         let mut ruby = request();
         ruby.language = "ruby".into();
         assert_eq!(
             admit(ruby, &settings(), ANY),
             Admission::NotRun(NotRun::UnsupportedLanguage)
         );
-        // A persistent kernel with no field key to seal its checkpoints with.
-        let mut persistent = request();
-        persistent.kernel = Some("persistent".into());
-        assert_eq!(
-            admit(persistent, &settings(), ANY),
-            Admission::NotRun(NotRun::PersistentKernelUnavailable)
-        );
     }
 
     #[test]
     fn ker_05_a_persistent_cell_naming_the_resource_contract_is_not_run() {
-        let mut keyed = settings();
-        keyed.field_key = FieldKeySource::File("/run/corral/field-key".into());
+        let keyed = settings();
         let mut persistent = request();
         persistent.kernel = Some("persistent".into());
         let Admission::Admitted(admitted) = admit(persistent.clone(), &keyed, ANY) else {

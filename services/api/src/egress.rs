@@ -79,6 +79,21 @@ pub struct RunEgress {
     pub effective_mode: &'static str,
 }
 
+impl RunEgress {
+    /// A persistent cell's: no grant, whatever the policy (KER-5).
+    #[must_use]
+    pub fn persistent_kernel() -> Self {
+        Self {
+            grant: None,
+            report: json!({
+                "effective_mode": "isolated",
+                "notes": [corral_core::kernel::EGRESS_NOTE],
+            }),
+            effective_mode: "isolated",
+        }
+    }
+}
+
 /// The deployment's egress side: its settings, its signer (from the field key) and its proxy.
 pub struct Egress {
     configured: ConfiguredEgress,

@@ -51,6 +51,9 @@ pub struct AppState {
     pub admin_credential: String,
     /// The package broker (PKG-3), `None` when it could not be built.
     pub broker: Option<Arc<broker::Broker>>,
+    /// The root of persistent kernels' seal keys (`corral_core::kernel::seal_root`), from the
+    /// field key; `None` without one, and persistent cells are then not run.
+    pub kernel_seal_root: Option<[u8; 32]>,
 }
 
 impl AppState {

@@ -97,6 +97,7 @@ impl Fixture {
             caller_credential: String::from("caller-credential-0123456789"),
             admin_credential: String::from("admin-credential-0123456789"),
             broker: None,
+            kernel_seal_root: None,
         });
         Some((
             Fixture {

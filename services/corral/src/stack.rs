@@ -74,6 +74,10 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
     let egress =
         corral_api::egress::Egress::new(settings.egress.clone(), parts.field_key.as_deref());
     let settings_packages = settings.packages.clone();
+    let kernel_seal_root = parts
+        .field_key
+        .as_deref()
+        .and_then(corral_core::kernel::seal_root);
     Ok(Arc::new(AppState {
         settings,
         store,
@@ -87,6 +91,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
             Ok(broker) => Some(Arc::new(broker)),
             Err(why) => return Err(why),
         },
+        kernel_seal_root,
     }))
 }
 

@@ -164,6 +164,8 @@ pub struct Context<'a> {
     pub phases: serde_json::Map<String, Value>,
     /// What the run's dependencies needed (PKG-1, PKG-2).
     pub dependencies: Value,
+    /// A persistent cell's kernel report; `null` for an ephemeral run.
+    pub kernel: Value,
 }
 
 /// A run's outcome: corral-core's decision, with the worker's output and the API's context.
@@ -195,6 +197,7 @@ pub fn decided(
         );
         model.insert("warm".into(), json!(reply.warm));
         model.insert("dependencies".into(), context.dependencies);
+        model.insert("kernel".into(), context.kernel);
         model.insert("worker".into(), json!(context.worker));
         let mut durations = json!(reply.durations);
         durations["api"] = Value::Object(context.phases);

@@ -20,8 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
-use corral_contract::messages::{InstallOrder, archive_text};
+use corral_contract::messages::{InstallOrder, KernelOrder, archive_text};
 use corral_contract::{CallError, ExecuteRequest};
+use corral_core::jail::NotRun;
+use corral_core::kernel::Kernel;
 use corral_core::pool::Disposition;
 use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
 use corral_core::run::outcome::{Kept, Packed, Plan, Reported, decide, plan};
@@ -29,6 +31,7 @@ use corral_store::lease::AcquireError;
 use serde_json::{Value, json};
 
 use crate::AppState;
+use crate::egress::RunEgress;
 use answer::{Context, Reply};
 
 pub mod answer;
@@ -80,6 +83,11 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
             return answer::dependencies_failed(&run_id, &failure, &[]);
         }
     };
+    // A persistent kernel's checkpoints are sealed under a key derived from the field key.
+    if admitted.kernel == Kernel::Persistent && state.kernel_seal_root.is_none() {
+        state.metrics.run("not_run");
+        return answer::not_run_before_lease(&run_id, NotRun::PersistentKernelUnavailable);
+    }
     let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
     let mut watch = None;
     let mut unreachable = String::new();
@@ -165,15 +173,26 @@ async fn leased(
             .0
             .saturating_sub(settings.lease_ttl_seconds.saturating_mul(1_000)),
     );
-    // The policy and the snapshot are independent: read both at once.
+    let persistent = admitted.kernel == Kernel::Persistent;
+    // The policy and the snapshot are independent: read both at once. A persistent cell has no
+    // egress whatever the policy (KER-5).
     let (egress, snapshot) = tokio::join!(
-        state.egress.for_run(
-            &state.store,
-            run_id,
-            &admitted.actor,
-            admitted.provider_hint.as_deref(),
-            now,
-        ),
+        async {
+            if persistent {
+                RunEgress::persistent_kernel()
+            } else {
+                state
+                    .egress
+                    .for_run(
+                        &state.store,
+                        run_id,
+                        &admitted.actor,
+                        admitted.provider_hint.as_deref(),
+                        now,
+                    )
+                    .await
+            }
+        },
         async {
             if settings.workspace_persist {
                 state.workspaces.latest(&key).await
@@ -212,6 +231,10 @@ async fn leased(
                 .map(|broker| broker.mint(run_id))
                 .unwrap_or_default(),
         }),
+        kernel: persistent
+            .then_some(state.kernel_seal_root.as_ref())
+            .flatten()
+            .map(|root| KernelOrder::new(root, &key)),
         token: granted.token,
     };
     let reply = match state
@@ -290,6 +313,7 @@ async fn leased(
         egress: egress.report,
         worker: granted.worker.to_string(),
         phases: phases.marks,
+        kernel: kernel_report(admitted.kernel, &reply, &keeping),
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
             "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
@@ -301,4 +325,29 @@ async fn leased(
         answer::decided(&decided, &reply, &keeping, context),
         Disposition::Reset,
     )
+}
+
+/// What the model reads of a cell's kernel (KER-1 to KER-4): the mode, what was restored, kept and
+/// not kept (by name, with why), and whether the state it reports is durable: checkpointed by
+/// this cell and saved with the workspace. `null` for an ephemeral run.
+fn kernel_report(
+    kernel: Kernel,
+    reply: &corral_contract::ExecuteReply,
+    keeping: &keep::Keeping,
+) -> Value {
+    if kernel == Kernel::Ephemeral {
+        return Value::Null;
+    }
+    let report = reply.kernel.clone().unwrap_or_default();
+    let durable = report.checkpointed && (keeping.saved || keeping.unchanged);
+    json!({
+        "mode": kernel.as_str(),
+        "durability": "object_store",
+        "restored": report.restored,
+        "checkpointed": report.checkpointed,
+        "kept": report.kept,
+        "not_kept": report.not_kept,
+        "checkpoint_bytes": report.checkpoint_bytes,
+        "durable": durable,
+    })
 }

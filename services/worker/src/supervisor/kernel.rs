@@ -11,6 +11,7 @@ use std::path::Path;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use corral_contract::messages::{KernelOrder, KernelReport};
+use corral_core::bounds::BoundObservations;
 use corral_core::jail::{Language, NotRun};
 use corral_core::kernel::{self, Refusal};
 
@@ -86,7 +87,7 @@ impl Worker {
         language: Language,
         run: &ActiveRun,
         dirs: &RunDirs,
-        all_dead: bool,
+        (observed, all_dead): (&mut BoundObservations, bool),
         result: &mut RunResult,
     ) {
         let Some(cell) = &run.kernel else {
@@ -94,6 +95,19 @@ impl Worker {
         };
         if !all_dead {
             return;
+        }
+        // The driver leaves a checkpoint that did not fit where it was writing it: the
+        // workspace bound is hit (KER-3), the partial file goes, the previous checkpoint stays.
+        let partial = dirs
+            .workspace()
+            .join(format!("{}.tmp", kernel::checkpoint_path(language)));
+        if std::fs::symlink_metadata(&partial).is_ok_and(|meta| meta.is_file()) {
+            observed.workspace_filled = true;
+            let _ = std::fs::remove_file(&partial);
+            note(
+                &mut result.reply.diagnostics,
+                "kernel: the checkpoint did not fit in SANDBOX_WORKSPACE_MAX_BYTES; the previous one stays",
+            );
         }
         let max_bytes = self.settings.bounds.workspace_max_bytes;
         result.reply.kernel = Some(seal(

@@ -163,8 +163,8 @@ impl Worker {
             &mut result.reply.diagnostics,
             false,
         )?;
-        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
-        self.seal_kernel(language, run, &dirs, all_dead, result);
+        let (mut observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.seal_kernel(language, run, &dirs, (&mut observed, all_dead), result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }
@@ -210,8 +210,8 @@ impl Worker {
             );
         }
         let started = Started { go_at, ..jail };
-        let (observed, all_dead) = self.supervise(started, run, result, wall_seconds);
-        self.seal_kernel(language, run, &dirs, all_dead, result);
+        let (mut observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        self.seal_kernel(language, run, &dirs, (&mut observed, all_dead), result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
     }

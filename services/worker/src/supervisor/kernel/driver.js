@@ -154,9 +154,21 @@ function checkpoint(p, baseline, lexical, given) {
     payload_sha256: crypto.createHash('sha256').update(payload).digest('hex'),
     kept: [...Object.keys(values), ...Object.keys(functions)], not_kept: notKept,
   };
-  fs.mkdirSync(path.dirname(p.checkpoint), { recursive: true });
   const temporary = p.checkpoint + '.tmp';
-  fs.writeFileSync(temporary, Buffer.concat([
-    Buffer.from(p.magic + '\n' + JSON.stringify(header) + '\n'), payload]));
-  fs.renameSync(temporary, p.checkpoint);
+  try {
+    fs.mkdirSync(path.dirname(p.checkpoint), { recursive: true });
+    fs.writeFileSync(temporary, Buffer.concat([
+      Buffer.from(p.magic + '\n' + JSON.stringify(header) + '\n'), payload]));
+    fs.renameSync(temporary, p.checkpoint);
+  } catch (e) {
+    // The workspace is full or unwritable: the previous checkpoint stays authoritative.
+    // A full workspace is left full, so that the run reports SANDBOX_WORKSPACE_MAX_BYTES (and
+    // its workspace is not kept); anything else leaves no partial file behind.
+    if (e.code !== 'ENOSPC') {
+      try { fs.unlinkSync(temporary); } catch (ignored) { /* never written */ }
+    }
+    fs.writeSync(2, 'corral kernel: the checkpoint was not written (' + (e.code || e.message) +
+      '); the previous one stays\n');
+    if (!process.exitCode) process.exitCode = 1;
+  }
 }

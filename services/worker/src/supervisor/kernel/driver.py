@@ -60,12 +60,18 @@ def _corral_kernel(params):
             e.__traceback__ = tb = tb.tb_next
         sys.excepthook(type(e), e, tb)
         status = 1
-    checkpoint(g, p)
+    try:
+        checkpoint(g, p)
+    except OSError as e:
+        # The workspace is full or unwritable: the previous checkpoint stays authoritative.
+        sys.stderr.write('corral kernel: the checkpoint was not written (%s); the previous one '
+                         'stays\n' % (e.strerror or e))
+        status = status or 1
     raise SystemExit(status)
 
 
 def _corral_checkpoint(g, p):
-    import sys, os, io, json, hashlib, pickle, types
+    import sys, os, io, json, errno, hashlib, pickle, types
     try:
         import cloudpickle
     except ImportError:
@@ -162,9 +168,19 @@ def _corral_checkpoint(g, p):
     path = p['checkpoint']
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temporary = path + '.tmp'
-    with open(temporary, 'wb') as f:
-        f.write(p['magic'].encode() + b'\n')
-        f.write(json.dumps(header).encode() + b'\n')
-        f.write(payload)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, 'wb') as f:
+            f.write(p['magic'].encode() + b'\n')
+            f.write(json.dumps(header).encode() + b'\n')
+            f.write(payload)
+        os.replace(temporary, path)
+    except OSError as e:
+        # A full workspace is left full, so that the run reports SANDBOX_WORKSPACE_MAX_BYTES (and
+        # its workspace is not kept); anything else leaves no partial file behind.
+        if e.errno != errno.ENOSPC:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+        raise
 

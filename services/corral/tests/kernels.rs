@@ -1,0 +1,243 @@
+//! Persistent kernels through the whole stack (KER-1 to KER-5, decision 0016): `corral up`, cells
+//! sent to `POST /v1/run_code` as an agent platform sends them, each on whichever clean worker
+//! the pool gives. Needs root, Valkey and the baked stack; without them each test skips through
+//! `corral_testkit::skip`, which CI forbids.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::stack::{Stack, stdout};
+use corral_testkit::{Need, skip};
+use serde_json::{Value, json};
+
+/// Where `scripts/build-python-stack` puts the stack (`CORRAL_JAIL_PYTHON_STACK`'s default).
+const STACK: &str = "/opt/corral/python";
+
+fn stack_or_skip(test: &str) -> bool {
+    if Path::new(STACK).join("corral-stack.tsv").exists() {
+        return true;
+    }
+    skip(
+        test,
+        Need::Tools,
+        "no baked stack: run scripts/build-python-stack",
+    );
+    false
+}
+
+fn cell(language: &str, actor: &str, conversation: &str, code: &str) -> Value {
+    json!({ "actor": actor, "conversation": conversation, "member": actor, "language": language,
+            "code": code, "kernel": "persistent" })
+}
+
+/// Waits until `count` workers are warm (the pool leases the one warm the longest).
+async fn warm(stack: &Stack, count: u32) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let counts = stack.settled().await.counts();
+        if counts.warm >= count {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {count} warm: {counts:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn names(value: &Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_01_ker_02_a_python_session_moves_across_three_workers_and_keeps_its_state() {
+    let test = "ker_01_ker_02_a_python_session_moves_across_three_workers_and_keeps_its_state";
+    if !stack_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(test, &[("SANDBOX_WARM_POOL_MIN", "3")], &[]) else {
+        return;
+    };
+    warm(&stack, 3).await;
+    let cells = [
+        "import pandas as pd\n\
+         df = pd.DataFrame({'n': [1, 2, 3], 'sq': [1, 4, 9]})\n\
+         a = {'k': [1]}\n\
+         b = a\n\
+         loop = [0]\n\
+         loop.append(loop)\n\
+         def total(frame):\n    return int(frame['sq'].sum())\n\
+         class Counter:\n    def __init__(self):\n        self.n = 0\n    def bump(self):\n        self.n += 1\n        return self.n\n\
+         c = Counter()\n\
+         c.bump()\n",
+        "b['k'].append(2)\n\
+         print(total(df), b is a, loop[1] is loop, c.bump(), type(c).__name__)\n",
+        "print(a['k'], len(df), c.bump())\n",
+    ];
+    let mut workers = Vec::new();
+    for (i, code) in cells.iter().enumerate() {
+        let (status, body) = stack.run(cell("python", "ana", "kernel-1", code)).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["outcome"], "succeeded", "cell {i}: {body}");
+        let kernel = &body["model"]["kernel"];
+        assert_eq!(kernel["mode"], "persistent", "{body}");
+        assert_eq!(kernel["durable"], true, "{body}");
+        assert!(names(&kernel["kept"]).contains(&"df"), "{body}");
+        workers.push(body["model"]["worker"].as_str().unwrap().to_owned());
+        match i {
+            0 => assert!(names(&kernel["restored"]).is_empty(), "{body}"),
+            1 => {
+                assert_eq!(stdout(&body), "14 True True 2 Counter\n", "{body}");
+                for name in ["df", "a", "b", "loop", "total", "Counter", "c"] {
+                    assert!(names(&kernel["restored"]).contains(&name), "{name}: {body}");
+                }
+            }
+            _ => assert_eq!(stdout(&body), "[1, 2] 3 3\n", "{body}"),
+        }
+        // The next cell goes to the worker warm the longest: wait for this one's reset.
+        warm(&stack, 3).await;
+    }
+    workers.sort();
+    workers.dedup();
+    assert_eq!(workers.len(), 3, "three cells, three workers: {workers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_03_handles_are_not_kept_and_an_oversized_checkpoint_is_not_durable() {
+    let test = "ker_03_handles_are_not_kept_and_an_oversized_checkpoint_is_not_durable";
+    if !stack_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let (_, body) = stack
+        .run(cell(
+            "python",
+            "ben",
+            "kernel-2",
+            "import socket, threading\nkept = 41\nf = open('log.txt', 'w')\ns = socket.socket()\nt = threading.Thread(target=lambda: None)\nt.start()\nt.join()\n",
+        ))
+        .await;
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+    let not_kept = &body["model"]["kernel"]["not_kept"];
+    let reason = |name: &str| {
+        not_kept
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == name)
+            .map(|n| n["reason"].as_str().unwrap().to_owned())
+            .unwrap_or_else(|| panic!("{name} not named: {body}"))
+    };
+    assert_eq!(reason("f"), "an open file");
+    assert_eq!(reason("s"), "a socket");
+    assert_eq!(reason("t"), "a thread");
+    // A cell whose checkpoint pushes the workspace over SANDBOX_WORKSPACE_MAX_BYTES (8 MiB).
+    let (_, over) = stack
+        .run(cell(
+            "python",
+            "ben",
+            "kernel-2",
+            "import os\nkept = 42\nbig = os.urandom(9 * 1024 * 1024)\n",
+        ))
+        .await;
+    assert_eq!(over["outcome"], "bound_exceeded", "{over}");
+    assert_eq!(
+        over["model"]["bound"], "SANDBOX_WORKSPACE_MAX_BYTES",
+        "{over}"
+    );
+    assert_eq!(over["model"]["kernel"]["durable"], false, "{over}");
+    assert_eq!(over["model"]["kernel"]["checkpointed"], false, "{over}");
+    // The previous checkpoint stays authoritative.
+    let (_, after) = stack
+        .run(cell(
+            "python",
+            "ben",
+            "kernel-2",
+            "print(kept, 'big' in globals())\n",
+        ))
+        .await;
+    assert_eq!(stdout(&after), "41 False\n", "{after}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_02_a_node_session_keeps_a_map_a_date_and_a_bigint_across_workers() {
+    let test = "ker_02_a_node_session_keeps_a_map_a_date_and_a_bigint_across_workers";
+    let Some(stack) = Stack::start(test, &[("SANDBOX_WARM_POOL_MIN", "2")], &[]) else {
+        return;
+    };
+    warm(&stack, 2).await;
+    let (_, first) = stack
+        .run(cell(
+            "node",
+            "cy",
+            "kernel-3",
+            "const seen = new Map([['x', 1]]);\nconst when = new Date(Date.UTC(2026, 11, 3));\nconst big = 2n ** 64n;\n",
+        ))
+        .await;
+    assert_eq!(first["outcome"], "succeeded", "{first}");
+    warm(&stack, 2).await;
+    let (_, second) = stack
+        .run(cell(
+            "node",
+            "cy",
+            "kernel-3",
+            "seen.set('y', 2);\nconsole.log(seen.get('x'), seen.size, when.toISOString(), (big + 1n).toString());\n",
+        ))
+        .await;
+    assert_eq!(
+        stdout(&second),
+        "1 2 2026-12-03T00:00:00.000Z 18446744073709551617\n",
+        "{second}"
+    );
+    assert_ne!(first["model"]["worker"], second["model"]["worker"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_05_a_persistent_cell_has_no_egress_and_no_resources() {
+    let test = "ker_05_a_persistent_cell_has_no_egress_and_no_resources";
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let (_, body) = stack
+        .run(cell(
+            "python",
+            "dee",
+            "kernel-4",
+            "import urllib.request\ntry:\n    urllib.request.urlopen('http://192.0.2.1/', timeout=5)\n    print('reached')\nexcept Exception as e:\n    print('denied')\n",
+        ))
+        .await;
+    assert_eq!(stdout(&body), "denied\n", "{body}");
+    assert_eq!(
+        body["model"]["egress"]["effective_mode"], "isolated",
+        "{body}"
+    );
+    assert_eq!(
+        body["model"]["egress"]["notes"],
+        json!(["persistent_kernel"]),
+        "{body}"
+    );
+    for name in [
+        "KAIZEN_SHARED_RESOURCES_MANIFEST",
+        "KAIZEN_SHARED_RESOURCES_DIR",
+    ] {
+        let (status, body) = stack
+            .run(cell(
+                "python",
+                "dee",
+                "kernel-4",
+                &format!("import os\nprint(open(os.environ[{name:?}]).read())\n"),
+            ))
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["outcome"], "not_run", "{body}");
+        assert_eq!(
+            body["model"]["not_run"], "resource_persistent_kernel",
+            "{body}"
+        );
+    }
+}
