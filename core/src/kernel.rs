@@ -90,6 +90,10 @@ pub fn seal_path(language: Language) -> String {
     format!("{CHECKPOINT_DIR}/{}.seal", language.as_str())
 }
 
+/// How long an affinity-mode kernel's lease is held without a cell (KER-4, decision 0016): the
+/// idle reap a browser session has, after which the lease is released and the state with it.
+pub const AFFINITY_IDLE_SECONDS: u64 = 15 * 60;
+
 /// The note a persistent cell's egress report carries: it has no egress, whatever the policy
 /// (KER-5).
 pub const EGRESS_NOTE: &str = "persistent_kernel";

@@ -54,6 +54,8 @@ pub struct AppState {
     /// The root of persistent kernels' seal keys (`corral_core::kernel::seal_root`), from the
     /// field key; `None` without one, and persistent cells are then not run.
     pub kernel_seal_root: Option<[u8; 32]>,
+    /// Affinity-mode kernels' held leases and retained workspaces (KER-4).
+    pub affinity: run::affinity::Sessions,
 }
 
 impl AppState {

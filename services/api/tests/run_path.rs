@@ -98,6 +98,7 @@ impl Fixture {
             admin_credential: String::from("admin-credential-0123456789"),
             broker: None,
             kernel_seal_root: None,
+            affinity: corral_api::run::affinity::Sessions::default(),
         });
         Some((
             Fixture {

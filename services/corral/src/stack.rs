@@ -92,6 +92,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
             Err(why) => return Err(why),
         },
         kernel_seal_root,
+        affinity: corral_api::run::affinity::Sessions::default(),
     }))
 }
 

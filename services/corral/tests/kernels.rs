@@ -241,3 +241,68 @@ async fn ker_05_a_persistent_cell_has_no_egress_and_no_resources() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_04_with_persistence_off_a_kernel_keeps_its_worker_and_its_state() {
+    let test = "ker_04_with_persistence_off_a_kernel_keeps_its_worker_and_its_state";
+    let Some(stack) = Stack::start(
+        test,
+        &[
+            ("SANDBOX_WORKSPACE_PERSIST", "false"),
+            ("SANDBOX_WARM_POOL_MIN", "2"),
+        ],
+        &[],
+    ) else {
+        return;
+    };
+    warm(&stack, 2).await;
+    let (_, first) = stack
+        .run(cell("python", "eve", "kernel-5", "x = [1, 2]\ny = x\n"))
+        .await;
+    assert_eq!(first["outcome"], "succeeded", "{first}");
+    let kernel = &first["model"]["kernel"];
+    assert_eq!(kernel["durability"], "affinity", "{first}");
+    assert_eq!(kernel["durable"], true, "{first}");
+    // The lease is held between cells: an ephemeral run of the same conversation gets another
+    // worker and an empty workspace.
+    let (_, other) = stack
+        .run(
+            json!({ "actor": "eve", "conversation": "kernel-5", "member": "eve",
+                     "language": "python", "code": "import os\nprint(sorted(os.listdir('.')))\n" }),
+        )
+        .await;
+    assert_eq!(stdout(&other), "[]\n", "{other}");
+    assert_ne!(
+        other["model"]["worker"], first["model"]["worker"],
+        "{other}"
+    );
+    let (_, second) = stack
+        .run(cell(
+            "python",
+            "eve",
+            "kernel-5",
+            "y.append(3)\nprint(x, x is y)\n",
+        ))
+        .await;
+    assert_eq!(stdout(&second), "[1, 2, 3] True\n", "{second}");
+    assert_eq!(
+        second["model"]["worker"], first["model"]["worker"],
+        "{second}"
+    );
+    assert_eq!(
+        second["model"]["kernel"]["session_ended"],
+        Value::Null,
+        "{second}"
+    );
+    // Every cell is a fresh interpreter on that worker; another conversation's kernel starts
+    // empty.
+    let (_, fresh) = stack
+        .run(cell(
+            "python",
+            "eve",
+            "kernel-6",
+            "print('x' in globals())\n",
+        ))
+        .await;
+    assert_eq!(stdout(&fresh), "False\n", "{fresh}");
+}

@@ -18,6 +18,8 @@ pub struct Keeping {
     pub saved: bool,
     /// The workspace was exactly what was restored, so nothing was written.
     pub unchanged: bool,
+    /// In affinity mode (KER-4), the workspace retained beside the held lease instead.
+    pub retained: Option<Bytes>,
 }
 
 impl Keeping {
@@ -26,6 +28,7 @@ impl Keeping {
             kept,
             saved: false,
             unchanged: false,
+            retained: None,
         }
     }
 }
@@ -42,7 +45,8 @@ fn failed(error: &StorageError) -> Kept {
 }
 
 /// Keeps `archive` (the packed workspace of `reply`) for workspace `key`, restored from
-/// `restored`.
+/// `restored`: saved in the object store, or with `retain` (an affinity-mode kernel, KER-4)
+/// retained beside its held lease.
 pub async fn keep(
     state: &AppState,
     key: &str,
@@ -50,6 +54,7 @@ pub async fn keep(
     restored: Option<&Snapshot>,
     reply: &ExecuteReply,
     archive: Vec<u8>,
+    retain: bool,
 ) -> Keeping {
     let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
     let found = match files(&archive, &paths, state.settings.bounds.max_artifact_bytes) {
@@ -74,6 +79,12 @@ pub async fn keep(
             return Keeping::kept(failed(&e));
         }
     }
+    if retain {
+        return Keeping {
+            retained: Some(Bytes::from(archive)),
+            ..Keeping::kept(Kept::Stored { generation: None })
+        };
+    }
     if !state.settings.workspace_persist {
         return Keeping::kept(Kept::Stored { generation: None });
     }
@@ -85,6 +96,7 @@ pub async fn keep(
             },
             saved: false,
             unchanged: true,
+            retained: None,
         };
     }
     match state.workspaces.save(key, base, Bytes::from(archive)).await {
@@ -94,6 +106,7 @@ pub async fn keep(
             },
             saved: true,
             unchanged: false,
+            retained: None,
         },
         Err(e) => Keeping::kept(failed(&e)),
     }

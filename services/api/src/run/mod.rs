@@ -32,8 +32,10 @@ use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::egress::RunEgress;
+use crate::workspaces::Snapshot;
 use answer::{Context, Reply};
 
+pub mod affinity;
 pub mod answer;
 pub mod keep;
 pub mod lease;
@@ -88,11 +90,76 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
         state.metrics.run("not_run");
         return answer::not_run_before_lease(&run_id, NotRun::PersistentKernelUnavailable);
     }
+    let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
+    // KER-4: without workspace persistence, a persistent kernel's lease outlives its cell.
+    let affinity = admitted.kernel == Kernel::Persistent && !state.settings.workspace_persist;
+    let mut cell = Cell {
+        mode: if affinity {
+            KernelMode::Affinity { ended: None }
+        } else {
+            KernelMode::Store
+        },
+        retained: None,
+    };
+    if affinity {
+        match state.affinity.take(&key) {
+            affinity::Taken::Busy => {
+                state.metrics.refusal("kernel_busy");
+                return answer::refusal(
+                    StatusCode::CONFLICT,
+                    "kernel_busy",
+                    "another cell of this kernel is running; a kernel runs one cell at a time",
+                    json!({ "run_id": run_id }),
+                );
+            }
+            affinity::Taken::Session(session) => {
+                cell.retained = session.archive.clone();
+                match leased(state, &admitted, &run_id, &session.holder, &cell).await {
+                    Leased::Done(reply, disposition, retained) => {
+                        keep_session(
+                            state,
+                            &key,
+                            session.holder,
+                            disposition,
+                            retained.or(session.archive),
+                        );
+                        return reply;
+                    }
+                    Leased::Unreachable(_) => {
+                        session.holder.release(Disposition::Discard);
+                        cell.retained = None;
+                        cell.mode = KernelMode::Affinity {
+                            ended: Some(
+                                "the kernel's worker could not be reached; its state with it",
+                            ),
+                        };
+                    }
+                }
+            }
+            affinity::Taken::Absent { ended } => cell.mode = KernelMode::Affinity { ended },
+        }
+    }
+    let reply = leased_anywhere(state, &admitted, &run_id, &key, &cell).await;
+    if affinity {
+        // A session put back is marked idle again; without one the slot is freed.
+        state.affinity.forget_if_busy(&key);
+    }
+    reply
+}
+
+/// Takes a lease from the pool (trying at most [`LEASES_MAX`] workers within one wait) and runs.
+async fn leased_anywhere(
+    state: &Arc<AppState>,
+    admitted: &Admitted,
+    run_id: &str,
+    key: &str,
+    cell: &Cell,
+) -> Reply {
     let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
     let mut watch = None;
     let mut unreachable = String::new();
     for _ in 0..LEASES_MAX {
-        let (granted, asked_at) = match lease::acquire(state, &admitted, deadline, &mut watch).await
+        let (granted, asked_at) = match lease::acquire(state, admitted, deadline, &mut watch).await
         {
             Ok(acquired) => acquired,
             Err(error) => {
@@ -104,9 +171,13 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
             }
         };
         let holder = lease::Holder::start(state.clone(), granted, asked_at);
-        match leased(state, &admitted, &run_id, &holder).await {
-            Leased::Done(reply, disposition) => {
-                holder.release(disposition);
+        match leased(state, admitted, run_id, &holder, cell).await {
+            Leased::Done(reply, disposition, retained) => {
+                if matches!(cell.mode, KernelMode::Affinity { .. }) {
+                    keep_session(state, key, holder, disposition, retained);
+                } else {
+                    holder.release(disposition);
+                }
                 return reply;
             }
             Leased::Unreachable(message) => {
@@ -117,15 +188,57 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
     }
     state.metrics.run("worker_lost");
     answer::worker_lost(
-        &run_id,
+        run_id,
         format!("no leased worker could be reached ({unreachable}); the code did not run"),
     )
 }
 
+/// After an affinity-mode cell: the lease is held on with the workspace it left, unless the cell
+/// ended it (its worker to be discarded, or nothing retained to continue from).
+fn keep_session(
+    state: &Arc<AppState>,
+    key: &str,
+    holder: lease::Holder,
+    disposition: Disposition,
+    archive: Option<bytes::Bytes>,
+) {
+    if disposition == Disposition::Reset && archive.is_some() && !holder.lost() {
+        state.affinity.put(
+            state,
+            key,
+            affinity::Session {
+                holder,
+                archive,
+                idle_since: Instant::now(),
+            },
+        );
+    } else {
+        holder.release(disposition);
+        state.affinity.forget(key);
+    }
+}
+
+/// How a persistent kernel's checkpoints travel between cells.
+#[derive(Clone, Copy)]
+enum KernelMode {
+    /// In the workspace snapshot, through the object store (the default, and every ephemeral run).
+    Store,
+    /// In the workspace this replica retains beside the held lease (KER-4); `ended` says why an
+    /// earlier session is gone.
+    Affinity { ended: Option<&'static str> },
+}
+
+/// What a run carries besides its request.
+struct Cell {
+    mode: KernelMode,
+    /// An affinity session's retained workspace.
+    retained: Option<bytes::Bytes>,
+}
+
 /// How a leased run ended.
 enum Leased {
-    /// With this answer; the lease ends this way.
-    Done(Reply, Disposition),
+    /// With this answer; the lease ends this way; in affinity mode, the workspace to retain.
+    Done(Reply, Disposition, Option<bytes::Bytes>),
     /// The worker could not be reached: the code did not run.
     Unreachable(String),
 }
@@ -161,6 +274,7 @@ async fn leased(
     admitted: &Admitted,
     run_id: &str,
     holder: &lease::Holder,
+    cell: &Cell,
 ) -> Leased {
     let settings = &state.settings;
     let granted = holder.granted();
@@ -194,10 +308,16 @@ async fn leased(
             }
         },
         async {
-            if settings.workspace_persist {
-                state.workspaces.latest(&key).await
-            } else {
-                Ok(None)
+            match (cell.mode, &cell.retained) {
+                (KernelMode::Affinity { .. }, Some(archive)) => Ok(Some(Snapshot {
+                    generation: 0,
+                    archive: archive.clone(),
+                })),
+                (KernelMode::Affinity { .. }, None) => Ok(None),
+                (KernelMode::Store, _) if settings.workspace_persist => {
+                    state.workspaces.latest(&key).await
+                }
+                (KernelMode::Store, _) => Ok(None),
             }
         }
     );
@@ -211,7 +331,7 @@ async fn leased(
                 e.to_string(),
                 json!({ "run_id": run_id }),
             );
-            return Leased::Done(reply, Disposition::Reset);
+            return Leased::Done(reply, Disposition::Reset, None);
         }
     };
     phases.lap("egress_and_restore_us");
@@ -253,7 +373,7 @@ async fn leased(
                     "the worker stopped answering during the run ({message}); the workspace was not changed"
                 ),
             );
-            return Leased::Done(reply, Disposition::Discard);
+            return Leased::Done(reply, Disposition::Discard, None);
         }
         Err(CallError::Refused(body)) => {
             state.metrics.run("refused");
@@ -263,7 +383,7 @@ async fn leased(
             } else {
                 Disposition::Discard
             };
-            return Leased::Done(answer::worker_refused(run_id, &body), disposition);
+            return Leased::Done(answer::worker_refused(run_id, &body), disposition, None);
         }
     };
     phases.lap("execute_us");
@@ -281,14 +401,25 @@ async fn leased(
         rejected: &reply.rejected,
         packed: &packed,
     };
+    let affinity = matches!(cell.mode, KernelMode::Affinity { .. });
     let keeping = match (plan(&reported), archive) {
         (Plan::Keep, Some(archive)) => {
-            keep::keep(state, &key, run_id, snapshot.as_ref(), &reply, archive).await
+            keep::keep(
+                state,
+                &key,
+                run_id,
+                snapshot.as_ref(),
+                &reply,
+                archive,
+                affinity,
+            )
+            .await
         }
         (Plan::Keep, None) | (Plan::KeepNothing, _) => keep::Keeping {
             kept: Kept::Nothing,
             saved: false,
             unchanged: false,
+            retained: None,
         },
     };
     phases.lap("keep_us");
@@ -302,6 +433,7 @@ async fn leased(
         return Leased::Done(
             answer::dependencies_failed(run_id, failure, &reply.diagnostics),
             Disposition::Reset,
+            None,
         );
     }
     if let Some(bound) = decided.bound {
@@ -313,7 +445,7 @@ async fn leased(
         egress: egress.report,
         worker: granted.worker.to_string(),
         phases: phases.marks,
-        kernel: kernel_report(admitted.kernel, &reply, &keeping),
+        kernel: kernel_report(admitted.kernel, cell.mode, &reply, &keeping),
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
             "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
@@ -321,17 +453,20 @@ async fn leased(
             "notes": admitted.dependencies.notes,
         }),
     };
+    let retained = keeping.retained.clone();
     Leased::Done(
         answer::decided(&decided, &reply, &keeping, context),
         Disposition::Reset,
+        retained,
     )
 }
 
-/// What the model reads of a cell's kernel (KER-1 to KER-4): the mode, what was restored, kept and
-/// not kept (by name, with why), and whether the state it reports is durable: checkpointed by
-/// this cell and saved with the workspace. `null` for an ephemeral run.
+/// What the model reads of a cell's kernel (KER-1 to KER-4): the mode and where its state lives,
+/// what was restored, kept and not kept (by name, with why), and whether the state it reports is
+/// durable: checkpointed by this cell and kept with its workspace. `null` for an ephemeral run.
 fn kernel_report(
     kernel: Kernel,
+    mode: KernelMode,
     reply: &corral_contract::ExecuteReply,
     keeping: &keep::Keeping,
 ) -> Value {
@@ -339,15 +474,19 @@ fn kernel_report(
         return Value::Null;
     }
     let report = reply.kernel.clone().unwrap_or_default();
-    let durable = report.checkpointed && (keeping.saved || keeping.unchanged);
+    let (durability, kept, ended) = match mode {
+        KernelMode::Store => ("object_store", keeping.saved || keeping.unchanged, None),
+        KernelMode::Affinity { ended } => ("affinity", keeping.retained.is_some(), ended),
+    };
     json!({
         "mode": kernel.as_str(),
-        "durability": "object_store",
+        "durability": durability,
         "restored": report.restored,
         "checkpointed": report.checkpointed,
         "kept": report.kept,
         "not_kept": report.not_kept,
         "checkpoint_bytes": report.checkpoint_bytes,
-        "durable": durable,
+        "durable": report.checkpointed && kept,
+        "session_ended": ended,
     })
 }
