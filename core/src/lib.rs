@@ -55,6 +55,7 @@ pub mod bounds;
 pub mod config;
 pub mod downloads;
 pub mod egress;
+pub mod hashline;
 pub mod holder;
 pub mod ids;
 pub mod jail;

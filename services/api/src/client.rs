@@ -37,20 +37,15 @@ impl Client {
     /// # Errors
     /// When the API cannot be reached or answers with something other than JSON.
     pub async fn run_code(&self, request: &Value) -> Result<(u16, Value), String> {
-        let reply = self
-            .http
-            .post(format!("{}/v1/run_code", self.base))
-            .bearer_auth(&self.credential)
-            .json(request)
-            .send()
-            .await
-            .map_err(|e| format!("{}: {e}", self.base))?;
-        let status = reply.status().as_u16();
-        let body = reply
-            .json()
-            .await
-            .map_err(|e| format!("{}: {e}", self.base))?;
-        Ok((status, body))
+        self.post("/v1/run_code", request).await
+    }
+
+    /// `POST path` with a JSON body and the credential: status and JSON answer.
+    ///
+    /// # Errors
+    /// When the API cannot be reached or answers with something other than JSON.
+    pub async fn post(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        self.send_json(reqwest::Method::POST, path, body).await
     }
 
     /// `GET path` with the credential: status and body bytes.
@@ -75,16 +70,28 @@ impl Client {
     /// # Errors
     /// When the API cannot be reached or answers with something other than JSON.
     pub async fn put(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        self.send_json(reqwest::Method::PUT, path, body).await
+    }
+
+    async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> Result<(u16, Value), String> {
         let reply = self
             .http
-            .put(format!("{}{path}", self.base))
+            .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.credential)
             .json(body)
             .send()
             .await
             .map_err(|e| format!("{}: {e}", self.base))?;
         let status = reply.status().as_u16();
-        let body = reply.json().await.map_err(|e| e.to_string())?;
+        let body = reply
+            .json()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
         Ok((status, body))
     }
 }

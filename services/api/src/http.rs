@@ -28,6 +28,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     let caller = Router::new()
         .route("/v1/run_code", post(run_code_handler))
         .route("/v1/read_workspace", get(read_workspace))
+        .route("/v1/edit_workspace", post(crate::hashline::edit))
         .route("/v1/read_output", get(read_output))
         .layer(middleware::from_fn_with_state(state.clone(), caller_auth));
     let admin = Router::new()
@@ -115,7 +116,7 @@ async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::
 }
 
 /// The refusal of a workspace's identity that is not one (WS-1), or `None`.
-fn workspace_identity_refused(actor: &str, conversation: &str) -> Option<Response> {
+pub(crate) fn workspace_identity_refused(actor: &str, conversation: &str) -> Option<Response> {
     [actor, conversation]
         .into_iter()
         .any(|value| !corral_core::ids::identity_is_valid(value))
@@ -134,6 +135,15 @@ struct ReadQuery {
     actor: String,
     conversation: String,
     path: String,
+    /// `raw` (the default): the bytes; `hashline`: the lines with their tags (WS-3).
+    #[serde(default)]
+    view: Option<String>,
+    /// With `view=hashline`, the first line to show (1-based; default 1).
+    #[serde(default)]
+    start: Option<u32>,
+    /// With `view=hashline`, how many lines to show (default and most: 2000).
+    #[serde(default)]
+    count: Option<u32>,
 }
 
 /// One file of a workspace's authoritative snapshot (WS-4): relative paths inside only.
@@ -156,6 +166,17 @@ async fn read_workspace(
                 .into_response();
         }
     };
+    let hashline = match query.view.as_deref() {
+        None | Some("raw") => false,
+        Some("hashline") => true,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "view_unknown",
+                "view is raw (the bytes) or hashline (tagged lines)",
+            );
+        }
+    };
     let key = corral_core::workspace::storage_key(&query.actor, &query.conversation);
     let snapshot = match state.workspaces.latest(&key).await {
         Ok(Some(snapshot)) => snapshot,
@@ -168,6 +189,18 @@ async fn read_workspace(
         }
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
     };
+    if hashline {
+        let count = query.count.unwrap_or(corral_core::hashline::VIEW_LINES_MAX);
+        return crate::hashline::read(
+            &state,
+            &key,
+            &path,
+            &snapshot,
+            query.start.unwrap_or(1),
+            count,
+        )
+        .await;
+    }
     match crate::workspaces::find_file(&snapshot.archive, &path, state.settings.bounds.workspace_max_bytes) {
         FileLookup::Found(bytes) => (
             StatusCode::OK,

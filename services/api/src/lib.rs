@@ -25,6 +25,7 @@ use corral_store::ValkeyStore;
 pub mod broker;
 pub mod client;
 pub mod egress;
+pub mod hashline;
 pub mod http;
 pub mod metrics;
 pub mod openapi;

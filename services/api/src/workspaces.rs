@@ -121,17 +121,20 @@ impl Workspaces {
         ))
     }
 
-    fn dir(&self, key: &str) -> Path {
-        self.root.clone().join("ws").join(key)
+    /// The workspace's snapshots, and its Hashline authority records beside them (WS-3): two
+    /// numbered series of create-only objects under the same identity, the tar never holding
+    /// the record.
+    fn path(&self, series: Series, key: &str, generation: u64) -> Path {
+        self.root
+            .clone()
+            .join(series.dir)
+            .join(key)
+            .join(format!("g{generation:020}.{}", series.extension))
     }
 
-    fn generation_path(&self, key: &str, generation: u64) -> Path {
-        self.dir(key).join(format!("g{generation:020}.tar"))
-    }
-
-    /// The generations stored for `key`, ascending.
-    async fn generations(&self, key: &str) -> Result<Vec<u64>, StorageError> {
-        let dir = self.dir(key);
+    /// The generations stored for `key` in `series`, ascending.
+    async fn generations(&self, series: Series, key: &str) -> Result<Vec<u64>, StorageError> {
+        let dir = self.root.clone().join(series.dir).join(key);
         let listed: Vec<_> = self
             .store
             .list(Some(&dir))
@@ -140,7 +143,7 @@ impl Workspaces {
             .map_err(|e| unavailable(&e))?;
         let mut generations: Vec<u64> = listed
             .iter()
-            .filter_map(|meta| parse_generation(meta.location.filename()?))
+            .filter_map(|meta| parse_generation(meta.location.filename()?, series.extension))
             .collect();
         generations.sort_unstable();
         Ok(generations)
@@ -151,12 +154,47 @@ impl Workspaces {
     /// # Errors
     /// [`StorageError::Unavailable`] when it cannot be read.
     pub async fn latest(&self, key: &str) -> Result<Option<Snapshot>, StorageError> {
+        self.newest(SNAPSHOTS, key).await
+    }
+
+    /// Saves `archive` as the generation after `base` (0 when the run started from no snapshot),
+    /// only if nobody has; returns the new generation.
+    ///
+    /// # Errors
+    /// [`StorageError::Conflict`] when that generation is taken (nothing is written),
+    /// [`StorageError::Unavailable`] when the store failed (the earlier snapshot stays newest).
+    pub async fn save(&self, key: &str, base: u64, archive: Bytes) -> Result<u64, StorageError> {
+        self.create_next(SNAPSHOTS, key, base, archive).await
+    }
+
+    /// The newest Hashline authority record of `key` (WS-3), if any.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when it cannot be read.
+    pub async fn authority(&self, key: &str) -> Result<Option<Snapshot>, StorageError> {
+        self.newest(AUTHORITY, key).await
+    }
+
+    /// Saves `record` as the authority generation after `base`, only if nobody has.
+    ///
+    /// # Errors
+    /// As [`Workspaces::save`].
+    pub async fn save_authority(
+        &self,
+        key: &str,
+        base: u64,
+        record: Bytes,
+    ) -> Result<u64, StorageError> {
+        self.create_next(AUTHORITY, key, base, record).await
+    }
+
+    async fn newest(&self, series: Series, key: &str) -> Result<Option<Snapshot>, StorageError> {
         // A concurrent save may prune the generation just listed: list again, once.
         for _ in 0..2 {
-            let Some(&generation) = self.generations(key).await?.last() else {
+            let Some(&generation) = self.generations(series, key).await?.last() else {
                 return Ok(None);
             };
-            match self.store.get(&self.generation_path(key, generation)).await {
+            match self.store.get(&self.path(series, key, generation)).await {
                 Ok(found) => {
                     let archive = found.bytes().await.map_err(|e| unavailable(&e))?;
                     return Ok(Some(Snapshot {
@@ -169,17 +207,17 @@ impl Workspaces {
             }
         }
         Err(StorageError::Unavailable(String::from(
-            "the newest snapshot vanished twice while being read",
+            "the newest generation vanished twice while being read",
         )))
     }
 
-    /// Saves `archive` as the generation after `base` (0 when the run started from no snapshot),
-    /// only if nobody has; returns the new generation.
-    ///
-    /// # Errors
-    /// [`StorageError::Conflict`] when that generation is taken (nothing is written),
-    /// [`StorageError::Unavailable`] when the store failed (the earlier snapshot stays newest).
-    pub async fn save(&self, key: &str, base: u64, archive: Bytes) -> Result<u64, StorageError> {
+    async fn create_next(
+        &self,
+        series: Series,
+        key: &str,
+        base: u64,
+        bytes: Bytes,
+    ) -> Result<u64, StorageError> {
         let generation = base + 1;
         let options = PutOptions {
             mode: PutMode::Create,
@@ -188,8 +226,8 @@ impl Workspaces {
         match self
             .store
             .put_opts(
-                &self.generation_path(key, generation),
-                PutPayload::from_bytes(archive),
+                &self.path(series, key, generation),
+                PutPayload::from_bytes(bytes),
                 options,
             )
             .await
@@ -203,26 +241,41 @@ impl Workspaces {
             }
             Err(e) => return Err(unavailable(&e)),
         }
-        let generations = self.generations(key).await?;
+        let generations = self.generations(series, key).await?;
         // A save from a base so old that its next generation was already written and pruned
         // re-creates that number below the newest: it would never be read. Nobody can have built
         // on it (a newer generation existed before it), so it is removed and refused.
         if let Some(&newest) = generations.last()
             && newest > generation + 1
         {
-            let _ = self
-                .store
-                .delete(&self.generation_path(key, generation))
-                .await;
+            let _ = self.store.delete(&self.path(series, key, generation)).await;
             return Err(StorageError::Conflict { generation: newest });
         }
         // Keep the generation this save started from (a reader may be on it); older ones go.
         for old in generations.into_iter().filter(|g| *g < base) {
-            let _ = self.store.delete(&self.generation_path(key, old)).await;
+            let _ = self.store.delete(&self.path(series, key, old)).await;
         }
         Ok(generation)
     }
 }
+
+/// A numbered series of objects under one workspace identity.
+#[derive(Clone, Copy)]
+struct Series {
+    dir: &'static str,
+    extension: &'static str,
+}
+
+/// The workspace's snapshots: `ws/<key>/g<20 digits>.tar`.
+const SNAPSHOTS: Series = Series {
+    dir: "ws",
+    extension: "tar",
+};
+/// Its Hashline authority records: `hashline/<key>/g<20 digits>.json`.
+const AUTHORITY: Series = Series {
+    dir: "hashline",
+    extension: "json",
+};
 
 impl Workspaces {
     /// Where a retained output of `key`'s workspace is kept: `out/<key>/<run id>/<digest>`.
@@ -280,9 +333,12 @@ impl Workspaces {
     }
 }
 
-/// `g<20 digits>.tar` to its generation.
-fn parse_generation(name: &str) -> Option<u64> {
-    let digits = name.strip_prefix('g')?.strip_suffix(".tar")?;
+/// `g<20 digits>.<extension>` to its generation.
+fn parse_generation(name: &str, extension: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix('g')?
+        .strip_suffix(extension)?
+        .strip_suffix('.')?;
     if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -311,6 +367,62 @@ pub fn find_file(archive: &[u8], path: &str, max_bytes: u64) -> FileLookup {
             .map_or(FileLookup::NotFound, |(_, bytes)| FileLookup::Found(bytes)),
         Err(e) => FileLookup::Corrupt(e),
     }
+}
+
+/// Why one file of a snapshot could not be replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplaceError {
+    /// No regular file at that path.
+    NotFound,
+    /// The files would exceed `SANDBOX_WORKSPACE_MAX_BYTES`.
+    TooLarge,
+    /// The tar could not be read.
+    Corrupt(String),
+}
+
+/// `archive` with the regular file at `path` holding `content` instead, every other entry as it
+/// was (its header, name and bytes), within `max_bytes` of file content in all.
+///
+/// # Errors
+/// [`ReplaceError`].
+pub fn replace_file(
+    archive: &[u8],
+    path: &str,
+    content: &[u8],
+    max_bytes: u64,
+) -> Result<Vec<u8>, ReplaceError> {
+    let corrupt = |e: std::io::Error| ReplaceError::Corrupt(e.to_string());
+    let mut reader = tar::Archive::new(archive);
+    let mut builder = tar::Builder::new(Vec::with_capacity(archive.len() + content.len()));
+    let mut replaced = false;
+    let mut total: u64 = 0;
+    for entry in reader.entries().map_err(corrupt)? {
+        let mut entry = entry.map_err(corrupt)?;
+        let raw = entry.path_bytes().into_owned();
+        let mut header = entry.header().clone();
+        let is_target = corral_core::workspace::normalise(&raw).is_ok_and(|name| name == path)
+            && header.entry_type() == tar::EntryType::Regular;
+        let mut data = Vec::new();
+        if is_target {
+            data.extend_from_slice(content);
+            header.set_size(content.len() as u64);
+            replaced = true;
+        } else {
+            std::io::Read::read_to_end(&mut entry, &mut data).map_err(corrupt)?;
+        }
+        total = total.saturating_add(data.len() as u64);
+        if total > max_bytes {
+            return Err(ReplaceError::TooLarge);
+        }
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        builder
+            .append_data(&mut header, name, &data[..])
+            .map_err(corrupt)?;
+    }
+    if !replaced {
+        return Err(ReplaceError::NotFound);
+    }
+    builder.into_inner().map_err(corrupt)
 }
 
 /// The regular files at `paths` in `archive`, each read up to `max_bytes`, in archive order.
@@ -351,9 +463,17 @@ mod tests {
 
     #[test]
     fn generation_names_round_trip_and_nothing_else_parses() {
-        assert_eq!(parse_generation("g00000000000000000007.tar"), Some(7));
-        assert_eq!(parse_generation("g7.tar"), None);
-        assert_eq!(parse_generation("g0000000000000000000x.tar"), None);
-        assert_eq!(parse_generation("x00000000000000000007.tar"), None);
+        assert_eq!(
+            parse_generation("g00000000000000000007.tar", "tar"),
+            Some(7)
+        );
+        assert_eq!(parse_generation("g7.tar", "tar"), None);
+        assert_eq!(parse_generation("g0000000000000000000x.tar", "tar"), None);
+        assert_eq!(parse_generation("x00000000000000000007.tar", "tar"), None);
+        assert_eq!(
+            parse_generation("g00000000000000000007.json", "json"),
+            Some(7)
+        );
+        assert_eq!(parse_generation("g00000000000000000007.json", "tar"), None);
     }
 }
