@@ -12,13 +12,12 @@
 //!
 //! `packages_load --corral PATH [--runs N] [--pause-ms MS] [--stack DIR]`
 
-use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_api::client::Client;
+use corral_benches::up::{Up, ms, p50, through_api};
 use corral_testkit::registries::{PyPiServer, TempDir, build_wheel};
-use serde_json::{Value, json};
+use serde_json::json;
 
 struct Args {
     corral: String,
@@ -52,20 +51,6 @@ fn args() -> Args {
     parsed
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-fn p50(mut samples: Vec<Duration>) -> Duration {
-    samples.sort_unstable();
-    percentile(&samples, 0.5)
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1_000.0
-}
-
 /// `command` run `runs` times, one after another; each must exit 0.
 fn spawned(command: &[&str], runs: usize, env: &[(&str, &str)]) -> Vec<Duration> {
     (0..runs)
@@ -83,35 +68,6 @@ fn spawned(command: &[&str], runs: usize, env: &[(&str, &str)]) -> Vec<Duration>
         .collect()
 }
 
-/// `runs` runs of `request`, sequential, with `pause` between them: the latencies, how many ran
-/// warm, and the model of the last one.
-async fn through_api(
-    client: &Client,
-    request: &Value,
-    runs: usize,
-    pause: Duration,
-) -> (Vec<Duration>, usize, Value) {
-    let mut latencies = Vec::new();
-    let mut warm = 0;
-    let mut last = Value::Null;
-    for _ in 0..runs {
-        tokio::time::sleep(pause).await;
-        let started = Instant::now();
-        let (status, body) = client.run_code(request).await.expect("the API answers");
-        latencies.push(started.elapsed());
-        assert_eq!(
-            (status, &body["outcome"]),
-            (200, &json!("succeeded")),
-            "{body:#}"
-        );
-        if body["model"]["warm"] == true {
-            warm += 1;
-        }
-        last = body["model"].clone();
-    }
-    (latencies, warm, last)
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = args();
@@ -127,29 +83,12 @@ async fn main() {
         PyPiServer::start(wheels.path()).expect("pypiserver (scripts/setup-services --tests)");
     let state = TempDir::new("bench-packages");
     let registries = json!({ "pypi": pypi.simple_url() }).to_string();
-    let mut up = Command::new(&args.corral)
-        .args(["up", "--listen", "127.0.0.1:0", "--state-dir"])
-        .arg(state.path())
-        .env("SANDBOX_PACKAGE_REGISTRIES", &registries)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("corral up");
-    let stdout = up.stdout.take().expect("stdout");
-    let api = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|line| {
-            line.strip_prefix("corral is ready: API ").map(|rest| {
-                rest.split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_owned()
-            })
-        })
-        .expect("corral up became ready");
-    let token = std::fs::read_to_string(state.path().join("api-token")).expect("token");
-    let client = Client::new(&api, token.trim()).expect("client");
+    let up = Up::start(
+        &args.corral,
+        state.path(),
+        &[("SANDBOX_PACKAGE_REGISTRIES", &registries)],
+    );
+    let client = &up.client;
     let python = format!("{}/bin/python3", args.stack);
     let request = |code: &str, packages: &[&str]| {
         json!({ "actor": "bench", "conversation": "packages", "member": "bench",
@@ -167,7 +106,7 @@ async fn main() {
         &[],
     ));
     let (latencies, warm, _) =
-        through_api(&client, &request("print(1)", &[]), args.runs, args.pause).await;
+        through_api(client, &request("print(1)", &[]), args.runs, args.pause).await;
     let api_print = p50(latencies);
     println!(
         "print(1): API p50 {:.1} ms ({warm}/{} warm) vs bare python3 -c {:.1} ms: ratio {:.2}",
@@ -184,7 +123,7 @@ async fn main() {
         &[("MPLCONFIGDIR", "/tmp/corral-bench-mpl")],
     ));
     let (latencies, warm, _) =
-        through_api(&client, &request(heavy, &[]), args.runs, args.pause).await;
+        through_api(client, &request(heavy, &[]), args.runs, args.pause).await;
     let api_heavy = p50(latencies);
     println!(
         "import pandas, numpy, matplotlib; print(1): API p50 {:.1} ms ({warm}/{} warm) vs the stack's python3 -c {:.1} ms: ratio {:.3} (goal < 0.2)",
@@ -221,7 +160,7 @@ async fn main() {
         .collect();
     let pip = p50(pip_runs);
     let (latencies, _, model) = through_api(
-        &client,
+        client,
         &request(
             "import corral_bench_small; print(corral_bench_small.VALUE)",
             &["corral-bench-small"],
@@ -238,8 +177,4 @@ async fn main() {
         ms(pip),
         ms(api_install) / ms(pip)
     );
-    let _ = Command::new("kill")
-        .args(["-TERM", &up.id().to_string()])
-        .status();
-    let _ = up.wait();
 }

@@ -13,6 +13,28 @@ pub fn document() -> Value {
     let stream = json!({ "type": "object", "properties": {
         "text": { "type": "string" }, "truncated": { "type": "boolean" },
         "bytes_total": { "type": "integer" }, "bytes_dropped": { "type": "integer" } } });
+    let kernel = json!({ "type": ["object", "null"], "description": "A persistent cell's kernel (KER-1 to KER-4); null for an ephemeral run", "properties": {
+                            "mode": { "enum": ["persistent"] }, "durability": { "enum": ["object_store", "affinity"] },
+                            "restored": { "type": "array", "items": { "type": "string" } },
+                            "kept": { "type": "array", "items": { "type": "string" } },
+                            "not_kept": { "type": "array", "items": { "type": "object", "properties": {
+                                "name": { "type": "string" }, "reason": { "type": "string" } } } },
+                            "checkpointed": { "type": "boolean" }, "checkpoint_bytes": { "type": "integer" },
+                            "durable": { "type": "boolean", "description": "Checkpointed by this cell and kept with its workspace" },
+                            "session_ended": { "type": ["string", "null"], "description": "Affinity mode: why an earlier session (and its state) is gone" } } });
+    let edit = json!({ "post": {
+                "summary": "Edit one text file of a workspace by Hashline anchors, all or nothing (WS-3 to WS-5)",
+                "security": [{ "caller": [] }],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object",
+                    "required": ["actor", "conversation", "path", "edits"], "additionalProperties": false, "properties": {
+                    "actor": { "type": "string" }, "conversation": { "type": "string" }, "path": { "type": "string" },
+                    "edits": { "type": "array", "maxItems": 64, "items": { "type": "object", "required": ["op", "tag", "line"], "properties": {
+                        "op": { "enum": ["replace", "insert_before", "insert_after", "delete", "yank"] },
+                        "tag": { "type": "string", "pattern": "^[0-9a-fA-F]{4}$" }, "line": { "type": "integer", "minimum": 0 },
+                        "end_line": { "type": "integer" }, "text": { "type": "string" }, "register": { "type": "string", "maxLength": 32 } } } } } } } } },
+                "responses": {
+                    "200": { "description": "{outcome: applied, path, generation, tag, lines}: the lines written, with the new tag" },
+                    "400": refusal(), "401": refusal(), "404": refusal(), "409": refusal(), "413": refusal(), "422": refusal(), "503": refusal() } } });
     json!({
         "openapi": "3.1.0",
         "info": { "title": "Corral API", "version": env!("CARGO_PKG_VERSION"),
@@ -53,7 +75,7 @@ pub fn document() -> Value {
                     "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
                         "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
                         "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },
-                        "not_run": { "type": ["string", "null"], "description": "Why the code did not run: unsupported_language, persistent_kernel_unavailable, dependency_request_invalid, dependency_install_failed, ..." },
+                        "not_run": { "type": ["string", "null"], "description": "Why the code did not run: unsupported_language, persistent_kernel_unavailable, resource_persistent_kernel, kernel_checkpoint_corrupt, kernel_checkpoint_untrusted, kernel_checkpoint_incompatible, dependency_request_invalid, dependency_install_failed, ..." },
                         "dependencies": { "type": "object", "description": "What the baked stack satisfied, what was installed through the broker (and install_ms), notes; or the failure: cause (no_registry, registry_unreachable, timed_out, install_failed), packages, message" },
                         "diagnostics": { "type": "array", "items": { "type": "string" } },
                         "downloads": { "type": "array", "items": { "type": "object", "properties": {
@@ -62,6 +84,7 @@ pub fn document() -> Value {
                         "rejected": { "type": "array", "description": "Documents that failed verification (OUT-4), removed from the downloads", "items": { "type": "object", "properties": {
                             "path": { "type": "string" }, "check": { "type": "string" } } } },
                         "egress": { "type": "object" },
+                        "kernel": kernel,
                         "workspace": { "type": "object", "properties": { "generation": { "type": ["integer", "null"] }, "saved": { "type": "boolean" } } } } },
                     "member": { "type": "object", "description": "For members: outcome, exit state and references only", "properties": {
                         "outcome": { "type": "string" }, "exit_code": { "type": ["integer", "null"] },
@@ -94,10 +117,14 @@ pub fn document() -> Value {
                 "parameters": [
                     { "name": "actor", "in": "query", "required": true, "schema": { "type": "string" } },
                     { "name": "conversation", "in": "query", "required": true, "schema": { "type": "string" } },
-                    { "name": "path", "in": "query", "required": true, "schema": { "type": "string" } } ],
-                "responses": { "200": { "description": "The file's bytes",
-                                        "content": { "application/octet-stream": {} } },
-                               "400": refusal(), "401": refusal(), "404": refusal() } } },
+                    { "name": "path", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "view", "in": "query", "schema": { "enum": ["raw", "hashline"], "default": "raw" } },
+                    { "name": "start", "in": "query", "schema": { "type": "integer", "minimum": 1 }, "description": "view=hashline: the first line shown" },
+                    { "name": "count", "in": "query", "schema": { "type": "integer", "maximum": 2000 }, "description": "view=hashline: how many lines" } ],
+                "responses": { "200": { "description": "The file's bytes; with view=hashline, {path, generation, tag, total_lines, first_line, lines} with lines as LINE:TAG|text (WS-3)",
+                                        "content": { "application/octet-stream": {}, "application/json": {} } },
+                               "400": refusal(), "401": refusal(), "404": refusal(), "409": refusal(), "413": refusal(), "422": refusal() } } },
+            "/v1/edit_workspace": edit,
             "/v1/admin/egress_policy": {
                 "get": { "summary": "The egress policy: values, configured and effective mode, notes, revision",
                          "security": [{ "admin": [] }], "responses": { "200": { "description": "The policy" }, "401": refusal() } },

@@ -1,0 +1,108 @@
+//! A `corral up` for the end-to-end benchmarks, and the few statistics they print.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use serde_json::{Value, json};
+
+/// A running `corral up`, stopped with SIGTERM when dropped.
+pub struct Up {
+    child: Child,
+    /// The caller's client.
+    pub client: Client,
+}
+
+impl Up {
+    /// Starts `corral` (`corral up` on a free port) with its state in `state` and `env` set;
+    /// returns once it says it is ready.
+    ///
+    /// # Panics
+    /// When it does not start or never becomes ready.
+    #[must_use]
+    pub fn start(corral: &str, state: &Path, env: &[(&str, &str)]) -> Self {
+        let mut child = Command::new(corral)
+            .args(["up", "--listen", "127.0.0.1:0", "--state-dir"])
+            .arg(state)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("corral up");
+        let stdout = child.stdout.take().expect("stdout");
+        let api = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|line| {
+                line.strip_prefix("corral is ready: API ").map(|rest| {
+                    rest.split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+            })
+            .expect("corral up became ready");
+        let token = std::fs::read_to_string(state.join("api-token")).expect("token");
+        let client = Client::new(&api, token.trim()).expect("client");
+        Self { child, client }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+/// The median of `samples`.
+///
+/// # Panics
+/// With no samples.
+#[must_use]
+pub fn p50(mut samples: Vec<Duration>) -> Duration {
+    samples.sort_unstable();
+    samples[(samples.len() - 1) / 2]
+}
+
+/// Milliseconds, for printing.
+#[must_use]
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1_000.0
+}
+
+/// `runs` runs of `request`, sequential, with `pause` before each: the latencies, how many ran
+/// warm, and the model of the last one. Every run must succeed.
+///
+/// # Panics
+/// When the API does not answer or a run does not succeed.
+pub async fn through_api(
+    client: &Client,
+    request: &Value,
+    runs: usize,
+    pause: Duration,
+) -> (Vec<Duration>, usize, Value) {
+    let mut latencies = Vec::new();
+    let mut warm = 0;
+    let mut last = Value::Null;
+    for _ in 0..runs {
+        tokio::time::sleep(pause).await;
+        let started = Instant::now();
+        let (status, body) = client.run_code(request).await.expect("the API answers");
+        latencies.push(started.elapsed());
+        assert_eq!(
+            (status, &body["outcome"]),
+            (200, &json!("succeeded")),
+            "{body:#}"
+        );
+        if body["model"]["warm"] == true {
+            warm += 1;
+        }
+        last = body["model"].clone();
+    }
+    (latencies, warm, last)
+}
