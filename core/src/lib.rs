@@ -67,4 +67,5 @@ pub mod reset;
 pub mod run;
 pub mod store;
 pub mod time;
+pub mod tools;
 pub mod workspace;

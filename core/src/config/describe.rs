@@ -99,6 +99,10 @@ impl Settings {
         ));
         out.push((JAIL_CGROUP_ROOT, self.jail.cgroup_root.clone()));
         out.push((JAIL_PYTHON_STACK, self.jail.python_stack.clone()));
+        out.push((
+            TOOL_ENDPOINT_URL,
+            optional(self.tool_endpoint_url.as_deref().map(redact_userinfo)),
+        ));
         out
     }
 

@@ -245,6 +245,9 @@ pub struct Settings {
     pub workspace_persist: bool,
     /// The package broker's settings.
     pub packages: PackageSettings,
+    /// `CORRAL_TOOL_ENDPOINT_URL`: the platform's tool endpoint (KER-5); `None`: no tool call is
+    /// forwarded.
+    pub tool_endpoint_url: Option<String>,
     /// The egress policy as configured, unparsed.
     pub egress: EgressSettings,
     /// Where the field key comes from.
@@ -296,6 +299,7 @@ impl Default for Settings {
                 max_file_bytes: 100_000_000,
                 registries: PackageRegistries::PublicDefaults,
             },
+            tool_endpoint_url: None,
             egress: EgressSettings::default(),
             field_key: FieldKeySource::Unset,
             worker: WorkerPorts {
@@ -351,6 +355,7 @@ impl Settings {
             bounds: Self::read_bounds(&r, &d.bounds)?,
             workspace_persist: r.flag(WORKSPACE_PERSIST, d.workspace_persist)?,
             packages: Self::read_packages(&r, &d.packages)?,
+            tool_endpoint_url: r.http_url(TOOL_ENDPOINT_URL)?,
             egress: r.egress(),
             field_key: r.field_key()?,
             worker: WorkerPorts {

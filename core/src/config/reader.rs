@@ -142,14 +142,19 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
     }
 
     pub(super) fn broker_url(&self) -> Result<Option<String>, ConfigError> {
-        let Some(text) = self.raw(PACKAGE_BROKER_URL) else {
+        self.http_url(PACKAGE_BROKER_URL)
+    }
+
+    /// An optional `http://` or `https://` URL setting.
+    pub(super) fn http_url(&self, setting: &'static str) -> Result<Option<String>, ConfigError> {
+        let Some(text) = self.raw(setting) else {
             return Ok(None);
         };
         if is_http_url(&text) {
             Ok(Some(text))
         } else {
             Err(ConfigError::InvalidUrl {
-                setting: PACKAGE_BROKER_URL,
+                setting,
                 value: shown(&redact_userinfo(&text)),
             })
         }

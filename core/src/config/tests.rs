@@ -915,7 +915,7 @@ fn plausible_value(name: &str) -> BoxedStrategy<String> {
         "CORRAL_POOL_MODE" => {
             return words(&["controller", "platform_operator", "Platform_Operator"]);
         }
-        "SANDBOX_PACKAGE_BROKER_URL" => {
+        "SANDBOX_PACKAGE_BROKER_URL" | "CORRAL_TOOL_ENDPOINT_URL" => {
             return words(&["http://api:8000", "https://u:p@api/broker"]);
         }
         _ => {}

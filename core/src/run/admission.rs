@@ -20,6 +20,7 @@ use crate::jail::{Language, NotRun};
 use crate::kernel::{Kernel, names_resource_contract};
 use crate::packages::resolve::{Available, DependencyFailure, Resolution, resolve};
 use crate::packages::stack::baked;
+use crate::tools::Tools;
 
 /// The most names a run may declare as outputs (WS-7).
 pub const DECLARED_MAX: usize = 64;
@@ -59,6 +60,10 @@ pub struct RunCodeRequest {
     /// (`left-pad@1.3.0`). Never a URL, a path, an index or an installer flag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<String>,
+    /// The read-only tools the platform advertises for the run, and the capability that calls
+    /// them (KER-5); the code calls them through the worker's supervisor, never holding it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Tools>,
 }
 
 fn is_default(overrides: &BoundOverrides) -> bool {
@@ -94,6 +99,8 @@ pub struct Admitted {
     /// Ephemeral, or persistent (KER-1): a persistent cell restores and checkpoints its
     /// variables, and has no egress (KER-5).
     pub kernel: Kernel,
+    /// The tools the code may call (KER-5).
+    pub tools: Option<Tools>,
 }
 
 /// Why a request is refused. The codes are stable.
@@ -111,6 +118,8 @@ pub enum RefusalCode {
     DeclaredOutputInvalid,
     /// Too many provider-hint names, or one longer than a DNS name.
     ProviderHintInvalid,
+    /// A malformed tool list or capability (KER-5).
+    ToolsInvalid,
 }
 
 impl RefusalCode {
@@ -124,6 +133,7 @@ impl RefusalCode {
             Self::BoundOverrideRefused => "bound_override_refused",
             Self::DeclaredOutputInvalid => "declared_output_invalid",
             Self::ProviderHintInvalid => "provider_hint_invalid",
+            Self::ToolsInvalid => "tools_invalid",
         }
     }
 }
@@ -171,7 +181,7 @@ fn refused(
 
 /// Judges `request` under `settings`, with the registries `available` to the broker. Checks run
 /// in a fixed order (identity, kernel, language, code, bounds, declared outputs, provider hint,
-/// dependencies) and the first failure answers.
+/// tools, dependencies) and the first failure answers.
 #[must_use]
 pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available) -> Admission {
     for (field, value) in [
@@ -256,6 +266,9 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
             format!("at most {PROVIDER_HINT_MAX} host names of at most {NAME_MAX_BYTES} bytes"),
         );
     }
+    if let Some(Err(message)) = request.tools.as_ref().map(Tools::check) {
+        return refused(RefusalCode::ToolsInvalid, "tools", None, message);
+    }
     let dependencies = match resolve(
         language,
         &request.packages,
@@ -283,6 +296,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
         wait_ms,
         dependencies,
         kernel,
+        tools: request.tools,
     }))
 }
 

@@ -41,6 +41,10 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(caller)
         .merge(admin)
+        // A worker's supervisor, by the run's token (KER-5).
+        .route(corral_contract::routes::TOOL_CALL, post(crate::tools::call))
+        // The built-in sample platform's tool endpoint, by capability.
+        .route("/v1/sample_tools", post(crate::tools::sample))
         .route("/v1/egress/verifying_key", get(verifying_key))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

@@ -30,6 +30,7 @@ pub mod http;
 pub mod metrics;
 pub mod openapi;
 pub mod run;
+pub mod tools;
 pub mod workspaces;
 
 /// Everything a request handler needs.
@@ -57,6 +58,8 @@ pub struct AppState {
     pub kernel_seal_root: Option<[u8; 32]>,
     /// Affinity-mode kernels' held leases and retained workspaces (KER-4).
     pub affinity: run::affinity::Sessions,
+    /// The running runs that were given tools, by callback token (KER-5).
+    pub tool_runs: tools::ToolRuns,
 }
 
 impl AppState {

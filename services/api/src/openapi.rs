@@ -13,6 +13,11 @@ pub fn document() -> Value {
     let stream = json!({ "type": "object", "properties": {
         "text": { "type": "string" }, "truncated": { "type": "boolean" },
         "bytes_total": { "type": "integer" }, "bytes_dropped": { "type": "integer" } } });
+    let tools = json!({ "type": "object", "description": "Read-only tools the code may call through `corral_tools` (KER-5): the platform's tools and its opaque capability, which the worker's supervisor holds and the code never sees; write tools and run_code are never callable",
+                        "required": ["tools", "capability"], "additionalProperties": false, "properties": {
+                        "capability": { "type": "string", "maxLength": 4096 },
+                        "tools": { "type": "array", "maxItems": 32, "items": { "type": "object", "required": ["name", "access"], "properties": {
+                            "name": { "type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$" }, "access": { "enum": ["read", "write"] } } } } } });
     let kernel = json!({ "type": ["object", "null"], "description": "A persistent cell's kernel (KER-1 to KER-4); null for an ephemeral run", "properties": {
                             "mode": { "enum": ["persistent"] }, "durability": { "enum": ["object_store", "affinity"] },
                             "restored": { "type": "array", "items": { "type": "string" } },
@@ -63,6 +68,7 @@ pub fn document() -> Value {
                     "packages": { "type": "array", "maxItems": 32, "items": { "type": "string", "maxLength": 214 },
                         "description": "Packages the run needs beyond its imports (PKG-4): Python names with an optional exact version (humanize, pandas==2.2.3), or npm names (left-pad@1.3.0); never a URL, path, index or installer flag" },
                     "kernel": { "enum": ["ephemeral", "persistent"], "default": "ephemeral" },
+                    "tools": tools,
                     "bounds": { "type": "object", "properties": {
                         "wall_seconds": { "type": "integer" }, "output_bytes": { "type": "integer" },
                         "artifact_bytes": { "type": "integer" }, "memory_bytes": { "type": "integer" },
@@ -159,6 +165,10 @@ mod tests {
             kernel: Some("ephemeral".into()),
             wait_seconds: Some(1),
             packages: vec!["p".into()],
+            tools: Some(corral_core::tools::Tools {
+                tools: Vec::new(),
+                capability: "c".into(),
+            }),
             bounds: corral_core::bounds::BoundOverrides {
                 max_wall_seconds: Some(1),
                 ..Default::default()

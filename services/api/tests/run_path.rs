@@ -99,6 +99,7 @@ impl Fixture {
             broker: None,
             kernel_seal_root: None,
             affinity: corral_api::run::affinity::Sessions::default(),
+            tool_runs: corral_api::tools::ToolRuns::default(),
         });
         Some((
             Fixture {

@@ -50,6 +50,9 @@ pub struct ExecuteRequest {
     /// A persistent kernel's cell (KER-1, KER-2): restore, run, checkpoint. None: ephemeral.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelOrder>,
+    /// The tools the code may call through the supervisor (KER-5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
 }
@@ -91,6 +94,52 @@ impl KernelOrder {
             key[i] = u8::try_from(digit(pair[0])? * 16 + digit(pair[1])?).ok()?;
         }
         Some(key)
+    }
+}
+
+/// The tools of a run (KER-5): what the platform advertised, its capability, where the API
+/// replica that owns the run takes calls, and the run's token there. The supervisor holds all of
+/// it; none of it enters the jail.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolOrder {
+    /// The tools and the capability.
+    pub grant: corral_core::tools::Tools,
+    /// `http://host:port` of the API replica that owns the run.
+    pub callback: String,
+    /// The run's token for [`crate::routes::TOOL_CALL`]'s owner.
+    pub token: String,
+}
+
+impl std::fmt::Debug for ToolOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolOrder")
+            .field("grant", &self.grant)
+            .field("callback", &self.callback)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// One tool call, as the supervisor forwards it to the API replica that owns the run.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    /// The tool.
+    pub tool: String,
+    /// Its arguments, as the code gave them.
+    #[serde(default)]
+    pub arguments: serde_json::Value,
+    /// The run's capability, which the API hands the platform's endpoint.
+    pub capability: String,
+}
+
+impl std::fmt::Debug for ToolCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolCall")
+            .field("tool", &self.tool)
+            .field("capability", &"<redacted>")
+            .finish_non_exhaustive()
     }
 }
 
@@ -483,6 +532,7 @@ mod tests {
             declared: Vec::new(),
             dependencies: None,
             kernel: None,
+            tools: None,
             token: OpToken(3),
         }
     }

@@ -12,6 +12,11 @@ pub const EXECUTE: &str = "/v1/execute";
 /// `POST` a [`crate::ResetRequest`]: kill, wipe, measure; answered with a [`crate::ResetReply`].
 pub const RESET: &str = "/v1/reset";
 
+/// The API's route a worker's supervisor posts a run's tool call to (KER-5): a
+/// [`crate::messages::ToolCall`] with the run's token as the bearer, answered with the platform's
+/// bounded payload. A worker-to-API route: it is not under a worker's `/v1/`.
+pub const TOOL_CALL: &str = "/v1/tools/call";
+
 /// The header naming the worker a request is meant for (its `WorkerId`'s text).
 pub const WORKER_ID_HEADER: &str = "x-corral-worker-id";
 

@@ -93,6 +93,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         },
         kernel_seal_root,
         affinity: corral_api::run::affinity::Sessions::default(),
+        tool_runs: corral_api::tools::ToolRuns::default(),
     }))
 }
 

@@ -251,6 +251,14 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
         settings.egress.proxy_url = Some(proxy_url.clone());
     }
     let proxy_url = settings.egress.proxy_url.clone().unwrap_or(proxy_url);
+    // Workers reach this API for packages and tool calls (PKG-3, KER-5), unless the operator
+    // names another address; the tools are the built-in sample platform's unless one is named.
+    if settings.packages.broker_url.is_none() {
+        settings.packages.broker_url = Some(api_url.clone());
+    }
+    if settings.tool_endpoint_url.is_none() {
+        settings.tool_endpoint_url = Some(format!("{api_url}/v1/sample_tools"));
+    }
     say(&format!(
         "egress proxy: {proxy_url} (log in {})",
         state_dir.join("egress-proxy.log").display()
@@ -292,11 +300,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
             // The package broker is this API (PKG-3), unless the operator names another.
             (
                 "SANDBOX_PACKAGE_BROKER_URL",
-                &settings
-                    .packages
-                    .broker_url
-                    .clone()
-                    .unwrap_or_else(|| api_url.clone()),
+                settings.packages.broker_url.as_deref().unwrap_or(&api_url),
             ),
         ],
     )?);

@@ -306,3 +306,101 @@ async fn ker_04_with_persistence_off_a_kernel_keeps_its_worker_and_its_state() {
         .await;
     assert_eq!(stdout(&fresh), "False\n", "{fresh}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_05_a_persistent_cell_calls_read_only_tools_without_holding_the_capability() {
+    let test = "ker_05_a_persistent_cell_calls_read_only_tools_without_holding_the_capability";
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let capability = format!(
+        "capability-marker-{}",
+        corral_core::ids::hex(&corral_contract::credential::random_bytes())
+    );
+    let code = "import corral_tools, json, os\n\
+        out = {'available': corral_tools.available()}\n\
+        out['echo'] = corral_tools.call('sample.echo', q='hi')\n\
+        out['words'] = corral_tools.call('sample.word_count', text='one two three')\n\
+        for name in ['mail.send', 'run_code', 'sample.large', 'sample.absent']:\n\
+        \x20   try:\n\
+        \x20       corral_tools.call(name)\n\
+        \x20       out[name] = 'called'\n\
+        \x20   except corral_tools.ToolError as e:\n\
+        \x20       out[name] = e.code\n\
+        import re\n\
+        marker = re.compile(('capa' + 'bility-marker-').encode() + rb'[0-9a-f]{64}')\n\
+        found = []\n\
+        if any(marker.search(v.encode()) for v in os.environ.values()):\n\
+        \x20   found.append('environ')\n\
+        for pid in [p for p in os.listdir('/proc') if p.isdigit()]:\n\
+        \x20   for part in ('environ', 'cmdline'):\n\
+        \x20       try:\n\
+        \x20           if marker.search(open('/proc/%s/%s' % (pid, part), 'rb').read()):\n\
+        \x20               found.append('/proc/%s/%s' % (pid, part))\n\
+        \x20       except OSError:\n\
+        \x20           pass\n\
+        with open('/proc/self/maps') as maps, open('/proc/self/mem', 'rb') as mem:\n\
+        \x20   for line in maps:\n\
+        \x20       span, perms = line.split()[:2]\n\
+        \x20       if 'r' not in perms:\n\
+        \x20           continue\n\
+        \x20       start, end = (int(x, 16) for x in span.split('-'))\n\
+        \x20       try:\n\
+        \x20           mem.seek(start)\n\
+        \x20           chunk = mem.read(min(end - start, 1 << 28))\n\
+        \x20       except (OSError, ValueError, OverflowError):\n\
+        \x20           continue\n\
+        \x20       if marker.search(chunk):\n\
+        \x20           found.append('memory ' + line.split()[-1])\n\
+        for top in ('/workspace', '/tmp', '/run', '/etc', '/home', '/root'):\n\
+        \x20   for root, dirs, files in os.walk(top):\n\
+        \x20       for name in files:\n\
+        \x20           path = os.path.join(root, name)\n\
+        \x20           try:\n\
+        \x20               if not os.path.islink(path) and marker.search(open(path, 'rb').read()):\n\
+        \x20                   found.append(path)\n\
+        \x20           except OSError:\n\
+        \x20               pass\n\
+        out['found'] = found\n\
+        print(json.dumps(out, sort_keys=True))\n";
+    let mut body = cell("python", "fay", "kernel-7", code);
+    body["tools"] = json!({
+        "capability": capability,
+        "tools": [
+            { "name": "sample.echo", "access": "read" },
+            { "name": "sample.word_count", "access": "read" },
+            { "name": "sample.large", "access": "read" },
+            { "name": "mail.send", "access": "write" },
+            { "name": "run_code", "access": "read" },
+        ],
+    });
+    let (status, answer) = stack.run(body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["outcome"], "succeeded", "{answer}");
+    let out: Value = serde_json::from_str(stdout(&answer).trim()).expect("JSON");
+    assert_eq!(
+        out["available"],
+        json!(["sample.echo", "sample.word_count", "sample.large"]),
+        "{out}"
+    );
+    // The platform's endpoint got the capability (it says which by digest); the code never did.
+    use sha2::Digest as _;
+    let digest = corral_core::ids::hex(&sha2::Sha256::digest(capability.as_bytes()));
+    assert_eq!(out["echo"]["echo"], json!({ "q": "hi" }), "{out}");
+    assert_eq!(out["echo"]["capability_sha256"], digest[..16], "{out}");
+    assert_eq!(out["words"]["words"], 3, "{out}");
+    assert_eq!(out["mail.send"], "tool_write_refused", "{out}");
+    assert_eq!(out["run_code"], "tool_recursive_refused", "{out}");
+    assert_eq!(out["sample.large"], "tool_payload_too_large", "{out}");
+    assert_eq!(out["sample.absent"], "tool_not_granted", "{out}");
+    assert_eq!(out["found"], json!([]), "{out}");
+    // A malformed grant is refused before any lease.
+    let mut bad = cell("python", "fay", "kernel-7", "print(1)");
+    bad["tools"] = json!({ "capability": "", "tools": [] });
+    let (status, refused) = stack.run(bad).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (400, Some("tools_invalid")),
+        "{refused}"
+    );
+}

@@ -198,6 +198,7 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             grant,
             install: None,
             kernel: None,
+            tools: None,
         }),
         Err(reason) => worker.refuse(reason, OpToken(0)),
     };

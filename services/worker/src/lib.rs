@@ -70,6 +70,7 @@ mod seccomp;
 mod stage;
 mod supervisor;
 mod sweep;
+mod tools;
 mod workspace;
 
 pub use result::RunResult;

@@ -252,7 +252,7 @@ impl Drop for Relay {
 
 /// Binds the listener from a short-lived thread that joins the jail's network namespace (a
 /// namespace is per thread, and the socket keeps the one it was made in).
-fn bind_in_namespace(namespace: &File, port: u16) -> Result<TcpListener, String> {
+pub(crate) fn bind_in_namespace(namespace: &File, port: u16) -> Result<TcpListener, String> {
     std::thread::scope(|scope| {
         std::thread::Builder::new()
             .name("corral-relay-bind".to_owned())

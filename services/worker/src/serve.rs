@@ -546,6 +546,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         grant: request.grant,
         install: request.dependencies,
         kernel: request.kernel,
+        tools: request.tools,
     };
     let ran = worker
         .run(move |worker| {

@@ -34,7 +34,8 @@ pub fn request_refused(refused: &Refusal) -> Reply {
         RefusalCode::InvalidIdentity
         | RefusalCode::KernelUnknown
         | RefusalCode::DeclaredOutputInvalid
-        | RefusalCode::ProviderHintInvalid => StatusCode::BAD_REQUEST,
+        | RefusalCode::ProviderHintInvalid
+        | RefusalCode::ToolsInvalid => StatusCode::BAD_REQUEST,
     };
     refusal(
         status,

@@ -60,15 +60,28 @@ pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
 
 async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
-    let reply = attempt(&state, request, &run_id).await;
+    // A run's tool calls are taken while it runs (KER-5).
+    let tools_token = request
+        .tools
+        .clone()
+        .map(|tools| state.tool_runs.start(tools));
+    let reply = attempt(&state, request, &run_id, tools_token.as_deref()).await;
     if let Some(broker) = &state.broker {
         broker.end(&run_id);
+    }
+    if let Some(token) = &tools_token {
+        state.tool_runs.end(token);
     }
     reply
 }
 
 /// The run `run_id`, from admission to its answer.
-async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -> Reply {
+async fn attempt(
+    state: &Arc<AppState>,
+    request: RunCodeRequest,
+    run_id: &str,
+    tools_token: Option<&str>,
+) -> Reply {
     let run_id = run_id.to_owned();
     let admitted = match admit(request, &state.settings, state.packages()) {
         Admission::Admitted(admitted) => admitted,
@@ -100,6 +113,7 @@ async fn attempt(state: &Arc<AppState>, request: RunCodeRequest, run_id: &str) -
             KernelMode::Store
         },
         retained: None,
+        tools_token: tools_token.map(str::to_owned),
     };
     if affinity {
         match state.affinity.take(&key) {
@@ -233,6 +247,8 @@ struct Cell {
     mode: KernelMode,
     /// An affinity session's retained workspace.
     retained: Option<bytes::Bytes>,
+    /// The run's tool-callback token, when it was given tools.
+    tools_token: Option<String>,
 }
 
 /// How a leased run ended.
@@ -355,6 +371,7 @@ async fn leased(
             .then_some(state.kernel_seal_root.as_ref())
             .flatten()
             .map(|root| KernelOrder::new(root, &key)),
+        tools: tool_order(settings, admitted, cell),
         token: granted.token,
     };
     let reply = match state
@@ -488,5 +505,21 @@ fn kernel_report(
         "checkpoint_bytes": report.checkpoint_bytes,
         "durable": report.checkpointed && kept,
         "session_ended": ended,
+    })
+}
+
+/// The run's tools for its supervisor (KER-5): what the platform advertised and its capability,
+/// where this replica takes the calls (the URL workers reach it at), and the run's token here.
+/// None without tools, a tool endpoint or that URL: the code then finds no tool relay.
+fn tool_order(
+    settings: &corral_core::config::Settings,
+    admitted: &Admitted,
+    cell: &Cell,
+) -> Option<corral_contract::messages::ToolOrder> {
+    settings.tool_endpoint_url.as_ref()?;
+    Some(corral_contract::messages::ToolOrder {
+        grant: admitted.tools.clone()?,
+        callback: settings.packages.broker_url.clone()?,
+        token: cell.tools_token.clone()?,
     })
 }

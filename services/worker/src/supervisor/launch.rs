@@ -166,6 +166,11 @@ impl Worker {
             Relay::open(pid, self.egress_proxy.clone().ok()).map_err(|e| failed(diagnostics, e))?;
         relay.attach_grant(grant);
         run.relay = Some(relay);
+        if let Some(order) = run.tools_pending.take() {
+            run.tool_relay = Some(
+                crate::tools::ToolRelay::open(pid, order).map_err(|e| failed(diagnostics, e))?,
+            );
+        }
         if let Some(broker) = broker {
             let plain = Relay::open_plain(
                 pid,

@@ -98,6 +98,8 @@ pub struct RunRequest {
     /// A persistent kernel's cell (KER-1): the code is the cell, which a driver restores
     /// around, runs and checkpoints after.
     pub kernel: Option<corral_contract::messages::KernelOrder>,
+    /// The tools the code may call through the supervisor (KER-5).
+    pub tools: Option<corral_contract::messages::ToolOrder>,
 }
 
 /// What one run has created, for the reset.
@@ -114,6 +116,10 @@ struct ActiveRun {
     broker_relay: Option<Relay>,
     /// A persistent cell's kernel, held by the supervisor (its seal key never enters the jail).
     kernel: Option<kernel::KernelCell>,
+    /// The run's tools, until its jail starts (a cold run opens the relay before the go byte).
+    tools_pending: Option<corral_contract::messages::ToolOrder>,
+    /// The tool relay in the jail's network namespace, while the run has tools.
+    tool_relay: Option<crate::tools::ToolRelay>,
 }
 
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
@@ -325,6 +331,8 @@ impl Worker {
             relay: None,
             broker_relay: None,
             kernel: None,
+            tools_pending: None,
+            tool_relay: None,
         }
     }
 }

@@ -104,7 +104,8 @@ impl Worker {
         token: OpToken,
         diagnostics: &mut Vec<String>,
     ) -> ResetEvidence {
-        // The relay first: no connection of the run outlives it.
+        // The relays first: no connection of the run outlives them.
+        drop(run.tool_relay.take());
         if let Some(relay) = run.broker_relay.take() {
             relay.close();
         }

@@ -154,6 +154,7 @@ impl Worker {
         }
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
+        run.tools_pending.clone_from(&request.tools);
         let grant = request.grant.as_deref();
         let (started, _) = self.start_jail(
             &plan,
@@ -195,6 +196,15 @@ impl Worker {
         // Before the code arrives, so that its first connection already carries the grant.
         if let Some(relay) = &run.relay {
             relay.attach_grant(request.grant.as_deref());
+        }
+        if let Some(order) = &request.tools {
+            match crate::tools::ToolRelay::open(jail.pid, order.clone()) {
+                Ok(relay) => run.tool_relay = Some(relay),
+                Err(e) => {
+                    note(&mut result.reply.diagnostics, e);
+                    return Err(NotRun::JailSetupFailed);
+                }
+            }
         }
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let go_at = Instant::now();

@@ -135,6 +135,15 @@ impl Worker {
         let code_name = format!("main.{}", language.extension());
         dirs.write_code(&code_name, &request.code)
             .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
+        // The library the code calls its tools with, beside it (KER-5).
+        if request.tools.is_some() {
+            let (name, library) = match language {
+                Language::Python => ("corral_tools.py", crate::tools::PYTHON_LIBRARY),
+                Language::Node => ("corral_tools.js", crate::tools::NODE_LIBRARY),
+            };
+            dirs.write_code(name, library.as_bytes())
+                .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
+        }
         let (before, _, _) = workspace::snapshot(&dirs.workspace())
             .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
         Ok(before)
