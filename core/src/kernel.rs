@@ -141,6 +141,10 @@ pub struct Header {
     pub kept: Vec<String>,
     /// The names the cell had and it does not carry.
     pub not_kept: Vec<NotKept>,
+    /// The top-level modules restoring it imports (Python: `pandas` for a DataFrame), so that
+    /// the next cell's worker can have them imported before it (a hint, never trusted for more).
+    #[serde(default)]
+    pub imports: Vec<String>,
 }
 
 /// Why a checkpoint was not restored. Every code is a `not_run` reason: the cell did not run,
@@ -240,6 +244,22 @@ pub fn seal(key: &[u8], language: Language, checkpoint: &[u8]) -> String {
     ))
 }
 
+/// The modules a checkpoint says its restore imports, read from its header alone (a hint for
+/// preparing the next interpreter: nothing is verified, nothing is trusted beyond that).
+#[must_use]
+pub fn import_hint(checkpoint_head: &[u8]) -> Vec<String> {
+    let magic = format!("{MAGIC}\n");
+    let Some(rest) = checkpoint_head.strip_prefix(magic.as_bytes()) else {
+        return Vec::new();
+    };
+    let Some(end) = rest.iter().position(|b| *b == b'\n') else {
+        return Vec::new();
+    };
+    serde_json::from_slice::<Header>(&rest[..end])
+        .map(|h| h.imports)
+        .unwrap_or_default()
+}
+
 /// Judges the checkpoint a persistent cell is about to restore: its structure, then its seal,
 /// then its runtime. `None` when there is nothing to restore.
 ///
@@ -318,6 +338,7 @@ mod tests {
                 name: "f".into(),
                 reason: "an open file".into(),
             }],
+            imports: vec!["pandas".into()],
         };
         let mut bytes = format!("{MAGIC}\n").into_bytes();
         bytes.extend(serde_json::to_vec(&header).unwrap());
@@ -344,6 +365,8 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(header.kept, ["a"]);
+        assert_eq!(import_hint(&file), ["pandas"]);
+        assert!(import_hint(b"not a checkpoint").is_empty());
         assert_eq!(
             judge(Language::Python, None, None, &key, "x").unwrap(),
             None

@@ -286,3 +286,41 @@ open('.corral/kernel/python.ckpt', 'wb').write(b'CORRAL-KERNEL 1\\n' + json.dump
     );
     assert_eq!(stdout(&ok), "1\n", "{ok}");
 }
+
+#[test]
+fn ker_02_a_failing_cell_shows_its_own_line_and_keeps_what_it_defined() {
+    if !root_or_skip("ker_02_a_failing_cell_shows_its_own_line_and_keeps_what_it_defined") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "python,node")]);
+    for (language, code, line, next, expected) in [
+        (
+            "python",
+            "kept = 5\n1 / 0\n",
+            "1 / 0",
+            "print(kept)\n",
+            "5\n",
+        ),
+        (
+            "node",
+            "var kept = 5;\nnull.x;\n",
+            "null.x;",
+            "console.log(kept);\n",
+            "5\n",
+        ),
+    ] {
+        let kernel = order(&format!("ws-fail-{language}"));
+        let (failed, archive) = cell(&server, language, code, None, Some(kernel.clone()));
+        assert_eq!(failed["exit_code"], 1, "{failed}");
+        let stderr = failed["stderr"]["text"].as_str().unwrap();
+        assert!(stderr.contains(line), "{stderr}");
+        assert!(
+            !stderr.contains("corralKernel") && !stderr.contains("_corral_kernel"),
+            "{stderr}"
+        );
+        assert_eq!(failed["kernel"]["checkpointed"], true, "{failed}");
+        let (after, _) = cell(&server, language, next, archive.as_deref(), Some(kernel));
+        assert_eq!(stdout(&after), expected, "{after}");
+    }
+}

@@ -155,6 +155,37 @@ impl Worker {
     }
 }
 
+/// `request` as its imports read for the pre-import decisions: a persistent cell's code with
+/// an `import` of each module its checkpoint's restore needs (from the header of the checkpoint
+/// in the staged workspace, unverified: a hint that can only make the run wait for imports).
+pub(super) fn imports_of(request: &super::RunRequest) -> super::RunRequest {
+    let hint = match (&request.kernel, &request.workspace) {
+        (Some(_), Some(workspace)) => read(
+            workspace,
+            &kernel::checkpoint_path(request.language),
+            u64::MAX,
+        )
+        .ok()
+        .flatten()
+        .map(|bytes| {
+            let head = &bytes[..bytes.len().min(kernel::HEADER_MAX_BYTES + 64)];
+            kernel::import_hint(head)
+        })
+        .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let mut code: Vec<u8> = hint
+        .iter()
+        .filter(|m| m.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+        .flat_map(|m| format!("import {m}\n").into_bytes())
+        .collect();
+    code.extend_from_slice(&request.code);
+    super::RunRequest {
+        code,
+        ..request.clone()
+    }
+}
+
 /// The program a persistent cell runs: the driver, with the cell and its parameters.
 pub(super) fn program(language: Language, cell: &[u8], kernel: &KernelCell, path: &str) -> Vec<u8> {
     let params = serde_json::json!({

@@ -23,8 +23,12 @@ impl Worker {
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
         let started = Instant::now();
         let mut result = RunResult::default();
+        // What the run imports: its code's, and a persistent cell's restore's (the checkpoint's
+        // hint), which decide whether it waits for a pre-importing jail and what the next
+        // prepares.
+        let imports_of = super::kernel::imports_of(request);
         if request.language == corral_core::jail::Language::Python {
-            self.remember_imports(&request.code);
+            self.remember_imports(&imports_of.code);
         }
         // A persistent cell: the program is the kernel's driver around the cell.
         let kernel = match &request.kernel {
@@ -53,8 +57,8 @@ impl Worker {
         let prepared = if request.install.is_some() {
             None
         } else {
-            // Judged by the cell's own imports, not the driver's.
-            self.take_prepared(cell, &mut result.reply.diagnostics)
+            // Judged by the cell's own imports and its restore's, not the driver's.
+            self.take_prepared(&imports_of, &mut result.reply.diagnostics)
         };
         if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
             note(

@@ -57,7 +57,16 @@ function corralKernel(params) {
     // Without the inspector, let, const and class bindings are not seen; var and function are.
   }
   process.on('exit', () => checkpoint(p, baseline, lexical, given));
-  vm.runInThisContext(p.cell, { filename: p.filename });
+  try {
+    vm.runInThisContext(p.cell, { filename: p.filename });
+  } catch (e) {
+    // As an uncaught exception ends a program, without the driver's frames; the checkpoint is
+    // written on the way out.
+    const stack = e instanceof Error && typeof e.stack === 'string' ? e.stack : String(e);
+    const cut = stack.indexOf('\n    at Script.runInThisContext');
+    fs.writeSync(2, (cut < 0 ? stack : stack.slice(0, cut)) + '\n');
+    process.exit(1);
+  }
 }
 
 function checkpoint(p, baseline, lexical, given) {

@@ -3,7 +3,7 @@ def _corral_kernel(params):
     # variables, run the cell as the main program, checkpoint the variables. The supervisor has
     # already checked the checkpoint's structure, seal and runtime; this restores all of it or
     # nothing, and never runs the cell on a partial restore.
-    import sys, os, io, json, base64, hashlib, linecache, pickle
+    import sys, os, io, json, base64, hashlib, linecache, pickle, traceback
     g = sys.modules['__main__'].__dict__
     g.pop('_corral_kernel', None)
     checkpoint = g.pop('_corral_checkpoint')
@@ -40,7 +40,7 @@ def _corral_kernel(params):
     try:
         code = compile(src, filename, 'exec')
     except SyntaxError as e:
-        sys.excepthook(type(e), e, None)
+        traceback.print_exception(type(e), e, None)
         # Nothing ran: the checkpoint stays as it was.
         raise SystemExit(1)
     try:
@@ -58,7 +58,9 @@ def _corral_kernel(params):
         tb = e.__traceback__
         if tb is not None:
             e.__traceback__ = tb = tb.tb_next
-        sys.excepthook(type(e), e, tb)
+        # The Python printer, which reads the cell's lines from linecache; the interpreter's own
+        # would read the driver's file.
+        traceback.print_exception(type(e), e, tb)
         status = 1
     try:
         checkpoint(g, p)
@@ -156,7 +158,17 @@ def _corral_checkpoint(g, p):
                 not_kept.append({'name': k, 'reason': 'not kept with the others: ' + reason(e)})
             kept = {}
             payload = dumps(kept)
+    imports = set()
+    for value in kept.values():
+        for item in [value] + (list(value.values()) if isinstance(value, dict)
+                               else list(value) if isinstance(value, (list, tuple)) else []):
+            module = (item.__name__ if isinstance(item, types.ModuleType)
+                      else getattr(type(item), '__module__', None))
+            if isinstance(module, str):
+                imports.add(module.split('.')[0])
+    imports -= {'builtins', '__main__'}
     header = {
+        'imports': sorted(imports)[:64],
         'language': 'python',
         'runtime': p['runtime'],
         'nonce': p['nonce'],
