@@ -172,6 +172,19 @@ async fn ws_03_a_file_is_edited_through_its_tags_and_stale_or_unshown_anchors_ar
         (422, Some("edit_invalid")),
         "{bad}"
     );
+    let unknown = if new_tag == "0000" { "0001" } else { "0000" };
+    let (status, bad) = edit(
+        &stack,
+        "h1",
+        "notes.txt",
+        json!([{ "op": "delete", "tag": unknown, "line": 1 }]),
+    )
+    .await;
+    assert_eq!(
+        (status, bad["error"]["code"].as_str()),
+        (409, Some("unknown_tag")),
+        "{bad}"
+    );
     let (status, bad) = edit(
         &stack,
         "h1",
