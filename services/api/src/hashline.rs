@@ -226,16 +226,9 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         );
     }
     let key = corral_core::workspace::storage_key(&request.actor, &request.conversation);
-    let snapshot = match state.workspaces.latest(&key).await {
-        Ok(Some(snapshot)) => snapshot,
-        Ok(None) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "workspace_not_found",
-                "this actor has no workspace in this conversation",
-            );
-        }
-        Err(e) => return storage(&e),
+    let snapshot = match crate::http::stored_workspace(&state, &key).await {
+        Ok(snapshot) => snapshot,
+        Err(refused) => return *refused,
     };
     let text = match text_of(&state, &snapshot, &path) {
         Ok(text) => text,

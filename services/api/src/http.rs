@@ -133,6 +133,27 @@ pub(crate) fn workspace_identity_refused(actor: &str, conversation: &str) -> Opt
         })
 }
 
+/// The authoritative snapshot of workspace `key`, or the refusal: none stored (404), or the
+/// store unavailable (503).
+pub(crate) async fn stored_workspace(
+    state: &AppState,
+    key: &str,
+) -> Result<crate::workspaces::Snapshot, Box<Response>> {
+    match state.workspaces.latest(key).await {
+        Ok(Some(snapshot)) => Ok(snapshot),
+        Ok(None) => Err(Box::new(error(
+            StatusCode::NOT_FOUND,
+            "workspace_not_found",
+            "this actor has no workspace in this conversation",
+        ))),
+        Err(e) => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            e.code(),
+            e.to_string(),
+        ))),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReadQuery {
@@ -182,16 +203,9 @@ async fn read_workspace(
         }
     };
     let key = corral_core::workspace::storage_key(&query.actor, &query.conversation);
-    let snapshot = match state.workspaces.latest(&key).await {
-        Ok(Some(snapshot)) => snapshot,
-        Ok(None) => {
-            return error(
-                StatusCode::NOT_FOUND,
-                "workspace_not_found",
-                "this actor has no workspace in this conversation",
-            );
-        }
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.code(), e.to_string()),
+    let snapshot = match stored_workspace(&state, &key).await {
+        Ok(snapshot) => snapshot,
+        Err(refused) => return *refused,
     };
     if hashline {
         let count = query.count.unwrap_or(corral_core::hashline::VIEW_LINES_MAX);
