@@ -133,7 +133,12 @@ pub struct Version {
 
 impl Version {
     fn was_shown(&self, line: u32) -> bool {
-        self.shown.iter().any(|(a, b)| (*a..=*b).contains(&line))
+        self.range_shown(line, line)
+    }
+
+    /// Whether every line of `first..=last` was shown (the ranges are merged, so one holds it).
+    fn range_shown(&self, first: u32, last: u32) -> bool {
+        self.shown.iter().any(|(a, b)| *a <= first && last <= *b)
     }
 
     fn show(&mut self, first: u32, last: u32) {
@@ -158,6 +163,10 @@ pub struct Authority {
     pub files: BTreeMap<String, Vec<Version>>,
     /// Named registers: text yanked by an edit for a later one.
     pub registers: BTreeMap<String, String>,
+    /// Per file, the tags of versions dropped to fit the bound: an anchor with one of them stays
+    /// ambiguous (a dropped version may have shared it), never resolved to the version kept.
+    #[serde(default)]
+    pub dropped_tags: BTreeMap<String, Vec<String>>,
 }
 
 /// What a tagged read shows.
@@ -354,7 +363,7 @@ impl Authority {
         }
         let mut next = self.clone();
         next.record(path, text, (total > 0).then_some((first, last)));
-        next.fit(max_bytes)?;
+        next.fit(max_bytes, path)?;
         *self = next;
         Ok(View {
             tag,
@@ -386,26 +395,53 @@ impl Authority {
         versions.push(version);
     }
 
-    /// Drops the oldest superseded versions (never a file's newest) until the record fits.
-    fn fit(&mut self, max_bytes: u64) -> Result<(), Refusal> {
-        let size = |a: &Authority| u64::try_from(a.to_bytes().len()).unwrap_or(u64::MAX);
-        while size(self) > max_bytes {
-            let oldest = self
+    /// Drops versions until the record fits: superseded ones first (oldest first), then the
+    /// newest versions of files other than `keep` (a file gone from the workspace, or not read
+    /// for long); anchors to a dropped version are refused from then on (`unknown_tag`, or
+    /// `stale_anchor` where its tag is still in use).
+    fn fit(&mut self, max_bytes: u64, keep: &str) -> Result<(), Refusal> {
+        let mut size = u64::try_from(self.to_bytes().len()).unwrap_or(u64::MAX);
+        while size > max_bytes {
+            let superseded = self
                 .files
                 .iter()
-                .filter(|(_, versions)| versions.len() > 1)
-                .map(|(path, _)| path.clone())
-                .next();
-            match oldest {
-                Some(path) => {
-                    if let Some(versions) = self.files.get_mut(&path) {
-                        versions.remove(0);
-                    }
-                }
-                None => return Err(Refusal::StateTooLarge),
+                .find(|(_, versions)| versions.len() > 1)
+                .map(|(path, _)| path.clone());
+            let victim = superseded.or_else(|| {
+                self.files
+                    .keys()
+                    .find(|path| path.as_str() != keep)
+                    .cloned()
+            });
+            let Some(path) = victim else {
+                return Err(Refusal::StateTooLarge);
+            };
+            let Some(versions) = self.files.get_mut(&path) else {
+                return Err(Refusal::StateTooLarge);
+            };
+            let dropped = versions.remove(0);
+            if versions.is_empty() {
+                self.files.remove(&path);
+            }
+            // The serialized size falls by at least the text and tag dropped; measured again
+            // only when that estimate says it fits.
+            let freed = dropped.text.len() + dropped.tag.len();
+            size = size.saturating_sub(u64::try_from(freed).unwrap_or(u64::MAX));
+            let tags = self.dropped_tags.entry(path).or_default();
+            if !tags.contains(&dropped.tag) {
+                tags.push(dropped.tag);
+            }
+            if size <= max_bytes {
+                size = u64::try_from(self.to_bytes().len()).unwrap_or(u64::MAX);
             }
         }
         Ok(())
+    }
+
+    /// The version of `path` with `tag` (the first: callers resolve first).
+    fn version(&self, path: &str, tag: &str) -> Option<&Version> {
+        let wanted = tag.to_ascii_lowercase();
+        self.files.get(path)?.iter().find(|v| v.tag == wanted)
     }
 
     /// Resolves `anchor` for `path`, whose current normalized text is `current`: the version
@@ -421,7 +457,11 @@ impl Authority {
         let Some(version) = named.next() else {
             return Err(Refusal::UnknownTag);
         };
-        if named.next().is_some() || version.text != current {
+        let dropped = self
+            .dropped_tags
+            .get(path)
+            .is_some_and(|tags| tags.contains(&wanted));
+        if named.next().is_some() || dropped || version.text != current {
             return Err(Refusal::StaleAnchor);
         }
         let total = u32::try_from(lines(current).len()).unwrap_or(u32::MAX);
@@ -503,7 +543,8 @@ impl Authority {
                 if anchor.line == 0 || end < anchor.line {
                     return Err(at(Refusal::EditInvalid));
                 }
-                // The range's end must be a line shown in the same version.
+                // Every line of the range must have been shown in the same version, not just
+                // its ends.
                 self.resolve(
                     path,
                     current,
@@ -513,6 +554,12 @@ impl Authority {
                     },
                 )
                 .map_err(at)?;
+                if !self
+                    .version(path, &anchor.tag)
+                    .is_some_and(|v| v.range_shown(anchor.line, end))
+                {
+                    return Err(at(Refusal::AnchorNotShown));
+                }
             }
             let content = |text: &Option<String>,
                            register: &Option<String>|
@@ -604,7 +651,7 @@ impl Authority {
         for (a, b) in &changed {
             after.record(path, &text, Some((*a, *b)));
         }
-        after.fit(max_bytes).map_err(|e| (e, 0))?;
+        after.fit(max_bytes, path).map_err(|e| (e, 0))?;
         *self = after;
         Ok(Applied { text, changed })
     }

@@ -301,3 +301,56 @@ fn ws_04_text_is_normalized_and_binary_is_refused() {
         .unwrap();
     assert_eq!(applied.text, "first\n");
 }
+
+#[test]
+fn ws_03_a_range_is_anchored_only_when_every_line_of_it_was_shown() {
+    let mut authority = Authority::default();
+    let text: String = (1..=20).map(|n| format!("line {n}\n")).collect();
+    let view = authority.show("r", &text, 1, 5, MAX).unwrap();
+    authority.show("r", &text, 15, 6, MAX).unwrap();
+    // Both ends were shown, the lines between were not.
+    assert_eq!(
+        authority.clone().apply(
+            "r",
+            &text,
+            &[Edit::Delete {
+                tag: view.tag.clone(),
+                line: 5,
+                end_line: Some(15)
+            }],
+            MAX
+        ),
+        Err((Refusal::AnchorNotShown, 0))
+    );
+    assert!(
+        authority
+            .apply(
+                "r",
+                &text,
+                &[Edit::Delete {
+                    tag: view.tag,
+                    line: 2,
+                    end_line: Some(4)
+                }],
+                MAX
+            )
+            .is_ok()
+    );
+}
+
+#[test]
+fn ws_03_a_tag_of_a_version_dropped_to_fit_stays_ambiguous() {
+    let mut authority = Authority::default();
+    let a = "line one 263\nline two 4471\n";
+    let b = "line one 410\nline two 6970\n";
+    authority.show("t", a, 1, 10, MAX).unwrap();
+    // The record is made to fit by dropping a (superseded once b is shown).
+    let bound = u64::try_from(authority.to_bytes().len()).unwrap() + 60;
+    authority.show("t", b, 1, 10, bound).unwrap();
+    assert_eq!(authority.files["t"].len(), 1, "a was dropped");
+    assert_eq!(
+        authority.apply("t", b, &[replace("1d84", 1, None, "x")], MAX),
+        Err((Refusal::StaleAnchor, 0)),
+        "a model shown a may hold 1d84 for a: never resolved to b"
+    );
+}

@@ -99,15 +99,23 @@ async fn load(state: &AppState, key: &str) -> Result<(u64, Authority), Response>
     }
 }
 
-/// The text of `path` in `snapshot`, or the refusal.
-fn text_of(state: &AppState, snapshot: &Snapshot, path: &str) -> Result<String, Box<Response>> {
+/// The normalized text of `path` in `snapshot`, and whether the file's lines end in CRLF (an
+/// edit writes them back so), or the refusal.
+fn text_of(
+    state: &AppState,
+    snapshot: &Snapshot,
+    path: &str,
+) -> Result<(String, bool), Box<Response>> {
     match find_file(
         &snapshot.archive,
         path,
         state.settings.bounds.workspace_max_bytes,
     ) {
         FileLookup::Found(bytes) => {
-            normalize(&bytes).map_err(|r| Box::new(refused(status_of(r), r, path, None)))
+            let crlf = bytes.windows(2).any(|w| w == b"\r\n");
+            normalize(&bytes)
+                .map(|text| (text, crlf))
+                .map_err(|r| Box::new(refused(status_of(r), r, path, None)))
         }
         FileLookup::NotFound => Err(Box::new(
             (
@@ -148,7 +156,7 @@ pub async fn read(
     count: u32,
 ) -> Response {
     let text = match text_of(state, snapshot, path) {
-        Ok(text) => text,
+        Ok((text, _)) => text,
         Err(response) => return *response,
     };
     let max = state.settings.bounds.hashline_state_max_bytes;
@@ -230,8 +238,8 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(snapshot) => snapshot,
         Err(refused) => return *refused,
     };
-    let text = match text_of(&state, &snapshot, &path) {
-        Ok(text) => text,
+    let (text, crlf) = match text_of(&state, &snapshot, &path) {
+        Ok(found) => found,
         Err(response) => return *response,
     };
     let max = state.settings.bounds.hashline_state_max_bytes;
@@ -248,10 +256,16 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let generation = if applied.text == text {
         snapshot.generation
     } else {
+        // Written back with the line endings the file had.
+        let content = if crlf {
+            applied.text.replace('\n', "\r\n")
+        } else {
+            applied.text.clone()
+        };
         let archive = match replace_file(
             &snapshot.archive,
             &path,
-            applied.text.as_bytes(),
+            content.as_bytes(),
             state.settings.bounds.workspace_max_bytes,
         ) {
             Ok(archive) => archive,

@@ -406,6 +406,10 @@ pub fn replace_file(
         if is_target {
             data.extend_from_slice(content);
             header.set_size(content.len() as u64);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            header.set_mtime(now);
             replaced = true;
         } else {
             std::io::Read::read_to_end(&mut entry, &mut data).map_err(corrupt)?;

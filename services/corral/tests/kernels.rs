@@ -404,3 +404,38 @@ async fn ker_05_a_persistent_cell_calls_read_only_tools_without_holding_the_capa
         "{refused}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ker_05_node_code_calls_tools_through_its_library() {
+    let test = "ker_05_node_code_calls_tools_through_its_library";
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let mut body = cell(
+        "node",
+        "gus",
+        "kernel-8",
+        "const tools = require('./corral_tools');\n\
+         (async () => {\n\
+           const words = await tools.call('sample.word_count', { text: 'a b c d' });\n\
+           let refused = '';\n\
+           try { await tools.call('mail.send', {}); } catch (e) { refused = e.code; }\n\
+           console.log(JSON.stringify({ tools: await tools.available(), words, refused }));\n\
+         })();\n",
+    );
+    body["tools"] = json!({
+        "capability": "capability-for-node",
+        "tools": [
+            { "name": "sample.word_count", "access": "read" },
+            { "name": "mail.send", "access": "write" },
+        ],
+    });
+    let (status, answer) = stack.run(body).await;
+    assert_eq!(status, 200, "{answer}");
+    let out: Value = serde_json::from_str(stdout(&answer).trim()).expect("JSON");
+    assert_eq!(
+        out,
+        json!({ "tools": ["sample.word_count"], "words": { "words": 4 }, "refused": "tool_write_refused" }),
+        "{answer}"
+    );
+}

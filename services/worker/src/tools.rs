@@ -36,6 +36,8 @@ const READ_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest request or response head.
 const HEAD_MAX_BYTES: usize = 16 * 1024;
+/// What the API's answer adds around a result of at most `PAYLOAD_MAX_BYTES`.
+const ENVELOPE_BYTES: usize = 1024;
 
 /// The Python library the code imports (`import corral_tools`).
 pub const PYTHON_LIBRARY: &str = include_str!("tools/corral_tools.py");
@@ -248,13 +250,14 @@ fn forward(shared: &Shared, tool: &str, arguments: Value) -> (u16, Value) {
             .map_err(|e| e.to_string())?;
         let mut raw = Vec::new();
         stream
-            .take((PAYLOAD_MAX_BYTES + HEAD_MAX_BYTES + 1) as u64)
+            .take((PAYLOAD_MAX_BYTES + ENVELOPE_BYTES + HEAD_MAX_BYTES + 1) as u64)
             .read_to_end(&mut raw)
             .map_err(|e| e.to_string())?;
         parse_response(&raw)
     })();
     match answer {
-        Ok((status, payload)) if payload.len() > PAYLOAD_MAX_BYTES => (
+        // The API bounds the tool's result; the envelope around it adds the tool's name.
+        Ok((status, payload)) if payload.len() > PAYLOAD_MAX_BYTES + ENVELOPE_BYTES => (
             status.max(502),
             refusal(CallRefusal::PayloadTooLarge, "the tool's answer is over the payload bound").1,
         ),
@@ -326,15 +329,23 @@ fn read_request(client: &mut TcpStream) -> Result<(String, String, Vec<u8>), ()>
         words.next().unwrap_or_default().to_owned(),
         words.next().unwrap_or_default().to_owned(),
     );
-    let length: usize = head
-        .lines()
-        .find_map(|line| {
+    let header = |wanted: &str| {
+        head.lines().skip(1).find_map(|line| {
             let (name, value) = line.split_once(':')?;
             name.trim()
-                .eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
+                .eq_ignore_ascii_case(wanted)
+                .then(|| value.trim().to_owned())
         })
-        .unwrap_or(0);
+    };
+    // A body is sent with its length; a chunked one, or a length that is not a number, is
+    // refused rather than read as empty.
+    if header("transfer-encoding").is_some() {
+        return Err(());
+    }
+    let length: usize = match header("content-length") {
+        None => 0,
+        Some(text) => text.parse().map_err(|_| ())?,
+    };
     if length > CALL_MAX_BYTES {
         return Err(());
     }

@@ -179,7 +179,7 @@ fn ker_02_node_cells_keep_maps_dates_bigints_and_functions() {
     let (first, archive) = cell(
         &server,
         "node",
-        "const m = new Map([['a', 1]]);\nlet when = new Date(86400000);\nvar big = 2n ** 70n;\nconst cyc = { name: 'c' }; cyc.self = cyc;\nconst alias = m;\nfunction twice(x) { return 2 * x; }\nconst net = require('net');\nconst sock = new net.Socket();\n",
+        "state.visits = 1;\nconst m = new Map([['a', 1]]);\nlet when = new Date(86400000);\nvar big = 2n ** 70n;\nconst cyc = { name: 'c' }; cyc.self = cyc;\nconst alias = m;\nfunction twice(x) { return 2 * x; }\nconst net = require('net');\nconst sock = new net.Socket();\n",
         None,
         Some(kernel.clone()),
     );
@@ -189,13 +189,13 @@ fn ker_02_node_cells_keep_maps_dates_bigints_and_functions() {
     let (second, _) = cell(
         &server,
         "node",
-        "console.log(m.get('a'), when.toISOString(), big.toString(), cyc.self === cyc, alias === m, twice(21));\n",
+        "state.visits += 1;\nconsole.log(m.get('a'), when.toISOString(), big.toString(), cyc.self === cyc, alias === m, twice(21), state.visits);\n",
         archive.as_deref(),
         Some(kernel),
     );
     assert_eq!(
         stdout(&second),
-        "1 1970-01-02T00:00:00.000Z 1180591620717411303424 true true 42\n",
+        "1 1970-01-02T00:00:00.000Z 1180591620717411303424 true true 42 2\n",
         "{second}"
     );
 }
@@ -323,4 +323,34 @@ fn ker_02_a_failing_cell_shows_its_own_line_and_keeps_what_it_defined() {
         let (after, _) = cell(&server, language, next, archive.as_deref(), Some(kernel));
         assert_eq!(stdout(&after), expected, "{after}");
     }
+}
+
+#[test]
+fn ker_02_a_cell_planting_a_fifo_at_the_seal_does_not_hang_the_worker() {
+    if !root_or_skip("ker_02_a_cell_planting_a_fifo_at_the_seal_does_not_hang_the_worker") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[]);
+    let kernel = order("ws-fifo");
+    let (first, archive) = cell(&server, "python", "x = 1\n", None, Some(kernel.clone()));
+    assert_eq!(first["kernel"]["checkpointed"], true, "{first}");
+    // The cell replaces the seal with a FIFO: a supervisor opening it to write would block.
+    let (planted, archive) = cell(
+        &server,
+        "python",
+        "import os\nos.remove('.corral/kernel/python.seal')\nos.mkfifo('.corral/kernel/python.seal')\ny = 2\n",
+        archive.as_deref(),
+        Some(kernel.clone()),
+    );
+    assert_eq!(planted["exit_code"], 0, "{planted}");
+    assert_eq!(planted["kernel"]["checkpointed"], true, "{planted}");
+    let (after, _) = cell(
+        &server,
+        "python",
+        "print(x + y)\n",
+        archive.as_deref(),
+        Some(kernel),
+    );
+    assert_eq!(stdout(&after), "3\n", "{after}");
 }

@@ -32,7 +32,7 @@ pub struct Session {
 
 /// What taking a kernel's session found.
 pub enum Taken {
-    /// Its session, now this cell's until it is put back or ended.
+    /// Its session, now this cell's (by its [`Claim`]) until it is put back or ended.
     Session(Session),
     /// None: the cell starts empty. `ended` says why an earlier session is gone, if it is.
     Absent {
@@ -43,55 +43,79 @@ pub enum Taken {
     Busy,
 }
 
+/// One cell's hold on its kernel's slot: only the cell that took it puts a session back or ends
+/// it, so that a cell finishing late never clears another's.
+pub struct Claim {
+    key: String,
+    id: u64,
+}
+
 enum Slot {
-    Busy,
+    Busy(u64),
     Idle(Session),
+    /// A session ended without a cell to say so: the next cell is told why.
+    Ended {
+        reason: &'static str,
+        at: Instant,
+    },
 }
 
 /// The sessions this replica holds, by workspace key.
 #[derive(Default)]
 pub struct Sessions {
     slots: Mutex<HashMap<String, Slot>>,
+    next: std::sync::atomic::AtomicU64,
     sweeping: std::sync::atomic::AtomicBool,
 }
 
 impl Sessions {
-    /// Takes `key`'s session for a cell. A session whose lease was lost is ended here.
-    pub fn take(&self, key: &str) -> Taken {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match slots.remove(key) {
-            Some(Slot::Busy) => {
-                slots.insert(key.to_owned(), Slot::Busy);
-                Taken::Busy
-            }
-            Some(Slot::Idle(session)) => {
-                slots.insert(key.to_owned(), Slot::Busy);
-                if session.holder.lost() {
-                    session.holder.release(Disposition::Discard);
-                    Taken::Absent {
-                        ended: Some("the kernel's lease was lost; its state with it"),
-                    }
-                } else {
-                    Taken::Session(session)
-                }
-            }
-            None => {
-                slots.insert(key.to_owned(), Slot::Busy);
-                Taken::Absent { ended: None }
-            }
-        }
-    }
-
-    /// Puts `key`'s session back after its cell, idle from now.
-    pub fn put(&self, state: &Arc<AppState>, key: &str, mut session: Session) {
-        session.idle_since = Instant::now();
+    fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.to_owned(), Slot::Idle(session));
+    }
+
+    /// Takes `key`'s session for a cell, with the claim that ends its hold (none when another
+    /// cell holds it). A session whose lease was lost is ended here.
+    pub fn take(&self, key: &str) -> (Taken, Option<Claim>) {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let claim = Claim {
+            key: key.to_owned(),
+            id,
+        };
+        let mut slots = self.slots();
+        let taken = match slots.remove(key) {
+            Some(Slot::Busy(other)) => {
+                slots.insert(key.to_owned(), Slot::Busy(other));
+                return (Taken::Busy, None);
+            }
+            Some(Slot::Idle(session)) if session.holder.lost() => {
+                session.holder.release(Disposition::Discard);
+                Taken::Absent {
+                    ended: Some(LEASE_LOST),
+                }
+            }
+            Some(Slot::Idle(session)) => Taken::Session(session),
+            Some(Slot::Ended { reason, .. }) => Taken::Absent {
+                ended: Some(reason),
+            },
+            None => Taken::Absent { ended: None },
+        };
+        slots.insert(key.to_owned(), Slot::Busy(id));
+        (taken, Some(claim))
+    }
+
+    /// Puts the claimed session back after its cell, idle from now.
+    pub fn put(&self, state: &Arc<AppState>, claim: &Claim, mut session: Session) {
+        session.idle_since = Instant::now();
+        let mut slots = self.slots();
+        if matches!(slots.get(&claim.key), Some(Slot::Busy(id)) if *id == claim.id) {
+            slots.insert(claim.key.clone(), Slot::Idle(session));
+        } else {
+            // Not this cell's slot any more: the session cannot be kept.
+            session.holder.release(Disposition::Reset);
+        }
+        drop(slots);
         if !self
             .sweeping
             .swap(true, std::sync::atomic::Ordering::SeqCst)
@@ -100,50 +124,73 @@ impl Sessions {
         }
     }
 
-    /// Ends `key`'s cell without a session to put back (the cell ended it, or never had one).
-    pub fn forget(&self, key: &str) {
-        self.slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key);
-    }
-
-    /// Frees `key`'s slot if a cell still marks it busy (its session was not put back).
-    pub fn forget_if_busy(&self, key: &str) {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if matches!(slots.get(key), Some(Slot::Busy)) {
-            slots.remove(key);
+    /// Ends the claimed hold without a session: the next cell starts empty, told `reason` when
+    /// there is one.
+    pub fn end(&self, claim: &Claim, reason: Option<&'static str>) {
+        let mut slots = self.slots();
+        if matches!(slots.get(&claim.key), Some(Slot::Busy(id)) if *id == claim.id) {
+            match reason {
+                Some(reason) => {
+                    slots.insert(
+                        claim.key.clone(),
+                        Slot::Ended {
+                            reason,
+                            at: Instant::now(),
+                        },
+                    );
+                }
+                None => {
+                    slots.remove(&claim.key);
+                }
+            }
         }
     }
 
-    /// Ends every session idle for `idle` or longer: each lease released, its worker reset.
+    /// Ends every session idle for `idle` or longer (each lease released, its worker reset, a
+    /// tombstone saying why), and forgets tombstones as old.
     fn end_idle(&self, idle: Duration) {
-        let mut slots = self
-            .slots
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slots = self.slots();
         let expired: Vec<String> = slots
             .iter()
-            .filter(|(_, slot)| {
-                matches!(slot, Slot::Idle(session) if session.idle_since.elapsed() >= idle || session.holder.lost())
+            .filter(|(_, slot)| match slot {
+                Slot::Idle(session) => {
+                    session.idle_since.elapsed() >= idle || session.holder.lost()
+                }
+                Slot::Ended { at, .. } => at.elapsed() >= idle,
+                Slot::Busy(_) => false,
             })
             .map(|(key, _)| key.clone())
             .collect();
-        for key in &expired {
-            if let Some(Slot::Idle(session)) = slots.remove(key) {
-                let disposition = if session.holder.lost() {
-                    Disposition::Discard
-                } else {
-                    Disposition::Reset
-                };
-                session.holder.release(disposition);
+        for key in expired {
+            match slots.remove(&key) {
+                Some(Slot::Idle(session)) => {
+                    let (disposition, reason) = if session.holder.lost() {
+                        (Disposition::Discard, LEASE_LOST)
+                    } else {
+                        (Disposition::Reset, IDLE)
+                    };
+                    session.holder.release(disposition);
+                    slots.insert(
+                        key,
+                        Slot::Ended {
+                            reason,
+                            at: Instant::now(),
+                        },
+                    );
+                }
+                Some(other @ Slot::Busy(_)) => {
+                    slots.insert(key, other);
+                }
+                Some(Slot::Ended { .. }) | None => {}
             }
         }
     }
 }
+
+/// Why a session ended, as the next cell is told.
+const LEASE_LOST: &str = "the kernel's lease was lost; its state with it";
+/// See [`LEASE_LOST`].
+const IDLE: &str = "the kernel was idle for AFFINITY_IDLE_SECONDS (15 minutes); its lease was released and its state with it";
 
 /// How often idle sessions are looked for.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);

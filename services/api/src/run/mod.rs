@@ -103,6 +103,20 @@ async fn attempt(
         state.metrics.run("not_run");
         return answer::not_run_before_lease(&run_id, NotRun::PersistentKernelUnavailable);
     }
+    // Tools the deployment cannot forward are refused, not dropped (KER-5).
+    if admitted.tools.is_some()
+        && (state.settings.tool_endpoint_url.is_none()
+            || state.settings.packages.broker_url.is_none())
+    {
+        state.metrics.refusal("tools_unavailable");
+        return answer::refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tools_unavailable",
+            "this deployment forwards no tool calls: CORRAL_TOOL_ENDPOINT_URL (and the address \
+             workers reach the API at, SANDBOX_PACKAGE_BROKER_URL) must be set",
+            json!({ "run_id": run_id }),
+        );
+    }
     let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
     // KER-4: without workspace persistence, a persistent kernel's lease outlives its cell.
     let affinity = admitted.kernel == Kernel::Persistent && !state.settings.workspace_persist;
@@ -115,8 +129,11 @@ async fn attempt(
         retained: None,
         tools_token: tools_token.map(str::to_owned),
     };
+    let mut claim = None;
     if affinity {
-        match state.affinity.take(&key) {
+        let (taken, claimed) = state.affinity.take(&key);
+        claim = claimed;
+        match taken {
             affinity::Taken::Busy => {
                 state.metrics.refusal("kernel_busy");
                 return answer::refusal(
@@ -130,13 +147,16 @@ async fn attempt(
                 cell.retained = session.archive.clone();
                 match leased(state, &admitted, &run_id, &session.holder, &cell).await {
                     Leased::Done(reply, disposition, retained) => {
-                        keep_session(
-                            state,
-                            &key,
-                            session.holder,
-                            disposition,
-                            retained.or(session.archive),
-                        );
+                        let retained = match retained {
+                            // A cell that kept nothing changed nothing: the session goes on.
+                            Retained::Nothing => {
+                                session.archive.map_or(Retained::Nothing, Retained::Archive)
+                            }
+                            other => other,
+                        };
+                        if let Some(claim) = &claim {
+                            keep_session(state, claim, session.holder, disposition, retained);
+                        }
                         return reply;
                     }
                     Leased::Unreachable(_) => {
@@ -153,12 +173,7 @@ async fn attempt(
             affinity::Taken::Absent { ended } => cell.mode = KernelMode::Affinity { ended },
         }
     }
-    let reply = leased_anywhere(state, &admitted, &run_id, &key, &cell).await;
-    if affinity {
-        // A session put back is marked idle again; without one the slot is freed.
-        state.affinity.forget_if_busy(&key);
-    }
-    reply
+    leased_anywhere(state, &admitted, &run_id, claim.as_ref(), &cell).await
 }
 
 /// Takes a lease from the pool (trying at most [`LEASES_MAX`] workers within one wait) and runs.
@@ -166,7 +181,7 @@ async fn leased_anywhere(
     state: &Arc<AppState>,
     admitted: &Admitted,
     run_id: &str,
-    key: &str,
+    claim: Option<&affinity::Claim>,
     cell: &Cell,
 ) -> Reply {
     let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
@@ -181,16 +196,18 @@ async fn leased_anywhere(
                 if let AcquireError::WaitTimeout { orders } = error {
                     lease::perform_orders(state.clone(), orders);
                 }
+                if let Some(claim) = claim {
+                    state.affinity.end(claim, None);
+                }
                 return reply;
             }
         };
         let holder = lease::Holder::start(state.clone(), granted, asked_at);
         match leased(state, admitted, run_id, &holder, cell).await {
             Leased::Done(reply, disposition, retained) => {
-                if matches!(cell.mode, KernelMode::Affinity { .. }) {
-                    keep_session(state, key, holder, disposition, retained);
-                } else {
-                    holder.release(disposition);
+                match claim {
+                    Some(claim) => keep_session(state, claim, holder, disposition, retained),
+                    None => holder.release(disposition),
                 }
                 return reply;
             }
@@ -201,6 +218,9 @@ async fn leased_anywhere(
         }
     }
     state.metrics.run("worker_lost");
+    if let Some(claim) = claim {
+        state.affinity.end(claim, None);
+    }
     answer::worker_lost(
         run_id,
         format!("no leased worker could be reached ({unreachable}); the code did not run"),
@@ -208,28 +228,49 @@ async fn leased_anywhere(
 }
 
 /// After an affinity-mode cell: the lease is held on with the workspace it left, unless the cell
-/// ended it (its worker to be discarded, or nothing retained to continue from).
+/// ended it (its worker to be discarded, its lease lost, nothing retained to continue from, or
+/// its checkpoint refused).
 fn keep_session(
     state: &Arc<AppState>,
-    key: &str,
+    claim: &affinity::Claim,
     holder: lease::Holder,
     disposition: Disposition,
-    archive: Option<bytes::Bytes>,
+    retained: Retained,
 ) {
-    if disposition == Disposition::Reset && archive.is_some() && !holder.lost() {
-        state.affinity.put(
-            state,
-            key,
-            affinity::Session {
-                holder,
-                archive,
-                idle_since: Instant::now(),
-            },
-        );
-    } else {
-        holder.release(disposition);
-        state.affinity.forget(key);
+    match retained {
+        Retained::Archive(archive) if disposition == Disposition::Reset && !holder.lost() => {
+            state.affinity.put(
+                state,
+                claim,
+                affinity::Session {
+                    holder,
+                    archive: Some(archive),
+                    idle_since: Instant::now(),
+                },
+            );
+        }
+        Retained::EndSession(reason) => {
+            holder.release(disposition);
+            state.affinity.end(claim, Some(reason));
+        }
+        Retained::Archive(_) | Retained::Nothing => {
+            let reason = (disposition == Disposition::Discard || holder.lost()).then_some(
+                "the kernel's worker was discarded after its last cell; its state with it",
+            );
+            holder.release(disposition);
+            state.affinity.end(claim, reason);
+        }
     }
+}
+
+/// What an affinity-mode cell leaves for the next.
+enum Retained {
+    /// This workspace.
+    Archive(bytes::Bytes),
+    /// Nothing new (the run kept nothing).
+    Nothing,
+    /// The session must end, for this reason.
+    EndSession(&'static str),
 }
 
 /// How a persistent kernel's checkpoints travel between cells.
@@ -253,8 +294,8 @@ struct Cell {
 
 /// How a leased run ended.
 enum Leased {
-    /// With this answer; the lease ends this way; in affinity mode, the workspace to retain.
-    Done(Reply, Disposition, Option<bytes::Bytes>),
+    /// With this answer; the lease ends this way; in affinity mode, what to retain.
+    Done(Reply, Disposition, Retained),
     /// The worker could not be reached: the code did not run.
     Unreachable(String),
 }
@@ -347,7 +388,7 @@ async fn leased(
                 e.to_string(),
                 json!({ "run_id": run_id }),
             );
-            return Leased::Done(reply, Disposition::Reset, None);
+            return Leased::Done(reply, Disposition::Reset, Retained::Nothing);
         }
     };
     phases.lap("egress_and_restore_us");
@@ -390,7 +431,7 @@ async fn leased(
                     "the worker stopped answering during the run ({message}); the workspace was not changed"
                 ),
             );
-            return Leased::Done(reply, Disposition::Discard, None);
+            return Leased::Done(reply, Disposition::Discard, Retained::Nothing);
         }
         Err(CallError::Refused(body)) => {
             state.metrics.run("refused");
@@ -400,7 +441,11 @@ async fn leased(
             } else {
                 Disposition::Discard
             };
-            return Leased::Done(answer::worker_refused(run_id, &body), disposition, None);
+            return Leased::Done(
+                answer::worker_refused(run_id, &body),
+                disposition,
+                Retained::Nothing,
+            );
         }
     };
     phases.lap("execute_us");
@@ -450,7 +495,7 @@ async fn leased(
         return Leased::Done(
             answer::dependencies_failed(run_id, failure, &reply.diagnostics),
             Disposition::Reset,
-            None,
+            Retained::Nothing,
         );
     }
     if let Some(bound) = decided.bound {
@@ -470,7 +515,21 @@ async fn leased(
             "notes": admitted.dependencies.notes,
         }),
     };
-    let retained = keeping.retained.clone();
+    // A refused checkpoint ends an affinity session: nothing could ever remove it there.
+    let retained = match (decided.not_run, keeping.retained.clone()) {
+        (
+            Some(
+                NotRun::KernelCheckpointCorrupt
+                | NotRun::KernelCheckpointUntrusted
+                | NotRun::KernelCheckpointIncompatible,
+            ),
+            _,
+        ) => Retained::EndSession(
+            "the kernel's checkpoint was refused; the session ended, and this kernel starts empty",
+        ),
+        (_, Some(archive)) => Retained::Archive(archive),
+        (_, None) => Retained::Nothing,
+    };
     Leased::Done(
         answer::decided(&decided, &reply, &keeping, context),
         Disposition::Reset,

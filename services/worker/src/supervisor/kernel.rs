@@ -96,18 +96,31 @@ impl Worker {
         if !all_dead {
             return;
         }
-        // The driver leaves a checkpoint that did not fit where it was writing it: the
-        // workspace bound is hit (KER-3), the partial file goes, the previous checkpoint stays.
+        // The driver leaves a checkpoint that did not fit where it was writing it: with the
+        // workspace at its bound, that bound is hit (KER-3); the partial file goes either way,
+        // and the previous checkpoint stays.
         let partial = dirs
             .workspace()
             .join(format!("{}.tmp", kernel::checkpoint_path(language)));
-        if std::fs::symlink_metadata(&partial).is_ok_and(|meta| meta.is_file()) {
-            observed.workspace_filled = true;
+        if kernel_dirs_are_real(&dirs.workspace())
+            && std::fs::symlink_metadata(&partial).is_ok_and(|meta| meta.is_file())
+        {
+            let max = self.settings.bounds.workspace_max_bytes;
+            let full = crate::workspace::filesystem_use(&dirs.workspace(), 0)
+                .is_some_and(|fs| fs.at_bound(max));
             let _ = std::fs::remove_file(&partial);
-            note(
-                &mut result.reply.diagnostics,
-                "kernel: the checkpoint did not fit in SANDBOX_WORKSPACE_MAX_BYTES; the previous one stays",
-            );
+            if full {
+                observed.workspace_filled = true;
+                note(
+                    &mut result.reply.diagnostics,
+                    "kernel: the checkpoint did not fit in SANDBOX_WORKSPACE_MAX_BYTES; the previous one stays",
+                );
+            } else {
+                note(
+                    &mut result.reply.diagnostics,
+                    "kernel: the cell ended while its checkpoint was being written; the previous one stays",
+                );
+            }
         }
         let max_bytes = self.settings.bounds.workspace_max_bytes;
         result.reply.kernel = Some(seal(
@@ -259,6 +272,18 @@ pub(super) fn seal(
         ..KernelReport::default()
     };
     let seal_path = workspace.join(kernel::seal_path(language));
+    // Nothing of the run is alive: what is checked here stays true. The kernel's directories
+    // must be directories, not links, before anything is removed or written under them.
+    if !kernel_dirs_are_real(workspace) {
+        note(
+            diagnostics,
+            format!(
+                "kernel: {} is not a directory; nothing was sealed",
+                kernel::CHECKPOINT_DIR
+            ),
+        );
+        return report;
+    }
     let checkpoint = match read(workspace, &kernel::checkpoint_path(language), max_bytes) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => {
@@ -286,12 +311,14 @@ pub(super) fn seal(
         }
     };
     let text = kernel::seal(&kernel.key, language, &checkpoint);
+    // A fresh file: whatever the code left at the name (a FIFO that would block, a hard link to
+    // another file) is removed, and the new one is created exclusively, never followed.
+    let _ = std::fs::remove_file(&seal_path);
     let written = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o444)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&seal_path)
         .and_then(|mut file| file.write_all(text.as_bytes()));
     if let Err(e) = written {
@@ -309,6 +336,19 @@ pub(super) fn seal(
         report.not_kept = header.not_kept;
     }
     report
+}
+
+/// Whether the kernel's directories under `workspace` are real directories (or absent): never
+/// a link the supervisor would follow out of the workspace.
+fn kernel_dirs_are_real(workspace: &Path) -> bool {
+    let mut at = workspace.to_path_buf();
+    kernel::CHECKPOINT_DIR.split('/').all(|part| {
+        at.push(part);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) => meta.is_dir(),
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        }
+    })
 }
 
 /// Reads `relative` under `root` if it exists, at most `max_bytes`: every directory on the way

@@ -147,7 +147,6 @@ impl Worker {
         // In the order a run has always had: the cgroups once the workspace is accepted.
         let dirs = self.create_dirs(run, result)?;
         let mut before = self.fill_workspace(request, language, run, &dirs, result)?;
-        self.judge_kernel(language, run, &dirs, result)?;
         self.create_cgroups(run, &posture, result)?;
         if let Some(order) = &request.install {
             self.install(order, language, run, &dirs, &posture, result)?;
@@ -156,6 +155,9 @@ impl Worker {
                 before = after;
             }
         }
+        // After the install (which runs in this jail and could write the workspace), with
+        // nothing of it alive: what is judged is what the driver restores.
+        self.judge_kernel(language, run, &dirs, result)?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
         let plan = self.plan(language, run, &posture, wall_seconds, false);
         run.tools_pending.clone_from(&request.tools);

@@ -135,8 +135,9 @@ impl Worker {
         let code_name = format!("main.{}", language.extension());
         dirs.write_code(&code_name, &request.code)
             .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
-        // The library the code calls its tools with, beside it (KER-5).
-        if request.tools.is_some() {
+        // The library the code calls its tools with, beside it (KER-5); in every persistent
+        // cell, so that a kernel that imported it restores in a cell without tools.
+        if request.tools.is_some() || request.kernel.is_some() {
             let (name, library) = match language {
                 Language::Python => ("corral_tools.py", crate::tools::PYTHON_LIBRARY),
                 Language::Node => ("corral_tools.js", crate::tools::NODE_LIBRARY),

@@ -13,9 +13,10 @@ const PORT = 8099;
 
 function request(method, path, body) {
   return new Promise((resolve, reject) => {
-    const payload = body === undefined ? undefined : JSON.stringify(body);
+    const payload = body === undefined ? '' : JSON.stringify(body);
     const req = http.request({ host: '127.0.0.1', port: PORT, method, path,
-      headers: { 'Content-Type': 'application/json' } }, (res) => {
+      headers: { 'Content-Type': 'application/json',
+                 'Content-Length': Buffer.byteLength(payload) } }, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => {
@@ -36,8 +37,7 @@ function request(method, path, body) {
       failure.code = 'tool_unavailable';
       reject(failure);
     });
-    if (payload !== undefined) req.write(payload);
-    req.end();
+    req.end(payload);
   });
 }
 

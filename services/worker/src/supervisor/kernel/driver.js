@@ -41,6 +41,11 @@ function corralKernel(params) {
       restored.push(name);
     }
   }
+  // The kernel's state object (the specification's): kept as any global is.
+  if (!Object.prototype.hasOwnProperty.call(globalThis, 'state')) {
+    globalThis.state = {};
+    baseline.delete('state');
+  }
   let lexical = () => [];
   try {
     const inspector = require('inspector');
