@@ -62,6 +62,7 @@ pub mod jail;
 pub mod kernel;
 pub mod packages;
 pub mod pool;
+pub mod projection;
 pub mod reconcile;
 pub mod reset;
 pub mod run;
