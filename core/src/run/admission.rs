@@ -64,6 +64,15 @@ pub struct RunCodeRequest {
     /// them (KER-5); the code calls them through the worker's supervisor, never holding it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Tools>,
+    /// Whether the member enabled tool-result compression (CMP-1): the model's stdout and
+    /// stderr may be shortened; the raw output stays canonical beside them.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub compress_output: bool,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn is_default(overrides: &BoundOverrides) -> bool {
@@ -101,6 +110,8 @@ pub struct Admitted {
     pub kernel: Kernel,
     /// The tools the code may call (KER-5).
     pub tools: Option<Tools>,
+    /// Whether the model's output may be compressed (CMP-1).
+    pub compress_output: bool,
 }
 
 /// Why a request is refused. The codes are stable.
@@ -297,6 +308,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
         dependencies,
         kernel,
         tools: request.tools,
+        compress_output: request.compress_output,
     }))
 }
 

@@ -13,4 +13,5 @@
 //! keep what the plan says (outputs, then the workspace) → [`outcome::decide`] → answer.
 
 pub mod admission;
+pub mod compress;
 pub mod outcome;

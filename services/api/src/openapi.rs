@@ -69,6 +69,7 @@ pub fn document() -> Value {
                         "description": "Packages the run needs beyond its imports (PKG-4): Python names with an optional exact version (humanize, pandas==2.2.3), or npm names (left-pad@1.3.0); never a URL, path, index or installer flag" },
                     "kernel": { "enum": ["ephemeral", "persistent"], "default": "ephemeral" },
                     "tools": tools,
+                    "compress_output": { "type": "boolean", "default": false, "description": "Tool-result compression (CMP-1): the model's stdout and stderr may be shortened (repeated lines, long numeric tables), with model.compression saying what was elided; the raw streams are returned beside, in raw" },
                     "bounds": { "type": "object", "properties": {
                         "wall_seconds": { "type": "integer" }, "output_bytes": { "type": "integer" },
                         "artifact_bytes": { "type": "integer" }, "memory_bytes": { "type": "integer" },
@@ -169,6 +170,7 @@ mod tests {
                 tools: Vec::new(),
                 capability: "c".into(),
             }),
+            compress_output: true,
             bounds: corral_core::bounds::BoundOverrides {
                 max_wall_seconds: Some(1),
                 ..Default::default()

@@ -821,3 +821,38 @@ fn process_fully_exited(pid: &str) -> bool {
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, Iterator::count);
     zombie && threads <= 1
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmp_01_compression_shortens_only_the_models_output_and_keeps_the_raw_canonical() {
+    let test = "cmp_01_compression_shortens_only_the_models_output_and_keeps_the_raw_canonical";
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let code = "for _ in range(200):\n    print('polling...')\nfor i in range(300):\n    print(i, i * i, i / 7)\nprint('done')\n";
+    let (_, plain) = stack.run(python("cmp", "c", code)).await;
+    let mut asked = python("cmp", "c", code);
+    asked["compress_output"] = json!(true);
+    let (status, compressed) = stack.run(asked).await;
+    assert_eq!(status, 200, "{compressed}");
+    assert_eq!(compressed["outcome"], "succeeded");
+    let raw = stdout(&plain);
+    let short = stdout(&compressed);
+    assert!(short.len() * 4 < raw.len(), "{short}");
+    assert!(
+        short.contains("[corral: the line above repeated 199 more times]"),
+        "{short}"
+    );
+    assert!(short.contains("numeric lines elided]"), "{short}");
+    assert!(short.ends_with("done\n"));
+    // The raw output is canonical, beside the model's projection, and the same as without.
+    assert_eq!(compressed["raw"]["stdout"]["text"], json!(raw));
+    assert_eq!(
+        compressed["model"]["compression"]["stdout"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    // Nothing else of the answer changes: the member's projection, the outcome, the exit.
+    assert_eq!(compressed["member"], plain["member"]);
+    assert!(plain.get("raw").is_none(), "no raw without compression");
+}

@@ -167,6 +167,8 @@ pub struct Context<'a> {
     pub dependencies: Value,
     /// A persistent cell's kernel report; `null` for an ephemeral run.
     pub kernel: Value,
+    /// Whether the member enabled tool-result compression (CMP-1).
+    pub compress: bool,
 }
 
 /// A run's outcome: corral-core's decision, with the worker's output and the API's context.
@@ -181,13 +183,18 @@ pub fn decided(
         Some(ErrorCode::WorkspaceStorageUnavailable) => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
-    let mut model = serde_json::to_value(decided.model(
-        &reply.stdout,
-        &reply.stderr,
-        &reply.diagnostics,
-        &reply.rejected,
-    ))
-    .unwrap_or(Value::Null);
+    // CMP-1: after everything else has decided what the model may see, its copy of stdout and
+    // stderr may be shortened; the raw streams stay canonical in `raw`.
+    let compressed = context
+        .compress
+        .then(|| compress_streams(&reply.stdout, &reply.stderr))
+        .flatten();
+    let (stdout, stderr) = compressed
+        .as_ref()
+        .map_or((&reply.stdout, &reply.stderr), |c| (&c.stdout, &c.stderr));
+    let mut model =
+        serde_json::to_value(decided.model(stdout, stderr, &reply.diagnostics, &reply.rejected))
+            .unwrap_or(Value::Null);
     if let Some(model) = model.as_object_mut() {
         model.insert("bounds".into(), json!(reply.bounds));
         model.insert("declared_outputs".into(), json!(context.declared));
@@ -199,19 +206,56 @@ pub fn decided(
         model.insert("warm".into(), json!(reply.warm));
         model.insert("dependencies".into(), context.dependencies);
         model.insert("kernel".into(), context.kernel);
+        if let Some(compressed) = &compressed {
+            model.insert("compression".into(), compressed.notes.clone());
+        }
         model.insert("worker".into(), json!(context.worker));
         let mut durations = json!(reply.durations);
         durations["api"] = Value::Object(context.phases);
         model.insert("durations".into(), durations);
     }
-    (
-        status,
-        json!({
-            "run_id": context.run_id,
-            "outcome": decided.outcome,
-            "error": decided.error,
-            "model": model,
-            "member": decided.member(),
+    let mut body = json!({
+        "run_id": context.run_id,
+        "outcome": decided.outcome,
+        "error": decided.error,
+        "model": model,
+        "member": decided.member(),
+    });
+    if compressed.is_some() {
+        body["raw"] = json!({ "stdout": reply.stdout, "stderr": reply.stderr });
+    }
+    (status, body)
+}
+
+/// The model's copies of a run's streams, compressed (CMP-1).
+struct Streams {
+    stdout: OutputStream,
+    stderr: OutputStream,
+    notes: Value,
+}
+
+/// Compresses what `corral_core::run::compress` shortens; `None` when neither stream would be.
+fn compress_streams(stdout: &OutputStream, stderr: &OutputStream) -> Option<Streams> {
+    use corral_core::run::compress::compress;
+    let one = |stream: &OutputStream| match compress(&stream.text) {
+        Some(c) => (
+            OutputStream {
+                text: c.text,
+                ..stream.clone()
+            },
+            json!(c.notes),
+        ),
+        None => (stream.clone(), json!([])),
+    };
+    let (out, out_notes) = one(stdout);
+    let (err, err_notes) = one(stderr);
+    (out.text != stdout.text || err.text != stderr.text).then(|| Streams {
+        stdout: out,
+        stderr: err,
+        notes: json!({
+            "stdout": out_notes,
+            "stderr": err_notes,
+            "note": "shortened for the model; the raw output is canonical (the answer's `raw`)",
         }),
-    )
+    })
 }

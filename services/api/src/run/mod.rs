@@ -508,6 +508,7 @@ async fn leased(
         worker: granted.worker.to_string(),
         phases: phases.marks,
         kernel: kernel_report(admitted.kernel, cell.mode, &reply, &keeping),
+        compress: admitted.compress_output,
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
             "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
