@@ -38,13 +38,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .broker
         .clone()
         .map_or_else(Router::new, crate::broker::routes);
+    // The built-in sample platform's tool endpoint, by capability (`corral up` only).
+    let sample = if state.sample_tools {
+        Router::new().route("/v1/sample_tools", post(crate::tools::sample))
+    } else {
+        Router::new()
+    };
     Router::new()
         .merge(caller)
         .merge(admin)
         // A worker's supervisor, by the run's token (KER-5).
         .route(corral_contract::routes::TOOL_CALL, post(crate::tools::call))
-        // The built-in sample platform's tool endpoint, by capability.
-        .route("/v1/sample_tools", post(crate::tools::sample))
         .route("/v1/egress/verifying_key", get(verifying_key))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -57,6 +61,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .layer(DefaultBodyLimit::max(body_max))
         .with_state(state)
         .merge(packages)
+        .merge(sample)
 }
 
 /// A JSON refusal with a stable code.

@@ -60,6 +60,9 @@ pub struct AppState {
     pub affinity: run::affinity::Sessions,
     /// The running runs that were given tools, by callback token (KER-5).
     pub tool_runs: tools::ToolRuns,
+    /// Whether this API serves the built-in sample tool platform at `/v1/sample_tools`
+    /// (`corral up`, which points `CORRAL_TOOL_ENDPOINT_URL` at it); a production API does not.
+    pub sample_tools: bool,
 }
 
 impl AppState {

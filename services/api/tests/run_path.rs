@@ -100,6 +100,7 @@ impl Fixture {
             kernel_seal_root: None,
             affinity: corral_api::run::affinity::Sessions::default(),
             tool_runs: corral_api::tools::ToolRuns::default(),
+            sample_tools: false,
         });
         Some((
             Fixture {

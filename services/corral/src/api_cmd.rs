@@ -54,6 +54,7 @@ fn from_env(settings: &Settings) -> Result<(SocketAddr, ApiParts), String> {
             admin: need("CORRAL_ADMIN_TOKEN")?,
             worker: need("CORRAL_WORKER_TOKEN")?,
             field_key: field_key_bytes(settings)?,
+            sample_tools: false,
         },
     ))
 }

@@ -30,6 +30,8 @@ pub struct ApiParts {
     pub worker: String,
     /// The field key's bytes, if any.
     pub field_key: Option<Vec<u8>>,
+    /// Whether the API serves the built-in sample tool platform (`corral up` only).
+    pub sample_tools: bool,
 }
 
 /// Reads `path`, or writes a fresh credential there (mode 0600) and returns it.
@@ -94,6 +96,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         kernel_seal_root,
         affinity: corral_api::run::affinity::Sessions::default(),
         tool_runs: corral_api::tools::ToolRuns::default(),
+        sample_tools: parts.sample_tools,
     }))
 }
 

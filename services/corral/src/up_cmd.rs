@@ -277,6 +277,7 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
         admin,
         worker: worker_token.clone(),
         field_key,
+        sample_tools: true,
     };
     let state = build(settings.clone(), parts).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
