@@ -146,6 +146,15 @@ impl Sessions {
         }
     }
 
+    /// A guard that ends the claimed hold when dropped, if nothing else has (a cell that
+    /// panicked): the next cell is told its session ended.
+    pub fn guard<'a>(&'a self, claim: &'a Claim) -> ClaimGuard<'a> {
+        ClaimGuard {
+            sessions: self,
+            claim,
+        }
+    }
+
     /// Ends every session idle for `idle` or longer (each lease released, its worker reset, a
     /// tombstone saying why), and forgets tombstones as old.
     fn end_idle(&self, idle: Duration) {
@@ -184,6 +193,22 @@ impl Sessions {
                 Some(Slot::Ended { .. }) | None => {}
             }
         }
+    }
+}
+
+/// See [`Sessions::guard`].
+pub struct ClaimGuard<'a> {
+    sessions: &'a Sessions,
+    claim: &'a Claim,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        // A no-op when the cell put its session back or ended it: the slot is no longer its.
+        self.sessions.end(
+            self.claim,
+            Some("the kernel's last cell failed inside the API; its session ended"),
+        );
     }
 }
 

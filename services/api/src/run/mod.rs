@@ -129,10 +129,15 @@ async fn attempt(
         retained: None,
         tools_token: tools_token.map(str::to_owned),
     };
-    let mut claim = None;
+    let (taken, claim) = if affinity {
+        state.affinity.take(&key)
+    } else {
+        (affinity::Taken::Absent { ended: None }, None)
+    };
+    // Should this cell end without saying what becomes of its session (a panic), the slot is
+    // not left busy forever.
+    let _unclaimed = claim.as_ref().map(|claim| state.affinity.guard(claim));
     if affinity {
-        let (taken, claimed) = state.affinity.take(&key);
-        claim = claimed;
         match taken {
             affinity::Taken::Busy => {
                 state.metrics.refusal("kernel_busy");
