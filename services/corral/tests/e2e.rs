@@ -230,7 +230,7 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
         .await;
     assert_eq!(status, 400, "{}", String::from_utf8_lossy(&reply));
 
-    // Unsupported language and a persistent kernel: not run, beside a nonzero exit (PKG-6, KER-1).
+    // An unsupported language: not run, beside a nonzero exit (PKG-6).
     let (status, body) = stack
         .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "ruby", "code": "puts 1" }))
         .await;
@@ -243,11 +243,13 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
         (200, Some("not_run"), Some("unsupported_language"))
     );
     assert_ne!(body["model"]["exit_code"], 0);
+    // A persistent kernel runs where a field key seals its checkpoints (the keyless stack of
+    // the egress test answers `persistent_kernel_unavailable`).
     let (_, body) = stack
         .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "python",
                       "code": "print(1)", "kernel": "persistent" }))
         .await;
-    assert_eq!(body["model"]["not_run"], "persistent_kernel_unavailable");
+    assert_eq!(body["model"]["kernel"]["mode"], "persistent", "{body}");
 
     // Bad input gets a specific error.
     let (status, body) = stack.run(python("", "room", "print(1)")).await;
@@ -808,6 +810,20 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
         .await
         .expect("answer");
     assert_eq!(status, 404);
+    // Nor a persistent kernel: nothing could seal its checkpoints (KER-1).
+    let mut persistent = python("net", "k", "print(1)");
+    persistent["kernel"] = json!("persistent");
+    let (status, body) = keyless.run(persistent).await;
+    assert_eq!(
+        (
+            status,
+            body["outcome"].as_str(),
+            body["model"]["not_run"].as_str()
+        ),
+        (200, Some("not_run"), Some("persistent_kernel_unavailable")),
+        "{body}"
+    );
+    assert_ne!(body["model"]["exit_code"], 0);
 }
 
 /// True once process `pid` is gone, or is a zombie with no thread left but its leader.
