@@ -79,7 +79,7 @@ pub enum NotRun {
     /// The kernel's checkpoint is not a checkpoint, truncated, or does not match its header.
     KernelCheckpointCorrupt,
     /// The kernel's checkpoint has no valid seal: it was not written by a persistent cell of this
-    /// workspace (`crate::kernel`).
+    /// workspace (see the kernel module).
     KernelCheckpointUntrusted,
     /// The kernel's checkpoint was written by another interpreter or stack.
     KernelCheckpointIncompatible,
@@ -119,9 +119,9 @@ impl NotRun {
             Self::JailSetupFailed => "jail_setup_failed",
             Self::PersistentKernelUnavailable => "persistent_kernel_unavailable",
             Self::ResourcePersistentKernel => "resource_persistent_kernel",
-            Self::KernelCheckpointCorrupt => crate::kernel::Refusal::Corrupt.code(),
-            Self::KernelCheckpointUntrusted => crate::kernel::Refusal::Untrusted.code(),
-            Self::KernelCheckpointIncompatible => crate::kernel::Refusal::Incompatible.code(),
+            Self::KernelCheckpointCorrupt => "kernel_checkpoint_corrupt",
+            Self::KernelCheckpointUntrusted => "kernel_checkpoint_untrusted",
+            Self::KernelCheckpointIncompatible => "kernel_checkpoint_incompatible",
             Self::DependencyRequestInvalid => "dependency_request_invalid",
             Self::DependencyInstallFailed => "dependency_install_failed",
         }

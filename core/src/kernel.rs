@@ -160,14 +160,21 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The stable code.
+    /// The `not_run` reason it is recorded as.
+    #[must_use]
+    pub fn not_run(self) -> crate::jail::NotRun {
+        use crate::jail::NotRun;
+        match self {
+            Self::Corrupt => NotRun::KernelCheckpointCorrupt,
+            Self::Untrusted => NotRun::KernelCheckpointUntrusted,
+            Self::Incompatible => NotRun::KernelCheckpointIncompatible,
+        }
+    }
+
+    /// The stable code: its `not_run` reason's.
     #[must_use]
     pub fn code(self) -> &'static str {
-        match self {
-            Self::Corrupt => "kernel_checkpoint_corrupt",
-            Self::Untrusted => "kernel_checkpoint_untrusted",
-            Self::Incompatible => "kernel_checkpoint_incompatible",
-        }
+        self.not_run().code()
     }
 }
 

@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::AppState;
-use crate::http::error;
+use crate::refusal::error;
 use crate::workspaces::{
     FileLookup, ReplaceError, Snapshot, StorageError, find_file, replace_file,
 };
@@ -210,7 +210,7 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         }
     };
     if let Some(refused) =
-        crate::http::workspace_identity_refused(&request.actor, &request.conversation)
+        crate::refusal::workspace_identity_refused(&request.actor, &request.conversation)
     {
         return refused;
     }
@@ -234,7 +234,7 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         );
     }
     let key = corral_core::workspace::storage_key(&request.actor, &request.conversation);
-    let snapshot = match crate::http::stored_workspace(&state, &key).await {
+    let snapshot = match crate::refusal::stored_workspace(&state, &key).await {
         Ok(snapshot) => snapshot,
         Err(refused) => return *refused,
     };

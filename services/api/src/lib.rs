@@ -29,6 +29,7 @@ pub mod hashline;
 pub mod http;
 pub mod metrics;
 pub mod openapi;
+pub mod refusal;
 pub mod run;
 pub mod tools;
 pub mod workspaces;

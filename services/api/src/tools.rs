@@ -72,7 +72,7 @@ pub async fn call(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
         .and_then(|v| corral_contract::credential::bearer(v.as_bytes()))
         .and_then(|t| std::str::from_utf8(t).ok());
     let Some(tools) = token.and_then(|t| state.tool_runs.get(t)) else {
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "no running run holds this token",
@@ -87,7 +87,7 @@ pub async fn call(State(state): State<Arc<AppState>>, headers: HeaderMap, body: 
     };
     // The supervisor judged it; so does the replica, against the run's own grant.
     if call.capability != tools.capability {
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "the capability is not the run's",
@@ -162,11 +162,11 @@ pub async fn sample(headers: HeaderMap, body: Bytes) -> Response {
         .get(header::AUTHORIZATION)
         .and_then(|v| corral_contract::credential::bearer(v.as_bytes()))
     else {
-        return crate::http::error(StatusCode::UNAUTHORIZED, "unauthorized", "no capability");
+        return crate::refusal::error(StatusCode::UNAUTHORIZED, "unauthorized", "no capability");
     };
     let digest = corral_core::ids::hex(&sha256(capability))[..16].to_owned();
     let Ok(request) = serde_json::from_slice::<Value>(&body) else {
-        return crate::http::error(StatusCode::BAD_REQUEST, "body_invalid", "{tool, arguments}");
+        return crate::refusal::error(StatusCode::BAD_REQUEST, "body_invalid", "{tool, arguments}");
     };
     let arguments = &request["arguments"];
     let result = match request["tool"].as_str() {
@@ -176,7 +176,7 @@ pub async fn sample(headers: HeaderMap, body: Bytes) -> Response {
         }),
         Some("sample.large") => json!({ "data": "x".repeat(PAYLOAD_MAX_BYTES + 1) }),
         _ => {
-            return crate::http::error(
+            return crate::refusal::error(
                 StatusCode::NOT_FOUND,
                 "tool_unknown",
                 "no such sample tool",

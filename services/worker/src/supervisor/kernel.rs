@@ -231,11 +231,7 @@ pub(super) fn judge(
     let seal = read(workspace, &kernel::seal_path(language), 256);
     let refuse = |diagnostics: &mut Vec<String>, refusal: Refusal, why: String| {
         note(diagnostics, format!("{}: {why}", refusal.code()));
-        Err(match refusal {
-            Refusal::Corrupt => NotRun::KernelCheckpointCorrupt,
-            Refusal::Untrusted => NotRun::KernelCheckpointUntrusted,
-            Refusal::Incompatible => NotRun::KernelCheckpointIncompatible,
-        })
+        Err(refusal.not_run())
     };
     let checkpoint = match checkpoint {
         Ok(found) => found,
