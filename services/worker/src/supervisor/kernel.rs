@@ -173,18 +173,19 @@ impl Worker {
 /// in the staged workspace, unverified: a hint that can only make the run wait for imports).
 pub(super) fn imports_of(request: &super::RunRequest) -> super::RunRequest {
     let hint = match (&request.kernel, &request.workspace) {
-        (Some(_), Some(workspace)) => read(
-            workspace,
-            &kernel::checkpoint_path(request.language),
-            u64::MAX,
-        )
-        .ok()
-        .flatten()
-        .map(|bytes| {
-            let head = &bytes[..bytes.len().min(kernel::HEADER_MAX_BYTES + 64)];
-            kernel::import_hint(head)
-        })
-        .unwrap_or_default(),
+        // Only the header is read: the whole file is read once, when it is judged.
+        (Some(_), Some(workspace)) => {
+            open_checked(workspace, &kernel::checkpoint_path(request.language))
+                .ok()
+                .flatten()
+                .and_then(|file| {
+                    let mut head = Vec::new();
+                    let limit = (kernel::HEADER_MAX_BYTES + kernel::MAGIC.len() + 1) as u64;
+                    file.take(limit).read_to_end(&mut head).ok()?;
+                    Some(kernel::import_hint(&head))
+                })
+                .unwrap_or_default()
+        }
         _ => Vec::new(),
     };
     let mut code: Vec<u8> = hint
@@ -351,6 +352,21 @@ fn kernel_dirs_are_real(workspace: &Path) -> bool {
 /// must be a directory and the file a regular file, none of them a link (nothing of the run is
 /// alive while this reads, so what is checked stays true).
 fn read(root: &Path, relative: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, String> {
+    let Some(file) = open_checked(root, relative)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    file.take(max_bytes.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{relative}: {e}"))?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > max_bytes {
+        return Err(format!("{relative}: larger than the workspace bound"));
+    }
+    Ok(Some(bytes))
+}
+
+/// Opens `relative` under `root` for reading if it exists, with the checks [`read`] describes.
+fn open_checked(root: &Path, relative: &str) -> Result<Option<std::fs::File>, String> {
     let mut at = root.to_path_buf();
     let parts: Vec<&str> = relative.split('/').collect();
     for (i, part) in parts.iter().enumerate() {
@@ -365,17 +381,10 @@ fn read(root: &Path, relative: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, 
             return Err(format!("{relative}: not a regular file in a directory"));
         }
     }
-    let file = OpenOptions::new()
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&at)
-        .map_err(|e| format!("{relative}: {e}"))?;
-    let mut bytes = Vec::new();
-    file.take(max_bytes.saturating_add(1))
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("{relative}: {e}"))?;
-    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > max_bytes {
-        return Err(format!("{relative}: larger than the workspace bound"));
-    }
-    Ok(Some(bytes))
+        .map(Some)
+        .map_err(|e| format!("{relative}: {e}"))
 }
