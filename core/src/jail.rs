@@ -89,11 +89,18 @@ pub enum NotRun {
     /// The run's dependencies could not be installed (PKG-5, PKG-6, PKG-7): the record's
     /// `dependencies` says which packages and why.
     DependencyInstallFailed,
+    /// A projection entry's filename is not a safe, unique, server-assigned name inside the
+    /// projection (PROJ-6).
+    ResourcePathInvalid,
+    /// The projection's entries are not the manifest the turn was admitted with (PROJ-6).
+    ResourceManifestMismatch,
+    /// A projected file's bytes are not the size or digest its entry pins (PROJ-6).
+    ResourceDigestMismatch,
 }
 
 impl NotRun {
     /// Every reason.
-    pub const ALL: [NotRun; 12] = [
+    pub const ALL: [NotRun; 15] = [
         Self::UnsupportedLanguage,
         Self::IsolationUnavailable,
         Self::WorkspaceTooLarge,
@@ -106,6 +113,9 @@ impl NotRun {
         Self::KernelCheckpointIncompatible,
         Self::DependencyRequestInvalid,
         Self::DependencyInstallFailed,
+        Self::ResourcePathInvalid,
+        Self::ResourceManifestMismatch,
+        Self::ResourceDigestMismatch,
     ];
 
     /// The stable reason code.
@@ -124,6 +134,9 @@ impl NotRun {
             Self::KernelCheckpointIncompatible => "kernel_checkpoint_incompatible",
             Self::DependencyRequestInvalid => "dependency_request_invalid",
             Self::DependencyInstallFailed => "dependency_install_failed",
+            Self::ResourcePathInvalid => "resource_path_invalid",
+            Self::ResourceManifestMismatch => "resource_manifest_mismatch",
+            Self::ResourceDigestMismatch => "resource_digest_mismatch",
         }
     }
 }

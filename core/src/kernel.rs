@@ -100,10 +100,8 @@ pub const EGRESS_NOTE: &str = "persistent_kernel";
 
 /// The environment names through which code asks for the turn's shared resources (the
 /// shared-resource contract, PROJ-1): a run "asks for files" by naming one.
-pub const RESOURCE_CONTRACT: [&str; 2] = [
-    "KAIZEN_SHARED_RESOURCES_MANIFEST",
-    "KAIZEN_SHARED_RESOURCES_DIR",
-];
+pub const RESOURCE_CONTRACT: [&str; 2] =
+    [crate::projection::ENV_MANIFEST, crate::projection::ENV_DIR];
 
 /// Whether `code` names the shared-resource contract. A persistent kernel mounts no resources,
 /// so such a cell is told `resource_persistent_kernel` rather than that no file is attached

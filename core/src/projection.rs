@@ -497,5 +497,204 @@ pub fn verify_room(
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// What code sees, and what the worker verifies before code starts (PROJ-5, PROJ-6).
+
+/// The environment variable naming the read-only directory of the projection (PROJ-5).
+pub const ENV_DIR: &str = "KAIZEN_SHARED_RESOURCES_DIR";
+/// The environment variable holding the projection's manifest, a JSON array (PROJ-5).
+pub const ENV_MANIFEST: &str = "KAIZEN_SHARED_RESOURCES_MANIFEST";
+/// Where, inside the jail, the projection is mounted read-only: outside the writable workspace,
+/// so never in its snapshot (PROJ-6).
+pub const MOUNT_DIR: &str = "/mnt/resources";
+
+/// One entry of `KAIZEN_SHARED_RESOURCES_MANIFEST`: the resolved path beside the reference id,
+/// kind, immutable version, content digest, server-assigned filename, media type and size.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listed {
+    /// The file's path inside the jail: opening it is the documented contract.
+    pub path: String,
+    /// The document's reference id.
+    pub reference: String,
+    /// What it is.
+    pub kind: Kind,
+    /// Its immutable version.
+    pub version: u64,
+    /// `sha256:` and 64 hex digits.
+    pub digest: String,
+    /// The server-assigned filename.
+    pub filename: String,
+    /// Its media type.
+    pub media_type: String,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+impl Manifest {
+    /// What the code is told: each entry with its path under [`MOUNT_DIR`].
+    #[must_use]
+    pub fn listed(&self) -> Vec<Listed> {
+        self.entries
+            .iter()
+            .map(|e| Listed {
+                path: format!("{MOUNT_DIR}/{}", e.filename),
+                reference: e.reference.clone(),
+                kind: e.kind,
+                version: e.version,
+                digest: format!("sha256:{}", e.digest),
+                filename: e.filename.clone(),
+                media_type: e.media_type.clone(),
+                size: e.size,
+            })
+            .collect()
+    }
+
+    /// The code's environment for this projection: both variables, or neither when nothing is
+    /// authorized (PROJ-5).
+    #[must_use]
+    pub fn environment(&self) -> Vec<(String, String)> {
+        if self.entries.is_empty() {
+            return Vec::new();
+        }
+        let listed = serde_json::to_string(&self.listed()).unwrap_or_else(|_| "[]".to_owned());
+        vec![
+            (ENV_DIR.to_owned(), MOUNT_DIR.to_owned()),
+            (ENV_MANIFEST.to_owned(), listed),
+        ]
+    }
+}
+
+/// Why the worker would not start code on a projection (PROJ-6). The codes are the `not_run`
+/// reasons the worker answers with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mismatch {
+    /// An entry's filename is not a safe, server-assigned name (a path outside the projection,
+    /// a separator, a leading dot, too long) or repeats another's.
+    Path,
+    /// The entries are not the manifest the turn was admitted with (its digest differs), do not
+    /// pair with the files sent, or exceed the bound.
+    Manifest,
+    /// A file's bytes are not the size or digest its entry pins.
+    Digest,
+}
+
+impl Mismatch {
+    /// The `not_run` reason the worker answers with.
+    #[must_use]
+    pub fn not_run(self) -> crate::jail::NotRun {
+        match self {
+            Self::Path => crate::jail::NotRun::ResourcePathInvalid,
+            Self::Manifest => crate::jail::NotRun::ResourceManifestMismatch,
+            Self::Digest => crate::jail::NotRun::ResourceDigestMismatch,
+        }
+    }
+}
+
+/// A verification that failed: which check, and the file it is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unverified {
+    /// Which check.
+    pub mismatch: Mismatch,
+    /// The entry's filename, when one is at fault.
+    pub file: Option<String>,
+    /// What differed, for the diagnostics.
+    pub detail: String,
+}
+
+fn unverified(mismatch: Mismatch, file: Option<&str>, detail: impl Into<String>) -> Unverified {
+    Unverified {
+        mismatch,
+        file: file.map(str::to_owned),
+        detail: detail.into(),
+    }
+}
+
+/// Whether `filename` is one the server could have assigned: what [`safe_name`] leaves of it is
+/// itself, optionally behind a `<digits>-` or `v<digits>-` uniqueness prefix.
+#[must_use]
+pub fn is_assigned_name(filename: &str) -> bool {
+    !filename.is_empty()
+        && filename.len() <= FILENAME_MAX_BYTES + 24
+        && !filename.contains(['/', '\\', '\0'])
+        && filename != "."
+        && filename != ".."
+        && !filename.starts_with('.')
+        && safe_name(filename) == filename
+}
+
+/// The worker's check before code starts (PROJ-6): the entries hash to the admitted manifest
+/// digest, each filename is a safe server-assigned name unique in the projection, the files pair
+/// with the entries within [`FILES_MAX`] and [`BYTES_MAX`], and each file's bytes have the size and
+/// SHA-256 its entry pins. Checked in that order; the first failure answers.
+///
+/// # Errors
+/// The first check that fails, naming the file.
+pub fn verify_files(
+    manifest: &Manifest,
+    admitted_digest: &str,
+    files: &[&[u8]],
+) -> Result<(), Unverified> {
+    let mut seen: BTreeSet<String> = BTreeSet::new();
+    for entry in &manifest.entries {
+        if !is_assigned_name(&entry.filename) {
+            return Err(unverified(
+                Mismatch::Path,
+                Some(&entry.filename),
+                "not a server-assigned filename inside the projection",
+            ));
+        }
+        if !seen.insert(entry.filename.to_lowercase()) {
+            return Err(unverified(
+                Mismatch::Path,
+                Some(&entry.filename),
+                "a filename the projection already has",
+            ));
+        }
+    }
+    if manifest.digest() != admitted_digest {
+        return Err(unverified(
+            Mismatch::Manifest,
+            None,
+            "the entries are not the manifest the turn was admitted with",
+        ));
+    }
+    if files.len() != manifest.entries.len()
+        || manifest.entries.len() > FILES_MAX
+        || manifest.bytes() > BYTES_MAX
+    {
+        return Err(unverified(
+            Mismatch::Manifest,
+            None,
+            format!(
+                "{} files for {} entries, {} bytes (at most {FILES_MAX} files and {BYTES_MAX} bytes)",
+                files.len(),
+                manifest.entries.len(),
+                manifest.bytes()
+            ),
+        ));
+    }
+    for (entry, bytes) in manifest.entries.iter().zip(files) {
+        if bytes.len() as u64 != entry.size {
+            return Err(unverified(
+                Mismatch::Digest,
+                Some(&entry.filename),
+                format!(
+                    "{} bytes where the manifest pins {}",
+                    bytes.len(),
+                    entry.size
+                ),
+            ));
+        }
+        if hex(&Sha256::digest(bytes)) != entry.digest {
+            return Err(unverified(
+                Mismatch::Digest,
+                Some(&entry.filename),
+                "the bytes do not have the digest the manifest pins",
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

@@ -364,3 +364,106 @@ fn proj_07_own_links_are_ignored_a_revision_refuses_and_anything_else_stops() {
     assert_eq!(names(&next), ["a.pdf", "b.pdf", "v2-a.pdf"]);
     assert_ne!(next.manifest.digest(), admitted.digest());
 }
+
+fn projected(files: &[(&str, &[u8])]) -> Manifest {
+    let docs: Vec<Document> = files
+        .iter()
+        .map(|(name, bytes)| Document {
+            digest: hex(&Sha256::digest(bytes)),
+            ..doc(name, bytes.len() as u64)
+        })
+        .collect();
+    let alone = audience(1, &["ann"]);
+    project(&asking(&docs, &alone)).unwrap().manifest
+}
+
+#[test]
+fn proj_06_the_worker_verifies_names_manifest_sizes_and_digests_in_that_order() {
+    let manifest = projected(&[("report.pdf", b"%PDF-1.4 x"), ("data.csv", b"a,b\n1,2\n")]);
+    let digest = manifest.digest();
+    let files: Vec<&[u8]> = vec![b"%PDF-1.4 x", b"a,b\n1,2\n"];
+    verify_files(&manifest, &digest, &files).unwrap();
+    // A tampered byte: the digest check names the file.
+    let tampered: Vec<&[u8]> = vec![b"%PDF-1.4 y", b"a,b\n1,2\n"];
+    let failed = verify_files(&manifest, &digest, &tampered).unwrap_err();
+    assert_eq!(
+        (failed.mismatch, failed.file.as_deref()),
+        (Mismatch::Digest, Some("report.pdf"))
+    );
+    assert_eq!(failed.mismatch.not_run().code(), "resource_digest_mismatch");
+    // A truncated file: the size check.
+    let short: Vec<&[u8]> = vec![b"%PDF-1.4 x", b"a,b\n"];
+    assert_eq!(
+        verify_files(&manifest, &digest, &short)
+            .unwrap_err()
+            .mismatch,
+        Mismatch::Digest
+    );
+    // Another manifest's digest, or a file missing: the manifest check.
+    let other = projected(&[("report.pdf", b"%PDF-1.4 x")]);
+    assert_eq!(
+        verify_files(&manifest, &other.digest(), &files)
+            .unwrap_err()
+            .mismatch,
+        Mismatch::Manifest
+    );
+    assert_eq!(
+        verify_files(&manifest, &digest, &files[..1])
+            .unwrap_err()
+            .mismatch,
+        Mismatch::Manifest
+    );
+    // A path outside the projection, an unsafe name, a duplicate: the path check, first, even
+    // when the digest was computed over the bad entries.
+    for bad in [
+        "../escape.pdf",
+        "/etc/passwd",
+        ".hidden",
+        "a/b.pdf",
+        "..",
+        "",
+        "tab\there.pdf",
+    ] {
+        let mut evil = manifest.clone();
+        evil.entries[0].filename = bad.to_owned();
+        let failed = verify_files(&evil, &evil.digest(), &files).unwrap_err();
+        assert_eq!(failed.mismatch, Mismatch::Path, "{bad:?}");
+        assert_eq!(failed.mismatch.not_run().code(), "resource_path_invalid");
+    }
+    let mut twice = manifest.clone();
+    twice.entries[1].filename = "REPORT.pdf".to_owned();
+    assert_eq!(
+        verify_files(&twice, &twice.digest(), &files)
+            .unwrap_err()
+            .file
+            .as_deref(),
+        Some("REPORT.pdf")
+    );
+    // Server-assigned prefixes are names the server could have assigned.
+    assert!(is_assigned_name("v2-report.pdf") && is_assigned_name("3-data (1).csv"));
+}
+
+#[test]
+fn proj_05_the_manifest_lists_paths_under_the_mount_and_is_absent_when_empty() {
+    assert!(Manifest::default().environment().is_empty());
+    let manifest = projected(&[("report.pdf", b"%PDF-1.4 x")]);
+    let env = manifest.environment();
+    assert_eq!(env[0], (ENV_DIR.to_owned(), MOUNT_DIR.to_owned()));
+    assert_eq!(env[1].0, ENV_MANIFEST);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&env[1].1).unwrap();
+    let entry = &listed[0];
+    assert_eq!(entry["path"], "/mnt/resources/report.pdf");
+    for field in [
+        "reference",
+        "kind",
+        "version",
+        "digest",
+        "filename",
+        "media_type",
+        "size",
+    ] {
+        assert!(entry.get(field).is_some(), "{field} missing from {entry}");
+    }
+    assert_eq!(entry["size"], 10);
+    assert!(entry["digest"].as_str().unwrap().starts_with("sha256:"));
+}

@@ -29,13 +29,19 @@ fn base64_len(bytes: u64) -> u64 {
 
 /// The largest execute request body for a workspace bound of `workspace_max_bytes`: the archive
 /// in base64, the code (no larger than a workspace, `corral_core::bounds::code_fits`) escaped at
-/// worst, the grant, the declared names escaped at worst, and the envelope.
+/// worst, the grant, the declared names escaped at worst, the projection, and the envelope.
 #[must_use]
 pub fn execute_body_max_bytes(workspace_max_bytes: u64) -> u64 {
     let declared = (DECLARED_MAX as u64)
         .saturating_mul(RELATIVE_PATH_MAX_BYTES as u64)
         .saturating_mul(JSON_ESCAPE_FACTOR);
+    // The projection: its bytes in base64, and its manifest (names and media types escaped at
+    // worst), PROJ-1.
+    let projection = base64_len(corral_core::projection::BYTES_MAX).saturating_add(
+        (corral_core::projection::FILES_MAX as u64).saturating_mul(1024 * JSON_ESCAPE_FACTOR),
+    );
     base64_len(workspace_max_bytes)
+        .saturating_add(projection)
         .saturating_add(workspace_max_bytes.saturating_mul(JSON_ESCAPE_FACTOR))
         .saturating_add(GRANT_MAX_BYTES as u64)
         .saturating_add(declared)

@@ -53,8 +53,28 @@ pub struct ExecuteRequest {
     /// The tools the code may call through the supervisor (KER-5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<ToolOrder>,
+    /// The turn's read-only projection (PROJ-5, PROJ-6), which the worker verifies before the
+    /// code starts and mounts outside the workspace. None: nothing is authorized.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+}
+
+/// A turn's projection as dispatched: the admitted manifest's digest, its entries, and each
+/// file's bytes (base64, in the entries' order) as the object store gave them, unverified: the
+/// worker checks them against the entries (`corral_core::projection::verify_files`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceOrder {
+    /// The room's audience version the turn was admitted with, and re-read before dispatch.
+    pub audience_version: u64,
+    /// The admitted manifest's digest (`corral_core::projection::Manifest::digest`).
+    pub manifest_digest: String,
+    /// The entries, in order.
+    pub manifest: corral_core::projection::Manifest,
+    /// Each entry's bytes, base64.
+    pub files: Vec<String>,
 }
 
 /// A persistent cell: the key that seals this workspace's checkpoints
@@ -209,6 +229,22 @@ pub struct Accepted {
     pub declared: Vec<String>,
     /// The workspace archive's bytes.
     pub archive: Option<Vec<u8>>,
+    /// The projection, its files decoded (still unverified: the worker verifies them before the
+    /// code starts).
+    pub resources: Option<Projected>,
+}
+
+/// A [`ResourceOrder`] with its files decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Projected {
+    /// See [`ResourceOrder::audience_version`].
+    pub audience_version: u64,
+    /// See [`ResourceOrder::manifest_digest`].
+    pub manifest_digest: String,
+    /// See [`ResourceOrder::manifest`].
+    pub manifest: corral_core::projection::Manifest,
+    /// Each entry's bytes.
+    pub files: Vec<Vec<u8>>,
 }
 
 impl ExecuteRequest {
@@ -286,6 +322,31 @@ impl ExecuteRequest {
                 ErrorDetail::message("dependencies: an item corral-core does not accept"),
             );
         }
+        if self.kernel.is_some() && self.resources.is_some() {
+            return refuse(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("resources: a persistent cell mounts no resources (KER-5)"),
+            );
+        }
+        let resources = match &self.resources {
+            None => None,
+            Some(order) => {
+                let files: Result<Vec<Vec<u8>>, _> =
+                    order.files.iter().map(|text| BASE64.decode(text)).collect();
+                let Ok(files) = files else {
+                    return refuse(
+                        ErrorCode::BodyInvalid,
+                        ErrorDetail::message("resources: a file is not base64"),
+                    );
+                };
+                Some(Projected {
+                    audience_version: order.audience_version,
+                    manifest_digest: order.manifest_digest.clone(),
+                    manifest: order.manifest.clone(),
+                    files,
+                })
+            }
+        };
         let archive = match self.workspace.as_deref().map(|text| BASE64.decode(text)) {
             None => None,
             Some(Ok(bytes)) => Some(bytes),
@@ -300,6 +361,7 @@ impl ExecuteRequest {
             bounds,
             declared,
             archive,
+            resources,
         })
     }
 }
@@ -533,6 +595,7 @@ mod tests {
             dependencies: None,
             kernel: None,
             tools: None,
+            resources: None,
             token: OpToken(3),
         }
     }

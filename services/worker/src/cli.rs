@@ -199,6 +199,7 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             install: None,
             kernel: None,
             tools: None,
+            resources: None,
         }),
         Err(reason) => worker.refuse(reason, OpToken(0)),
     };

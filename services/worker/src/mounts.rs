@@ -67,6 +67,9 @@ pub struct Layout<'a> {
     /// The baked Python stack, bound read-only at the same path (its environment names its own
     /// absolute paths).
     pub python_stack: Option<&'a Path>,
+    /// Whether to mount the run directory's `resources` read-only at
+    /// `corral_core::projection::MOUNT_DIR` (PROJ-6): outside the workspace, never executable.
+    pub resources: bool,
 }
 
 /// Builds the jail's root and makes it the calling process's root. The caller must be alone in a
@@ -119,6 +122,14 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         &root.join("run/corral"),
         read_only | MsFlags::MS_NOEXEC,
     )?;
+    if layout.resources {
+        let inside = corral_core::projection::MOUNT_DIR.trim_start_matches('/');
+        bind_dir(
+            &layout.run_dir.join("resources"),
+            &root.join(inside),
+            read_only | MsFlags::MS_NOEXEC,
+        )?;
+    }
     let proc = root.join("proc");
     step(fs::create_dir_all(&proc), || "create /proc".to_owned())?;
     step(

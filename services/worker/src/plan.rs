@@ -24,6 +24,10 @@ pub struct JailPlan {
     /// the worker found none to use.
     #[serde(default)]
     pub python_stack: Option<String>,
+    /// Whether the run directory's `resources` holds a verified projection, mounted read-only at
+    /// `corral_core::projection::MOUNT_DIR` (PROJ-5, PROJ-6).
+    #[serde(default)]
+    pub resources: bool,
     /// The interpreter and its arguments, as paths inside the jail.
     pub argv: Vec<String>,
     /// The code's whole environment.

@@ -547,6 +547,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         install: request.dependencies,
         kernel: request.kernel,
         tools: request.tools,
+        resources: accepted.resources.map(std::sync::Arc::new),
     };
     let ran = worker
         .run(move |worker| {

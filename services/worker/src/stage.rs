@@ -162,6 +162,7 @@ pub fn stage2(plan_text: &str) -> ExitCode {
         uid: plan.inner_uid,
         gid: plan.inner_gid,
         python_stack: python_stack.as_deref(),
+        resources: plan.resources,
     };
     if let Err(error) = mounts::build_and_enter(&layout) {
         return fail("filesystem", error);

@@ -55,6 +55,12 @@ impl RunDirs {
         self.run_dir.join("code")
     }
 
+    /// The turn's projection (PROJ-6): read-only, outside the workspace, gone with the run
+    /// directory.
+    pub fn resources(&self) -> PathBuf {
+        self.run_dir.join("resources")
+    }
+
     /// Creates the run directory with its mounts: the workspace, owned by the code's host uid and
     /// bounded by `workspace_max_bytes`, and the scratch space bounded by `tmp_max_bytes`.
     pub fn create(
@@ -134,6 +140,38 @@ impl RunDirs {
             failures,
         }
     }
+}
+
+/// Writes a verified projection into `dir` under its server-assigned names: each file read-only
+/// for everyone, the directory too, nothing executable. The names were checked by
+/// `corral_core::projection::verify_files` (no separator, no dot-name), so each stays in `dir`.
+///
+/// # Errors
+/// The step that failed.
+pub fn write_resources(
+    dir: &Path,
+    manifest: &corral_core::projection::Manifest,
+    files: &[&[u8]],
+) -> Result<(), String> {
+    io(fs::create_dir(dir), || format!("create {}", dir.display()))?;
+    for (entry, bytes) in manifest.entries.iter().zip(files) {
+        let path = dir.join(&entry.filename);
+        let mut file = io(
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(&path),
+            || format!("create {}", path.display()),
+        )?;
+        io(file.write_all(bytes), || {
+            format!("write {}", path.display())
+        })?;
+    }
+    io(
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o555)),
+        || format!("chmod {}", dir.display()),
+    )
 }
 
 /// What a wipe measured.

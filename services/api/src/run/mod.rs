@@ -418,6 +418,7 @@ async fn leased(
             .flatten()
             .map(|root| KernelOrder::new(root, &key)),
         tools: tool_order(settings, admitted, cell),
+        resources: None,
         token: granted.token,
     };
     let reply = match state

@@ -100,6 +100,9 @@ pub struct RunRequest {
     pub kernel: Option<corral_contract::messages::KernelOrder>,
     /// The tools the code may call through the supervisor (KER-5).
     pub tools: Option<corral_contract::messages::ToolOrder>,
+    /// The turn's projection, verified before the code starts (PROJ-6); such a run goes cold,
+    /// since a prepared jail's mounts and environment were fixed before the turn was known.
+    pub resources: Option<std::sync::Arc<corral_contract::messages::Projected>>,
 }
 
 /// What one run has created, for the reset.

@@ -54,7 +54,8 @@ impl Worker {
         let cell = request;
         let request = wrapped.as_ref().unwrap_or(cell);
         // A run that installs goes cold: its installer runs in the jail before the interpreter.
-        let prepared = if request.install.is_some() {
+        // So does a run with a projection: a prepared jail's mounts and environment are fixed.
+        let prepared = if request.install.is_some() || request.resources.is_some() {
             None
         } else {
             // Judged by the cell's own imports and its restore's, not the driver's.
@@ -158,8 +159,14 @@ impl Worker {
         // After the install (which runs in this jail and could write the workspace), with
         // nothing of it alive: what is judged is what the driver restores.
         self.judge_kernel(language, run, &dirs, result)?;
+        // Verified and written before the jail exists (PROJ-6).
+        let projected = Self::project_resources(request, &dirs, result)?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
-        let plan = self.plan(language, run, &posture, wall_seconds, false);
+        let mut plan = self.plan(language, run, &posture, wall_seconds, false);
+        if projected && let Some(resources) = &request.resources {
+            plan.resources = true;
+            plan.env.extend(resources.manifest.environment());
+        }
         run.tools_pending.clone_from(&request.tools);
         let grant = request.grant.as_deref();
         let (started, _) = self.start_jail(

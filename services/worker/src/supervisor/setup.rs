@@ -149,4 +149,43 @@ impl Worker {
             .map_err(|e| setup_failed(&mut result.reply.diagnostics, e))?;
         Ok(before)
     }
+
+    /// Verifies the turn's projection (PROJ-6: names, the admitted manifest's digest, sizes,
+    /// content digests) and writes it, read-only, where the jail mounts it outside the
+    /// workspace. Before the jail exists, so no code ever sees an unverified byte.
+    pub(super) fn project_resources(
+        request: &RunRequest,
+        dirs: &RunDirs,
+        result: &mut RunResult,
+    ) -> Result<bool, NotRun> {
+        let Some(projected) = request.resources.as_deref() else {
+            return Ok(false);
+        };
+        if projected.manifest.entries.is_empty() {
+            return Ok(false);
+        }
+        let files: Vec<&[u8]> = projected.files.iter().map(Vec::as_slice).collect();
+        if let Err(failed) = corral_core::projection::verify_files(
+            &projected.manifest,
+            &projected.manifest_digest,
+            &files,
+        ) {
+            note(
+                &mut result.reply.diagnostics,
+                format!(
+                    "resources: {}{}",
+                    failed.detail,
+                    failed.file.map(|f| format!(" ({f})")).unwrap_or_default()
+                ),
+            );
+            return Err(failed.mismatch.not_run());
+        }
+        workspace::write_resources(&dirs.resources(), &projected.manifest, &files).map_err(
+            |e| {
+                note(&mut result.reply.diagnostics, e);
+                NotRun::JailSetupFailed
+            },
+        )?;
+        Ok(true)
+    }
 }
