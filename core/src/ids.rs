@@ -110,6 +110,14 @@ pub fn hex(bytes: &[u8]) -> String {
     text
 }
 
+/// The SHA-256 of `bytes` as 64 lowercase hex digits: the one content digest of projected
+/// documents and linked outputs (PROJ-1, OUT-1).
+#[must_use]
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex(&sha2::Sha256::digest(bytes))
+}
+
 /// HMAC-SHA256 (RFC 2104) of the concatenation of `message`'s parts under `key`: the one MAC of
 /// package tokens and kernel seals.
 #[must_use]

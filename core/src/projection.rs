@@ -74,6 +74,30 @@ pub struct Document {
     pub name: String,
 }
 
+/// The longest display name or media type an authority may give, in bytes.
+pub const LABEL_MAX_BYTES: usize = 1024;
+
+impl Document {
+    /// Whether the authority's description can be used as given: reference and root valid
+    /// identities, a 64-hex-digit SHA-256, a printable media type and a display name, each
+    /// bounded. An authority that answers otherwise answers garbage, and nothing is projected.
+    #[must_use]
+    pub fn is_well_formed(&self) -> bool {
+        let label = |text: &str| {
+            !text.is_empty() && text.len() <= LABEL_MAX_BYTES && !text.chars().any(char::is_control)
+        };
+        crate::ids::identity_is_valid(&self.reference)
+            && crate::ids::identity_is_valid(&self.root)
+            && self.digest.len() == 64
+            && self
+                .digest
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            && label(&self.media_type)
+            && label(&self.name)
+    }
+}
+
 /// A room's audience: its version and its active roster (members reaching it through a project
 /// included), read in one query.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,6 +230,45 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// What the member is told (PROJ-8): the reason, the file and the limit, and whether trying
+    /// again may help. Never "unavailable" for what is not a tier problem.
+    #[must_use]
+    pub fn message(&self) -> String {
+        let file = self.file.as_deref().unwrap_or("a file");
+        match self.reason {
+            Reason::OverCount => format!(
+                "this turn has more than {FILES_MAX} files to open ({file} is over the bound)"
+            ),
+            Reason::OverBytes => {
+                format!("this turn's files are over {BYTES_MAX} bytes (8 MiB) together with {file}")
+            }
+            Reason::NotReady => {
+                format!("{file} is still being processed; try again when it is ready")
+            }
+            Reason::Failed => format!("{file} could not be processed, so it cannot be opened"),
+            Reason::Unavailable => format!("{file} can no longer be read by you"),
+            Reason::AudienceChanged => "someone else can now see this chat, so your private \
+                 selection was not opened; try again"
+                .to_owned(),
+            Reason::Changed => {
+                format!("the chat's files changed after this turn started ({file}); try again")
+            }
+            Reason::Revised => format!(
+                "{file} has a newer version since this turn started; try again, and both versions \
+                 are opened"
+            ),
+        }
+    }
+
+    /// Whether the member should simply try again (the room changed under the turn).
+    #[must_use]
+    pub fn retry(&self) -> bool {
+        matches!(
+            self.reason,
+            Reason::AudienceChanged | Reason::Changed | Reason::Revised
+        )
+    }
+
     fn of(reason: Reason, file: Option<&str>, limit: Option<u64>) -> Self {
         Self {
             reason,
@@ -685,7 +748,7 @@ pub fn verify_files(
                 ),
             ));
         }
-        if hex(&Sha256::digest(bytes)) != entry.digest {
+        if crate::ids::sha256_hex(bytes) != entry.digest {
             return Err(unverified(
                 Mismatch::Digest,
                 Some(&entry.filename),

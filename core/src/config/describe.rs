@@ -103,6 +103,10 @@ impl Settings {
             TOOL_ENDPOINT_URL,
             optional(self.tool_endpoint_url.as_deref().map(redact_userinfo)),
         ));
+        out.push((
+            RESOURCE_AUTHORITY_URL,
+            optional(self.resource_authority_url.as_deref().map(redact_userinfo)),
+        ));
         out
     }
 

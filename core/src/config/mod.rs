@@ -248,6 +248,10 @@ pub struct Settings {
     /// `CORRAL_TOOL_ENDPOINT_URL`: the platform's tool endpoint (KER-5); `None`: no tool call is
     /// forwarded.
     pub tool_endpoint_url: Option<String>,
+    /// `CORRAL_RESOURCE_AUTHORITY_URL`: the platform's resource authority (PROJ-1 to PROJ-8,
+    /// OUT-1): `http(s)://…` for the documented JSON contract, `sqlite:///abs/path.db` for the
+    /// embedded one; `None`: no document is ever projected and no output linked.
+    pub resource_authority_url: Option<String>,
     /// The egress policy as configured, unparsed.
     pub egress: EgressSettings,
     /// Where the field key comes from.
@@ -300,6 +304,7 @@ impl Default for Settings {
                 registries: PackageRegistries::PublicDefaults,
             },
             tool_endpoint_url: None,
+            resource_authority_url: None,
             egress: EgressSettings::default(),
             field_key: FieldKeySource::Unset,
             worker: WorkerPorts {
@@ -356,6 +361,7 @@ impl Settings {
             workspace_persist: r.flag(WORKSPACE_PERSIST, d.workspace_persist)?,
             packages: Self::read_packages(&r, &d.packages)?,
             tool_endpoint_url: r.http_url(TOOL_ENDPOINT_URL)?,
+            resource_authority_url: r.authority_url(RESOURCE_AUTHORITY_URL)?,
             egress: r.egress(),
             field_key: r.field_key()?,
             worker: WorkerPorts {

@@ -160,6 +160,27 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
         }
     }
 
+    /// An `http(s)://` URL, or `sqlite://` and an absolute path.
+    pub(super) fn authority_url(
+        &self,
+        setting: &'static str,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(text) = self.raw(setting) else {
+            return Ok(None);
+        };
+        let sqlite = text
+            .strip_prefix("sqlite://")
+            .is_some_and(|path| path.starts_with('/') && path.len() > 1 && !path.contains('\0'));
+        if sqlite || is_http_url(&text) {
+            Ok(Some(text))
+        } else {
+            Err(ConfigError::InvalidUrl {
+                setting,
+                value: shown(&redact_userinfo(&text)),
+            })
+        }
+    }
+
     pub(super) fn registries(&self) -> PackageRegistries {
         match self.raw(PACKAGE_REGISTRIES) {
             None => PackageRegistries::PublicDefaults,

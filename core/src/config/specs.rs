@@ -48,6 +48,7 @@ pub(super) const WORKSPACE_PERSIST: &str = "SANDBOX_WORKSPACE_PERSIST";
 pub(super) const POOL_MODE: &str = "CORRAL_POOL_MODE";
 pub(super) const PACKAGE_BROKER_URL: &str = "SANDBOX_PACKAGE_BROKER_URL";
 pub(super) const TOOL_ENDPOINT_URL: &str = "CORRAL_TOOL_ENDPOINT_URL";
+pub(super) const RESOURCE_AUTHORITY_URL: &str = "CORRAL_RESOURCE_AUTHORITY_URL";
 pub(super) const PACKAGE_REGISTRIES: &str = "SANDBOX_PACKAGE_REGISTRIES";
 pub(super) const EGRESS_ENABLED: &str = "SANDBOX_EGRESS_ENABLED";
 pub(super) const EGRESS_MODE: &str = "SANDBOX_EGRESS_MODE";

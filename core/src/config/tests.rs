@@ -918,6 +918,12 @@ fn plausible_value(name: &str) -> BoxedStrategy<String> {
         "SANDBOX_PACKAGE_BROKER_URL" | "CORRAL_TOOL_ENDPOINT_URL" => {
             return words(&["http://api:8000", "https://u:p@api/broker"]);
         }
+        "CORRAL_RESOURCE_AUTHORITY_URL" => {
+            return words(&[
+                "http://platform:9000",
+                "sqlite:///var/lib/corral/resources.db",
+            ]);
+        }
         _ => {}
     }
     let Some(spec) = number_spec(name) else {

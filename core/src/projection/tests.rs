@@ -369,7 +369,7 @@ fn projected(files: &[(&str, &[u8])]) -> Manifest {
     let docs: Vec<Document> = files
         .iter()
         .map(|(name, bytes)| Document {
-            digest: hex(&Sha256::digest(bytes)),
+            digest: crate::ids::sha256_hex(bytes),
             ..doc(name, bytes.len() as u64)
         })
         .collect();

@@ -68,7 +68,19 @@ pub struct RunCodeRequest {
     /// stderr may be shortened; the raw output stays canonical beside them.
     #[serde(default, skip_serializing_if = "is_false")]
     pub compress_output: bool,
+    /// The agent's turn this run belongs to (PROJ-7): links the turn made since admission are
+    /// the run's own. Without one, the run is a turn of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<String>,
+    /// Documents the agent re-authorized from a retrieval result for this turn only (PROJ-2),
+    /// by reference; the authority judges each under the member. The conversation's own
+    /// attachments are never listed here: the server resolves them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retrieved: Vec<String>,
 }
+
+/// The most references a turn may re-authorize from retrieval (PROJ-2).
+pub const RETRIEVED_MAX: usize = crate::projection::FILES_MAX * 2;
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
 fn is_false(value: &bool) -> bool {
@@ -112,6 +124,12 @@ pub struct Admitted {
     pub tools: Option<Tools>,
     /// Whether the model's output may be compressed (CMP-1).
     pub compress_output: bool,
+    /// The turn (PROJ-7).
+    pub turn: Option<String>,
+    /// The re-authorized references (PROJ-2), without repeats.
+    pub retrieved: Vec<String>,
+    /// Whether the code names the shared-resource contract: it asked for files (PROJ-4).
+    pub asks_for_files: bool,
 }
 
 /// Why a request is refused. The codes are stable.
@@ -131,6 +149,8 @@ pub enum RefusalCode {
     ProviderHintInvalid,
     /// A malformed tool list or capability (KER-5).
     ToolsInvalid,
+    /// A malformed turn, or too many or malformed retrieved references (PROJ-2, PROJ-7).
+    ResourcesInvalid,
 }
 
 impl RefusalCode {
@@ -145,6 +165,7 @@ impl RefusalCode {
             Self::DeclaredOutputInvalid => "declared_output_invalid",
             Self::ProviderHintInvalid => "provider_hint_invalid",
             Self::ToolsInvalid => "tools_invalid",
+            Self::ResourcesInvalid => "resources_invalid",
         }
     }
 }
@@ -280,6 +301,34 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
     if let Some(Err(message)) = request.tools.as_ref().map(Tools::check) {
         return refused(RefusalCode::ToolsInvalid, "tools", None, message);
     }
+    if let Some(turn) = &request.turn
+        && !identity_is_valid(turn)
+    {
+        return refused(
+            RefusalCode::ResourcesInvalid,
+            "turn",
+            None,
+            "turn must be 1 to 256 bytes with no control character",
+        );
+    }
+    if request.retrieved.len() > RETRIEVED_MAX
+        || !request.retrieved.iter().all(|r| identity_is_valid(r))
+    {
+        return refused(
+            RefusalCode::ResourcesInvalid,
+            "retrieved",
+            None,
+            format!(
+                "retrieved lists at most {RETRIEVED_MAX} references of 1 to 256 bytes with no control character"
+            ),
+        );
+    }
+    let mut retrieved: Vec<String> = Vec::with_capacity(request.retrieved.len());
+    for reference in request.retrieved {
+        if !retrieved.contains(&reference) {
+            retrieved.push(reference);
+        }
+    }
     let dependencies = match resolve(
         language,
         &request.packages,
@@ -294,6 +343,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
     let wait_ms = request
         .wait_seconds
         .map_or(wait_max_ms, |s| s.saturating_mul(1_000).min(wait_max_ms));
+    let asks_for_files = names_resource_contract(&request.code);
     Admission::Admitted(Box::new(Admitted {
         actor: ActorId(request.actor),
         conversation: ConversationId(request.conversation),
@@ -309,6 +359,9 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
         kernel,
         tools: request.tools,
         compress_output: request.compress_output,
+        turn: request.turn,
+        retrieved,
+        asks_for_files,
     }))
 }
 

@@ -30,6 +30,7 @@ pub mod http;
 pub mod metrics;
 pub mod openapi;
 pub mod refusal;
+pub mod resources;
 pub mod run;
 pub mod tools;
 pub mod workspaces;
@@ -64,6 +65,9 @@ pub struct AppState {
     /// Whether this API serves the built-in sample tool platform at `/v1/sample_tools`
     /// (`corral up`, which points `CORRAL_TOOL_ENDPOINT_URL` at it); a production API does not.
     pub sample_tools: bool,
+    /// The platform's resource authority (PROJ-1 to PROJ-8, OUT-1); `None`: nothing is projected
+    /// and no output is linked.
+    pub resources: Option<resources::Authority>,
 }
 
 impl AppState {

@@ -70,6 +70,9 @@ pub fn document() -> Value {
                     "kernel": { "enum": ["ephemeral", "persistent"], "default": "ephemeral" },
                     "tools": tools,
                     "compress_output": { "type": "boolean", "default": false, "description": "Tool-result compression (CMP-1): the model's stdout and stderr may be shortened (repeated lines, long numeric tables), with model.compression saying what was elided; the raw streams are returned beside, in raw" },
+                    "turn": { "type": "string", "description": "The agent turn this run belongs to (PROJ-7): links the same turn made since admission are the run's own and do not stop it" },
+                    "retrieved": { "type": "array", "items": { "type": "string" }, "maxItems": corral_core::run::admission::RETRIEVED_MAX,
+                        "description": "Documents re-authorized from a retrieval result for this turn only (PROJ-2), by reference. The conversation's attachments are never listed: the server resolves them. Projected files are found through KAIZEN_SHARED_RESOURCES_DIR and KAIZEN_SHARED_RESOURCES_MANIFEST (a JSON array of path, reference, kind, version, digest, filename, media_type, size); open each entry's path, never a name rebuilt from a display name" },
                     "bounds": { "type": "object", "properties": {
                         "wall_seconds": { "type": "integer" }, "output_bytes": { "type": "integer" },
                         "artifact_bytes": { "type": "integer" }, "memory_bytes": { "type": "integer" },
@@ -171,6 +174,8 @@ mod tests {
                 capability: "c".into(),
             }),
             compress_output: true,
+            turn: Some("t".into()),
+            retrieved: vec!["r".into()],
             bounds: corral_core::bounds::BoundOverrides {
                 max_wall_seconds: Some(1),
                 ..Default::default()

@@ -331,6 +331,48 @@ impl Workspaces {
             Err(e) => Err(unavailable(&e)),
         }
     }
+
+    /// Where a document's bytes are, by their SHA-256 (`res/<64 hex digits>`): the resource
+    /// authority describes documents, and their bytes are here (PROJ-1).
+    fn resource_path(&self, digest: &str) -> Path {
+        self.root.clone().join("res").join(digest)
+    }
+
+    /// Stores a document's bytes under `digest`, create-only: bytes already there are kept (the
+    /// same digest names the same bytes; the worker checks them against it before code starts).
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when they could not be written.
+    pub async fn put_resource(&self, digest: &str, bytes: Bytes) -> Result<(), StorageError> {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .store
+            .put_opts(
+                &self.resource_path(digest),
+                PutPayload::from_bytes(bytes),
+                options,
+            )
+            .await
+        {
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
+    /// A document's bytes by digest, as stored (unverified), if there are any.
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when they cannot be read.
+    pub async fn resource(&self, digest: &str) -> Result<Option<Bytes>, StorageError> {
+        match self.store.get(&self.resource_path(digest)).await {
+            Ok(found) => found.bytes().await.map(Some).map_err(|e| unavailable(&e)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
 }
 
 /// `g<20 digits>.<extension>` to its generation.

@@ -101,6 +101,7 @@ impl Fixture {
             affinity: corral_api::run::affinity::Sessions::default(),
             tool_runs: corral_api::tools::ToolRuns::default(),
             sample_tools: false,
+            resources: None,
         });
         Some((
             Fixture {

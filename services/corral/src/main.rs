@@ -6,6 +6,7 @@ mod api_cmd;
 mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
+mod resources_cmd;
 mod run_cmd;
 mod stack;
 mod up_cmd;
@@ -24,6 +25,7 @@ commands:
   up               the embedded default: Valkey, API, controller, warm pool, egress proxy (see `corral up --help`)
   run FILE         run one file through the API and print the result (`corral run --help`)
   api              the API service (settings from the environment)
+  resources        administer the embedded resource authority (`corral resources --help`)
   help             this text
 ";
 
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
     match command.as_str() {
         "api" => api_cmd::run(rest),
         "config" => config_cmd::run(rest),
+        "resources" => resources_cmd::run(rest),
         "run" => run_cmd::run(rest),
         "up" => up_cmd::run(rest),
         "controller" => controller_cmd::run(rest),

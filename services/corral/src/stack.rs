@@ -76,6 +76,12 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
     let egress =
         corral_api::egress::Egress::new(settings.egress.clone(), parts.field_key.as_deref());
     let settings_packages = settings.packages.clone();
+    let resources = settings
+        .resource_authority_url
+        .as_deref()
+        .map(corral_api::resources::Authority::open)
+        .transpose()
+        .map_err(|e| format!("CORRAL_RESOURCE_AUTHORITY_URL: {e}"))?;
     let kernel_seal_root = parts
         .field_key
         .as_deref()
@@ -97,6 +103,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         affinity: corral_api::run::affinity::Sessions::default(),
         tool_runs: corral_api::tools::ToolRuns::default(),
         sample_tools: parts.sample_tools,
+        resources,
     }))
 }
 

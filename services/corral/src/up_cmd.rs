@@ -259,6 +259,13 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
     if settings.tool_endpoint_url.is_none() {
         settings.tool_endpoint_url = Some(format!("{api_url}/v1/sample_tools"));
     }
+    // Rooms and documents: the embedded authority `corral resources` administers (PROJ-1).
+    if settings.resource_authority_url.is_none() {
+        settings.resource_authority_url = Some(format!(
+            "sqlite://{}",
+            state_dir.join("resources.db").display()
+        ));
+    }
     say(&format!(
         "egress proxy: {proxy_url} (log in {})",
         state_dir.join("egress-proxy.log").display()

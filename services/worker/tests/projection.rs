@@ -16,7 +16,6 @@ use corral_core::projection::{
     Audience, Document, ENV_DIR, ENV_MANIFEST, Kind, Processing, Turn, project,
 };
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 /// The order the API would dispatch for `files` (name, bytes) in a private room of `ann`.
 fn order(files: &[(&str, &[u8])]) -> ResourceOrder {
@@ -30,7 +29,7 @@ fn order(files: &[(&str, &[u8])]) -> ResourceOrder {
             kind: Kind::Document,
             processing: Processing::Ready,
             readable: true,
-            digest: corral_core::ids::hex(&Sha256::digest(bytes)),
+            digest: corral_core::ids::sha256_hex(bytes),
             media_type: "application/octet-stream".into(),
             size: bytes.len() as u64,
             name: (*name).to_owned(),

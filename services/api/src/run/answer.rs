@@ -35,7 +35,8 @@ pub fn request_refused(refused: &Refusal) -> Reply {
         | RefusalCode::KernelUnknown
         | RefusalCode::DeclaredOutputInvalid
         | RefusalCode::ProviderHintInvalid
-        | RefusalCode::ToolsInvalid => StatusCode::BAD_REQUEST,
+        | RefusalCode::ToolsInvalid
+        | RefusalCode::ResourcesInvalid => StatusCode::BAD_REQUEST,
     };
     refusal(
         status,
@@ -169,6 +170,9 @@ pub struct Context<'a> {
     pub kernel: Value,
     /// Whether the member enabled tool-result compression (CMP-1).
     pub compress: bool,
+    /// The turn's projection and the outputs linked into its room (PROJ-5, OUT-1); `None` when
+    /// the authority knows no room for the run.
+    pub resources: Option<Value>,
 }
 
 /// A run's outcome: corral-core's decision, with the worker's output and the API's context.
@@ -209,6 +213,9 @@ pub fn decided(
         if let Some(compressed) = &compressed {
             model.insert("compression".into(), compressed.notes.clone());
         }
+        if let Some(resources) = &context.resources {
+            model.insert("resources".into(), resources.clone());
+        }
         model.insert("worker".into(), json!(context.worker));
         let mut durations = json!(reply.durations);
         durations["api"] = Value::Object(context.phases);
@@ -223,6 +230,22 @@ pub fn decided(
     });
     if compressed.is_some() {
         body["raw"] = json!({ "stdout": reply.stdout, "stderr": reply.stderr });
+    }
+    // The member's rows carry the linked references only: no path, no diagnostics (OUT-2).
+    if let Some(linked) = context
+        .resources
+        .as_ref()
+        .and_then(|r| r.get("linked"))
+        .and_then(Value::as_array)
+    {
+        body["member"]["linked"] = json!(
+            linked
+                .iter()
+                .filter_map(|l| l.get("reference").map(|reference| json!({
+                    "reference": reference, "media_type": l["media_type"], "size": l["size"],
+                })))
+                .collect::<Vec<_>>()
+        );
     }
     (status, body)
 }

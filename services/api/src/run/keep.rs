@@ -20,6 +20,8 @@ pub struct Keeping {
     pub unchanged: bool,
     /// In affinity mode (KER-4), the workspace retained beside the held lease instead.
     pub retained: Option<Bytes>,
+    /// The outputs also stored under their digest, to be linked into the run's room (OUT-1).
+    pub published: Vec<super::resources::Output>,
 }
 
 impl Keeping {
@@ -29,6 +31,7 @@ impl Keeping {
             saved: false,
             unchanged: false,
             retained: None,
+            published: Vec::new(),
         }
     }
 }
@@ -44,9 +47,20 @@ fn failed(error: &StorageError) -> Kept {
     }
 }
 
+/// Where a run's workspace and outputs go besides the object store's workspace series.
+#[derive(Clone, Copy)]
+pub struct How<'a> {
+    /// Retain the workspace beside an affinity-mode kernel's held lease (KER-4).
+    pub retain: bool,
+    /// The run's declared outputs, when its outputs are to be linked into its room (OUT-1).
+    pub publish: Option<&'a [String]>,
+}
+
 /// Keeps `archive` (the packed workspace of `reply`) for workspace `key`, restored from
 /// `restored`: saved in the object store, or with `retain` (an affinity-mode kernel, KER-4)
-/// retained beside its held lease.
+/// retained beside its held lease. With `publish` (the run's declared outputs), each output the
+/// run returns is also stored under its digest, where the resource authority's link will point
+/// (OUT-1): the declared ones when it declared any, otherwise every validated download.
 pub async fn keep(
     state: &AppState,
     key: &str,
@@ -54,8 +68,9 @@ pub async fn keep(
     restored: Option<&Snapshot>,
     reply: &ExecuteReply,
     archive: Vec<u8>,
-    retain: bool,
+    how: How<'_>,
 ) -> Keeping {
+    let How { retain, publish } = how;
     let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
     let found = match files(&archive, &paths, state.settings.bounds.max_artifact_bytes) {
         Ok(found) if found.len() == paths.len() => found,
@@ -70,23 +85,48 @@ pub async fn keep(
             });
         }
     };
+    let mut published = Vec::new();
     for (path, bytes) in found {
+        let bytes = Bytes::from(bytes);
         if let Err(e) = state
             .workspaces
-            .retain_output(key, run_id, &path, Bytes::from(bytes))
+            .retain_output(key, run_id, &path, bytes.clone())
             .await
         {
             return Keeping::kept(failed(&e));
+        }
+        if let Some(declared) = publish
+            && (declared.is_empty() || declared.contains(&path))
+        {
+            let digest = corral_core::ids::sha256_hex(&bytes);
+            if let Err(e) = state.workspaces.put_resource(&digest, bytes.clone()).await {
+                return Keeping::kept(failed(&e));
+            }
+            let media_type = reply
+                .downloads
+                .iter()
+                .find(|d| d.path == path)
+                .map_or_else(String::new, |d| d.media_type.clone());
+            published.push(super::resources::Output {
+                path,
+                digest,
+                size: bytes.len() as u64,
+                media_type,
+            });
         }
     }
     if retain {
         return Keeping {
             retained: Some(Bytes::from(archive)),
+            published,
             ..Keeping::kept(Kept::Stored { generation: None })
         };
     }
     if !state.settings.workspace_persist {
-        return Keeping::kept(Kept::Stored { generation: None });
+        return Keeping {
+            published,
+            ..Keeping::kept(Kept::Stored { generation: None })
+        };
     }
     let base = restored.map_or(0, |s| s.generation);
     if unchanged(restored.map(|s| &s.archive), &archive) {
@@ -97,6 +137,7 @@ pub async fn keep(
             saved: false,
             unchanged: true,
             retained: None,
+            published,
         };
     }
     match state.workspaces.save(key, base, Bytes::from(archive)).await {
@@ -107,6 +148,7 @@ pub async fn keep(
             saved: true,
             unchanged: false,
             retained: None,
+            published,
         },
         Err(e) => Keeping::kept(failed(&e)),
     }

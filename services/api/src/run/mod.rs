@@ -39,6 +39,7 @@ pub mod affinity;
 pub mod answer;
 pub mod keep;
 pub mod lease;
+pub mod resources;
 
 /// How many leases one request may take: a worker that refuses the connection is discarded and
 /// the run taken to the next, at most this many in all.
@@ -117,6 +118,11 @@ async fn attempt(
             json!({ "run_id": run_id }),
         );
     }
+    // The turn's scope, read at admission, before any lease (PROJ-2, PROJ-3).
+    let turn = match resources::admit(state, &admitted, &run_id).await {
+        Ok(turn) => turn,
+        Err(reply) => return reply,
+    };
     let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
     // KER-4: without workspace persistence, a persistent kernel's lease outlives its cell.
     let affinity = admitted.kernel == Kernel::Persistent && !state.settings.workspace_persist;
@@ -128,6 +134,7 @@ async fn attempt(
         },
         retained: None,
         tools_token: tools_token.map(str::to_owned),
+        turn,
     };
     let (taken, claim) = if affinity {
         state.affinity.take(&key)
@@ -295,6 +302,8 @@ struct Cell {
     retained: Option<bytes::Bytes>,
     /// The run's tool-callback token, when it was given tools.
     tools_token: Option<String>,
+    /// The turn's scope at admission, when the authority knows its room (PROJ-1).
+    turn: Option<resources::TurnScope>,
 }
 
 /// How a leased run ended.
@@ -397,6 +406,16 @@ async fn leased(
         }
     };
     phases.lap("egress_and_restore_us");
+    let projected = match &cell.turn {
+        Some(turn) => match resources::dispatch(state, admitted, turn, run_id).await {
+            Ok(projected) => Some(projected),
+            Err(reply) => return Leased::Done(reply, Disposition::Reset, Retained::Nothing),
+        },
+        None => None,
+    };
+    phases.lap("projection_us");
+    let (resources_order, resources_report) =
+        projected.map_or((None, Value::Null), |p| (p.order, p.report));
     let request = ExecuteRequest {
         language: admitted.language,
         code: admitted.code.clone(),
@@ -418,7 +437,7 @@ async fn leased(
             .flatten()
             .map(|root| KernelOrder::new(root, &key)),
         tools: tool_order(settings, admitted, cell),
-        resources: None,
+        resources: resources_order,
         token: granted.token,
     };
     let reply = match state
@@ -479,7 +498,10 @@ async fn leased(
                 snapshot.as_ref(),
                 &reply,
                 archive,
-                affinity,
+                keep::How {
+                    retain: affinity,
+                    publish: cell.turn.is_some().then_some(admitted.declared.as_slice()),
+                },
             )
             .await
         }
@@ -488,11 +510,20 @@ async fn leased(
             saved: false,
             unchanged: false,
             retained: None,
+            published: Vec::new(),
         },
     };
     phases.lap("keep_us");
     let decided = decide(&reported, &keeping.kept, &admitted.declared, run_id);
     state.metrics.run(decided.outcome.as_str());
+    // OUT-1: a succeeded run's validated outputs are linked into its room.
+    let linked = match &cell.turn {
+        Some(turn) if decided.outcome == corral_core::run::outcome::Outcome::Succeeded => {
+            resources::link(state, admitted, turn, &keeping.published).await
+        }
+        _ => json!([]),
+    };
+    phases.lap("link_us");
     // PKG-6: an install that failed is answered with its record (nothing ran, nothing kept).
     if let (Some(_), Some(failure)) = (
         decided.not_run,
@@ -515,6 +546,14 @@ async fn leased(
         phases: phases.marks,
         kernel: kernel_report(admitted.kernel, cell.mode, &reply, &keeping),
         compress: admitted.compress_output,
+        resources: (cell.turn.is_some()).then(|| {
+            let mut report = resources_report;
+            if report.is_null() {
+                report = json!({ "files": [] });
+            }
+            report["linked"] = linked;
+            report
+        }),
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
             "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
