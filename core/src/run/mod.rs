@@ -15,3 +15,4 @@
 pub mod admission;
 pub mod compress;
 pub mod outcome;
+pub mod progress;

@@ -40,6 +40,39 @@ impl Client {
         self.post("/v1/run_code", request).await
     }
 
+    /// `POST /v1/run_code` as a server-sent event stream (WS-7): each event's name and JSON
+    /// data, in order, read to the stream's end (the last is `run.result`).
+    ///
+    /// # Errors
+    /// When the API cannot be reached, or an event's data is not JSON.
+    pub async fn run_code_events(&self, request: &Value) -> Result<Vec<(String, Value)>, String> {
+        let reply = self
+            .http
+            .post(format!("{}/v1/run_code", self.base))
+            .bearer_auth(&self.credential)
+            .header(reqwest::header::ACCEPT, "text/event-stream")
+            .json(request)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let text = reply.text().await.map_err(|e| e.to_string())?;
+        let mut events = Vec::new();
+        for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+            let mut name = String::from("message");
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(value) = line.strip_prefix("event:") {
+                    name = value.trim().to_owned();
+                } else if let Some(value) = line.strip_prefix("data:") {
+                    data.push_str(value.strip_prefix(' ').unwrap_or(value));
+                }
+            }
+            let data = serde_json::from_str(&data).map_err(|e| format!("{name}: {e}"))?;
+            events.push((name, data));
+        }
+        Ok(events)
+    }
+
     /// `POST path` with a JSON body and the credential: status and JSON answer.
     ///
     /// # Errors

@@ -95,7 +95,11 @@ async fn admin_auth(State(state): State<Arc<AppState>>, request: Request, next: 
     authorize(&state.admin_credential, "admin", request, next).await
 }
 
-async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Response {
+async fn run_code_handler(
+    State(state): State<Arc<AppState>>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let request: RunCodeRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
@@ -104,6 +108,13 @@ async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::
             return error(StatusCode::BAD_REQUEST, code, e.to_string());
         }
     };
+    let streams = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    if streams {
+        return progress_stream(state, request);
+    }
     let (status, body) = run_code(state, request).await;
     let retry = body["error"]["retry_after_seconds"].as_u64();
     let mut response = (status, axum::Json(body)).into_response();
@@ -113,6 +124,28 @@ async fn run_code_handler(State(state): State<Arc<AppState>>, body: axum::body::
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
+}
+
+/// `run_code` as a server-sent event stream (WS-7, `corral_core::run::progress`): `run.queued`,
+/// `run.running`, then one `run.result` with `{status, body}`. The run goes on to its end if the
+/// caller hangs up.
+fn progress_stream(state: Arc<AppState>, request: RunCodeRequest) -> Response {
+    use axum::response::sse::{Event, Sse};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, serde_json::Value)>();
+    let result = tx.clone();
+    tokio::spawn(async move {
+        let (status, body) = crate::run::run_code_with_progress(state, request, Some(tx)).await;
+        let _ = result.send((
+            corral_core::run::progress::RESULT,
+            serde_json::json!({ "status": status.as_u16(), "body": body }),
+        ));
+    });
+    let events = futures::stream::unfold(rx, |mut rx| async move {
+        let (name, data) = rx.recv().await?;
+        let event = Event::default().event(name).data(data.to_string());
+        Some((Ok::<_, std::convert::Infallible>(event), rx))
+    });
+    Sse::new(events).into_response()
 }
 
 #[derive(Deserialize)]

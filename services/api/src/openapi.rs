@@ -107,8 +107,9 @@ pub fn document() -> Value {
                 "security": [{ "caller": [] }],
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunCode" } } } },
                 "responses": {
-                    "200": { "description": "The run's result (whatever the code's own exit code)",
-                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunResult" } } } },
+                    "200": { "description": "The run's result (whatever the code's own exit code). With `Accept: text/event-stream`, a server-sent event stream instead (WS-7): `run.queued` and `run.running` (`{run_id, declared: [{path, state: in_progress, downloadable: false}]}`), then one `run.result` (`{status, body}`, the answer the plain request would have had)",
+                             "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunResult" } },
+                                          "text/event-stream": { "schema": { "type": "string" } } } },
                     "400": refusal(), "401": refusal(), "409": refusal(), "413": refusal(), "422": refusal(),
                     "429": refusal(), "502": refusal(), "503": refusal() } } },
             "/v1/read_output": { "get": {

@@ -615,3 +615,58 @@ async fn out_01_out_02_out_03_an_output_is_linked_into_the_room_and_nothing_else
     let (status, bytes) = stack.read("ann", "team", "scratch-secret.txt").await;
     assert_eq!((status, bytes.as_slice()), (200, &b"private notes"[..]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_07_declared_outputs_stream_as_transient_progress_replaced_by_references() {
+    let test = "ws_07_declared_outputs_stream_as_transient_progress_replaced_by_references";
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    // Two declared names: one the run writes, one it never does (a declaration grants nothing).
+    let mut body = run(
+        "ann",
+        "progress",
+        "open('/workspace/chart.csv', 'w').write('x,y\\n1,2\\n')\nprint('done')\n",
+    );
+    body["declared_outputs"] = json!(["chart.csv", "never-written.csv"]);
+    let events = stack.caller.run_code_events(&body).await.unwrap();
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["run.queued", "run.running", "run.result"],
+        "{events:?}"
+    );
+    for (_, data) in &events[..2] {
+        let declared = data["declared"].as_array().unwrap();
+        assert_eq!(declared.len(), 2, "{data}");
+        for entry in declared {
+            assert_eq!(entry["downloadable"], false, "{data}");
+            assert_eq!(entry["state"], "in_progress", "{data}");
+            assert!(entry.get("reference").is_none(), "{data}");
+        }
+    }
+    assert_eq!(events[0].1["run_id"], events[2].1["body"]["run_id"]);
+    // At completion the validated references replace them: the written file only.
+    let result = &events[2].1;
+    assert_eq!(result["status"], 200, "{result}");
+    let answer = &result["body"];
+    assert_eq!(stdout(answer), "done\n", "{answer}");
+    let references: Vec<&str> = answer["member"]["references"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(references, ["chart.csv"], "{answer}");
+    // A refused request streams its refusal as the one result.
+    let mut refused = run("ann", "progress", "print(1)\n");
+    refused["declared_outputs"] = json!(["../escape.csv"]);
+    let events = stack.caller.run_code_events(&refused).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "run.result");
+    assert_eq!(events[0].1["status"], 400);
+    assert_eq!(
+        events[0].1["body"]["error"]["code"],
+        "declared_output_invalid"
+    );
+}

@@ -45,10 +45,23 @@ pub mod resources;
 /// the run taken to the next, at most this many in all.
 pub const LEASES_MAX: u32 = 3;
 
+/// Where a run's progress events go (WS-7): the event's name
+/// (`corral_core::run::progress`) and its data.
+pub type Progress = tokio::sync::mpsc::UnboundedSender<(&'static str, Value)>;
+
 /// Runs `request`. Spawned, so that it finishes (lease released, worker reset) whatever the
 /// caller does.
 pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
-    match tokio::spawn(run(state, request)).await {
+    run_code_with_progress(state, request, None).await
+}
+
+/// [`run_code`], telling `progress` when the run is queued and when it runs (WS-7).
+pub async fn run_code_with_progress(
+    state: Arc<AppState>,
+    request: RunCodeRequest,
+    progress: Option<Progress>,
+) -> Reply {
+    match tokio::spawn(run(state, request, progress)).await {
         Ok(reply) => reply,
         Err(e) => answer::refusal(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -59,14 +72,14 @@ pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
     }
 }
 
-async fn run(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
+async fn run(state: Arc<AppState>, request: RunCodeRequest, progress: Option<Progress>) -> Reply {
     let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
     // A run's tool calls are taken while it runs (KER-5).
     let tools_token = request
         .tools
         .clone()
         .map(|tools| state.tool_runs.start(tools));
-    let reply = attempt(&state, request, &run_id, tools_token.as_deref()).await;
+    let reply = attempt(&state, request, &run_id, tools_token.as_deref(), progress).await;
     if let Some(broker) = &state.broker {
         broker.end(&run_id);
     }
@@ -82,6 +95,7 @@ async fn attempt(
     request: RunCodeRequest,
     run_id: &str,
     tools_token: Option<&str>,
+    progress: Option<Progress>,
 ) -> Reply {
     let run_id = run_id.to_owned();
     let admitted = match admit(request, &state.settings, state.packages()) {
@@ -135,7 +149,12 @@ async fn attempt(
         retained: None,
         tools_token: tools_token.map(str::to_owned),
         turn,
+        progress,
     };
+    cell.tell(
+        corral_core::run::progress::QUEUED,
+        json!({ "run_id": run_id, "declared": corral_core::run::progress::pending(&admitted.declared) }),
+    );
     let (taken, claim) = if affinity {
         state.affinity.take(&key)
     } else {
@@ -304,6 +323,17 @@ struct Cell {
     tools_token: Option<String>,
     /// The turn's scope at admission, when the authority knows its room (PROJ-1).
     turn: Option<resources::TurnScope>,
+    /// Where its progress goes, when the caller asked for a stream (WS-7).
+    progress: Option<Progress>,
+}
+
+impl Cell {
+    /// Tells the caller's stream, if there is one; a caller that hung up is not waited for.
+    fn tell(&self, event: &'static str, data: Value) {
+        if let Some(progress) = &self.progress {
+            let _ = progress.send((event, data));
+        }
+    }
 }
 
 /// How a leased run ended.
@@ -440,6 +470,14 @@ async fn leased(
         resources: resources_order,
         token: granted.token,
     };
+    cell.tell(
+        corral_core::run::progress::RUNNING,
+        json!({
+            "run_id": run_id,
+            "worker": granted.worker.to_string(),
+            "declared": corral_core::run::progress::pending(&admitted.declared),
+        }),
+    );
     let reply = match state
         .workers
         .execute(granted.worker, &request, &admitted.bounds)
