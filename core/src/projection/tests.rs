@@ -467,3 +467,117 @@ fn proj_05_the_manifest_lists_paths_under_the_mount_and_is_absent_when_empty() {
     assert_eq!(entry["size"], 10);
     assert!(entry["digest"].as_str().unwrap().starts_with("sha256:"));
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::super::*;
+
+    fn any_doc(prefix: &'static str) -> impl Strategy<Value = Document> {
+        (
+            0u8..6,
+            0u8..3,
+            any::<bool>(),
+            prop_oneof![Just(0u64), 1u64..2_000_000, Just(BYTES_MAX)],
+            prop::sample::select(vec!["a.pdf", "A.pdf", "../x.csv", ".env", "b c.txt", ""]),
+            1u64..3,
+        )
+            .prop_map(
+                move |(id, processing, readable, size, name, version)| Document {
+                    reference: format!("{prefix}{id}-v{version}"),
+                    root: format!("{prefix}{id}"),
+                    version,
+                    kind: Kind::Document,
+                    processing: match processing {
+                        0 => Processing::Ready,
+                        1 => Processing::Processing,
+                        _ => Processing::Failed,
+                    },
+                    readable: readable || processing == 0,
+                    digest: "cd".repeat(32),
+                    media_type: "text/plain".into(),
+                    size,
+                    name: name.into(),
+                },
+            )
+    }
+
+    proptest! {
+        /// Whatever the authority says, a projection holds the bound, names every file safely and
+        /// once, puts the room's files first, admits the selection only into an exactly private
+        /// room whose audience did not change, and refuses only for a room file or an asked-for
+        /// sole-source selection (PROJ-1, PROJ-3, PROJ-4, PROJ-8).
+        #[test]
+        fn proj_01_proj_03_proj_04_every_projection_keeps_the_rules(
+            room in prop::collection::vec(any_doc("r"), 0..24),
+            selection in prop::collection::vec(any_doc("s"), 0..24),
+            others in any::<bool>(),
+            live_kind in 0u8..4,
+            asked in any::<bool>(),
+        ) {
+            let admitted = Audience {
+                version: 7,
+                members: if others { ["ann", "bob"] } else { ["ann", "ann"] }
+                    .iter().map(|m| (*m).to_owned()).collect(),
+            };
+            let mut live = admitted.clone();
+            match live_kind {
+                1 => live.version = 8,
+                2 => { live.members.insert("cy".into()); }
+                _ => {}
+            }
+            let turn = Turn {
+                member: "ann",
+                room: &room,
+                selection: &selection,
+                admitted: &admitted,
+                live: (live_kind != 3).then_some(&live),
+                asked_for_files: asked,
+            };
+            let room_ok = room.iter().all(|d| d.readable && d.processing == Processing::Ready)
+                && room.len() <= FILES_MAX
+                && room.iter().map(|d| d.size).sum::<u64>() <= BYTES_MAX;
+            match project(&turn) {
+                Err(refusal) => {
+                    // Only a room file, or an asked-for selection that was the sole source.
+                    prop_assert!(!room_ok || (asked && room.is_empty() && !selection.is_empty()
+                        && admitted.is_only("ann")), "{refusal:?}");
+                }
+                Ok(projection) => {
+                    prop_assert!(room_ok);
+                    let m = &projection.manifest;
+                    prop_assert!(m.entries.len() <= FILES_MAX);
+                    prop_assert!(m.bytes() <= BYTES_MAX);
+                    let mut seen = std::collections::BTreeSet::new();
+                    for e in &m.entries {
+                        prop_assert!(is_assigned_name(&e.filename), "{}", e.filename);
+                        prop_assert!(seen.insert(e.filename.to_lowercase()), "{}", e.filename);
+                    }
+                    // The room's files first, all of them, in order.
+                    let first: Vec<&str> = m.entries.iter().take(room.len()).map(|e| e.reference.as_str()).collect();
+                    let expected: Vec<&str> = room.iter().map(|d| d.reference.as_str()).collect();
+                    prop_assert_eq!(first, expected);
+                    let joined = m.entries.iter().filter(|e| e.source == Source::Selection).count();
+                    if joined > 0 {
+                        prop_assert!(admitted.is_only("ann") && live_kind == 0);
+                    }
+                    // A selection that could not join is withheld, and said so, unless none was
+                    // considered.
+                    let considered = admitted.is_only("ann") && !selection.is_empty();
+                    prop_assert_eq!(considered && joined == 0 && projection.withheld.is_none(),
+                        considered && selection.iter().all(|s| room.iter().any(|r| r.reference == s.reference
+                            || (r.root == s.root && r.version == s.version))) && live_kind == 0);
+                    prop_assert_eq!(projection.no_file_attached, asked && m.entries.is_empty());
+                    // What is projected, the worker accepts with the right bytes.
+                    let bytes: Vec<Vec<u8>> = m.entries.iter().map(|e| vec![0u8; usize::try_from(e.size).unwrap()]).collect();
+                    let mut pinned = m.clone();
+                    for (e, b) in pinned.entries.iter_mut().zip(&bytes) {
+                        e.digest = crate::ids::sha256_hex(b);
+                    }
+                    let files: Vec<&[u8]> = bytes.iter().map(Vec::as_slice).collect();
+                    prop_assert!(verify_files(&pinned, &pinned.digest(), &files).is_ok());
+                }
+            }
+        }
+    }
+}

@@ -23,6 +23,7 @@ struct Counters {
     runs: BTreeMap<&'static str, u64>,
     bounds: BTreeMap<String, u64>,
     refusals: BTreeMap<&'static str, u64>,
+    events: BTreeMap<(&'static str, &'static str), u64>,
     unperformed: BTreeMap<&'static str, u64>,
     grants: BTreeMap<&'static str, u64>,
     acquire_buckets: [u64; ACQUIRE_BUCKETS.len()],
@@ -56,6 +57,12 @@ impl Metrics {
     /// Admission refused a run with `code`.
     pub fn refusal(&self, code: &'static str) {
         self.with(|c| *c.refusals.entry(code).or_default() += 1);
+    }
+
+    /// An event the specification names happened (`run_code.private_selection_withheld`, ...),
+    /// with its bounded reason code.
+    pub fn event(&self, event: &'static str, reason: &'static str) {
+        self.with(|c| *c.events.entry((event, reason)).or_default() += 1);
     }
 
     /// Something the pool ordered or a holder owed was not performed here, with why
@@ -102,6 +109,13 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "corral_admission_refusals_total{{reason=\"{code}\"}} {n}"
+            );
+        }
+        let _ = writeln!(out, "# TYPE corral_events_total counter");
+        for ((event, reason), n) in &c.events {
+            let _ = writeln!(
+                out,
+                "corral_events_total{{event=\"{event}\",reason=\"{reason}\"}} {n}"
             );
         }
         let _ = writeln!(out, "# TYPE corral_unperformed_total counter");

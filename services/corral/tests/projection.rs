@@ -417,6 +417,15 @@ async fn proj_03_proj_04_proj_07_what_changes_between_admission_and_dispatch_is_
         body["model"]["resources"]["withheld"]["reason"],
         "resource_audience_changed"
     );
+    // ...and counted under its event and reason.
+    let (_, metrics) = stack.caller.get("/metrics").await.unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains(
+            "corral_events_total{event=\"run_code.private_selection_withheld\",reason=\"resource_audience_changed\"} 1"
+        ),
+        "{metrics}"
+    );
     // The turn's own link does not stop it, and is not projected in it.
     let (status, body) = &answers[2];
     assert_eq!(
