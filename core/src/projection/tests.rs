@@ -478,12 +478,12 @@ mod properties {
             0u8..6,
             0u8..3,
             any::<bool>(),
-            prop_oneof![Just(0u64), 1u64..2_000_000, Just(BYTES_MAX)],
+            (0u8..4, 1u64..2_000_000),
             prop::sample::select(vec!["a.pdf", "A.pdf", "../x.csv", ".env", "b c.txt", ""]),
             1u64..3,
         )
             .prop_map(
-                move |(id, processing, readable, size, name, version)| Document {
+                move |(id, processing, readable, (size_kind, some), name, version)| Document {
                     reference: format!("{prefix}{id}-v{version}"),
                     root: format!("{prefix}{id}"),
                     version,
@@ -493,10 +493,14 @@ mod properties {
                         1 => Processing::Processing,
                         _ => Processing::Failed,
                     },
-                    readable: readable || processing == 0,
+                    readable,
                     digest: "cd".repeat(32),
                     media_type: "text/plain".into(),
-                    size,
+                    size: match size_kind {
+                        0 => 0,
+                        1 => BYTES_MAX,
+                        _ => some,
+                    },
                     name: name.into(),
                 },
             )
