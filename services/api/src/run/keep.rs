@@ -10,6 +10,18 @@ use corral_core::run::outcome::Kept;
 use crate::AppState;
 use crate::workspaces::{Snapshot, StorageError, files};
 
+/// An output stored under its digest, to be linked into the run's room (OUT-1).
+pub struct Published {
+    /// Workspace-relative path.
+    pub path: String,
+    /// SHA-256, 64 hex digits.
+    pub digest: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Media type.
+    pub media_type: String,
+}
+
 /// What keeping did, with what the model is told of the workspace.
 pub struct Keeping {
     /// For corral-core's outcome.
@@ -21,7 +33,7 @@ pub struct Keeping {
     /// In affinity mode (KER-4), the workspace retained beside the held lease instead.
     pub retained: Option<Bytes>,
     /// The outputs also stored under their digest, to be linked into the run's room (OUT-1).
-    pub published: Vec<super::resources::Output>,
+    pub published: Vec<Published>,
 }
 
 impl Keeping {
@@ -107,7 +119,7 @@ pub async fn keep(
                 .iter()
                 .find(|d| d.path == path)
                 .map_or_else(String::new, |d| d.media_type.clone());
-            published.push(super::resources::Output {
+            published.push(Published {
                 path,
                 digest,
                 size: bytes.len() as u64,

@@ -23,6 +23,7 @@ use corral_core::run::admission::Admitted;
 use serde_json::{Value, json};
 
 use super::answer::{self, Reply};
+use super::keep::Published;
 use crate::AppState;
 use crate::resources::{AuthorityError, JournalQuery, LinkRequest, Scope, ScopeQuery, references};
 
@@ -296,25 +297,13 @@ pub async fn dispatch(
     })
 }
 
-/// One output to link: its path in the workspace, digest and size.
-pub struct Output {
-    /// Workspace-relative path.
-    pub path: String,
-    /// SHA-256, 64 hex digits.
-    pub digest: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Media type.
-    pub media_type: String,
-}
-
 /// Step 3: links each retained output into the room (OUT-1); what was linked, for the answer.
 /// A link that fails is reported, not retried: the output stays retained under the member.
 pub async fn link(
     state: &AppState,
     admitted: &Admitted,
     turn: &TurnScope,
-    outputs: &[Output],
+    outputs: &[Published],
 ) -> Value {
     let Some(authority) = &state.resources else {
         return json!([]);
