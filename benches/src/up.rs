@@ -59,6 +59,49 @@ impl Drop for Up {
     }
 }
 
+/// The flags every end-to-end benchmark takes: `--corral PATH` (default
+/// `target/release/corral`), `--runs N`, `--pause-ms MS`.
+pub struct Args {
+    /// The `corral` binary.
+    pub corral: String,
+    /// Runs per measurement.
+    pub runs: usize,
+    /// The pause before each run.
+    pub pause: Duration,
+}
+
+impl Args {
+    /// Parses this process's arguments with these defaults; a flag of its own is given to
+    /// `extra` with its value, which says whether it took it.
+    ///
+    /// # Panics
+    /// On a flag without a value, a value that does not parse, or an unknown flag.
+    #[must_use]
+    pub fn parse(runs: usize, pause: Duration, mut extra: impl FnMut(&str, &str) -> bool) -> Self {
+        let mut args = Self {
+            corral: String::from("target/release/corral"),
+            runs,
+            pause,
+        };
+        let mut rest = std::env::args().skip(1);
+        while let Some(flag) = rest.next() {
+            let value = rest
+                .next()
+                .unwrap_or_else(|| panic!("{flag} needs a value"));
+            match flag.as_str() {
+                "--corral" => args.corral = value,
+                "--runs" => args.runs = value.parse().expect("--runs N"),
+                "--pause-ms" => {
+                    args.pause = Duration::from_millis(value.parse().expect("--pause-ms MS"));
+                }
+                other if extra(other, &value) => {}
+                other => panic!("unknown flag {other}"),
+            }
+        }
+        args
+    }
+}
+
 /// The median of `samples`.
 ///
 /// # Panics

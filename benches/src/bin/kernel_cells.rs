@@ -11,26 +11,16 @@
 
 use std::time::Duration;
 
-use corral_benches::up::{Up, ms, p50, through_api};
+use corral_benches::up::{Args, Up, ms, p50, through_api};
 use corral_testkit::registries::TempDir;
 use serde_json::json;
 
 fn main() {
-    let mut corral = String::from("target/release/corral");
-    let mut runs = 20usize;
-    let mut pause = Duration::from_millis(500);
-    let mut rest = std::env::args().skip(1);
-    while let Some(flag) = rest.next() {
-        let value = rest
-            .next()
-            .unwrap_or_else(|| panic!("{flag} needs a value"));
-        match flag.as_str() {
-            "--corral" => corral = value,
-            "--runs" => runs = value.parse().expect("--runs N"),
-            "--pause-ms" => pause = Duration::from_millis(value.parse().expect("--pause-ms MS")),
-            other => panic!("unknown flag {other}"),
-        }
-    }
+    let Args {
+        corral,
+        runs,
+        pause,
+    } = Args::parse(20, Duration::from_millis(500), |_, _| false);
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -27,28 +27,20 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut parsed = Args {
-        corral: String::from("target/release/corral"),
-        runs: 20,
-        pause: Duration::ZERO,
-        stack: String::from("/opt/corral/python"),
-    };
-    let mut rest = std::env::args().skip(1);
-    while let Some(flag) = rest.next() {
-        let value = rest
-            .next()
-            .unwrap_or_else(|| panic!("{flag} needs a value"));
-        match flag.as_str() {
-            "--corral" => parsed.corral = value,
-            "--runs" => parsed.runs = value.parse().expect("--runs N"),
-            "--pause-ms" => {
-                parsed.pause = Duration::from_millis(value.parse().expect("--pause-ms MS"))
-            }
-            "--stack" => parsed.stack = value,
-            other => panic!("unknown flag {other}"),
+    let mut stack = String::from("/opt/corral/python");
+    let common = corral_benches::up::Args::parse(20, Duration::ZERO, |flag, value| {
+        let ours = flag == "--stack";
+        if ours {
+            stack = value.to_owned();
         }
+        ours
+    });
+    Args {
+        corral: common.corral,
+        runs: common.runs,
+        pause: common.pause,
+        stack,
     }
-    parsed
 }
 
 /// `command` run `runs` times, one after another; each must exit 0.

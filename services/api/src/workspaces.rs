@@ -219,20 +219,11 @@ impl Workspaces {
         bytes: Bytes,
     ) -> Result<u64, StorageError> {
         let generation = base + 1;
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
         match self
-            .store
-            .put_opts(
-                &self.path(series, key, generation),
-                PutPayload::from_bytes(bytes),
-                options,
-            )
+            .put_new(&self.path(series, key, generation), bytes)
             .await
         {
-            Ok(_) => {}
+            Ok(()) => {}
             Err(
                 object_store::Error::AlreadyExists { .. }
                 | object_store::Error::Precondition { .. },
@@ -300,19 +291,22 @@ impl Workspaces {
         path: &str,
         bytes: Bytes,
     ) -> Result<(), StorageError> {
+        self.put_new(&self.output_path(key, run_id, path), bytes)
+            .await
+            .map_err(|e| unavailable(&e))
+    }
+
+    /// Writes `bytes` at `path` only if nothing is there (`PutMode::Create`: an atomic no-replace
+    /// link on the filesystem, `If-None-Match: *` on S3).
+    async fn put_new(&self, path: &Path, bytes: Bytes) -> object_store::Result<()> {
         let options = PutOptions {
             mode: PutMode::Create,
             ..PutOptions::default()
         };
         self.store
-            .put_opts(
-                &self.output_path(key, run_id, path),
-                PutPayload::from_bytes(bytes),
-                options,
-            )
+            .put_opts(path, PutPayload::from_bytes(bytes), options)
             .await
-            .map(|_| ())
-            .map_err(|e| unavailable(&e))
+            .map(drop)
     }
 
     /// A retained output, if there is one.
@@ -344,20 +338,8 @@ impl Workspaces {
     /// # Errors
     /// [`StorageError::Unavailable`] when they could not be written.
     pub async fn put_resource(&self, digest: &str, bytes: Bytes) -> Result<(), StorageError> {
-        let options = PutOptions {
-            mode: PutMode::Create,
-            ..PutOptions::default()
-        };
-        match self
-            .store
-            .put_opts(
-                &self.resource_path(digest),
-                PutPayload::from_bytes(bytes),
-                options,
-            )
-            .await
-        {
-            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
+        match self.put_new(&self.resource_path(digest), bytes).await {
+            Ok(()) | Err(object_store::Error::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(unavailable(&e)),
         }
     }

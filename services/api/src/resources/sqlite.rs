@@ -185,6 +185,16 @@ fn reads(tx: &Transaction<'_>, member: &str, row: &Row) -> rusqlite::Result<bool
     Ok(false)
 }
 
+/// The documents linked into `room`, by position.
+fn linked_rows(tx: &Transaction<'_>, room: &str) -> rusqlite::Result<Vec<Row>> {
+    tx.prepare_cached(&format!(
+        "SELECT {DOCUMENT_COLUMNS} FROM links l JOIN documents d ON d.reference = l.reference \
+         WHERE l.room = ?1 ORDER BY l.position"
+    ))?
+    .query_map(params![room], row)?
+    .collect()
+}
+
 /// The turn's documents: the room's linked ones by position, then each retrieved one not among
 /// them (those the authority does not know are left out), each judged readable under `member`.
 fn turn_documents(
@@ -193,13 +203,7 @@ fn turn_documents(
     member: &str,
     retrieved: &[String],
 ) -> rusqlite::Result<Vec<Document>> {
-    let mut rows: Vec<Row> = tx
-        .prepare_cached(&format!(
-            "SELECT {DOCUMENT_COLUMNS} FROM links l JOIN documents d ON d.reference = l.reference \
-             WHERE l.room = ?1 ORDER BY l.position"
-        ))?
-        .query_map(params![room], row)?
-        .collect::<rusqlite::Result<_>>()?;
+    let mut rows = linked_rows(tx, room)?;
     for reference in retrieved {
         if rows.iter().any(|r| &r.doc.reference == reference) {
             continue;
@@ -246,6 +250,33 @@ fn bump_project(tx: &Transaction<'_>, project: &str) -> rusqlite::Result<usize> 
         "UPDATE rooms SET audience_version = audience_version + 1 WHERE project = ?1",
         params![project],
     )
+}
+
+/// A roster: a project's members or a room's direct ones.
+#[derive(Clone, Copy)]
+enum Roster {
+    Project,
+    Room,
+}
+
+/// Adds `member` to (or removes them from) `roster` of `id`; how many rows changed.
+fn set_member(
+    tx: &Transaction<'_>,
+    roster: Roster,
+    id: &str,
+    member: &str,
+    present: bool,
+) -> rusqlite::Result<usize> {
+    let (table, column) = match roster {
+        Roster::Project => ("project_members", "project"),
+        Roster::Room => ("room_members", "room"),
+    };
+    let statement = if present {
+        format!("INSERT OR IGNORE INTO {table} ({column}, member) VALUES (?1, ?2)")
+    } else {
+        format!("DELETE FROM {table} WHERE {column} = ?1 AND member = ?2")
+    };
+    tx.execute(&statement, params![id, member])
 }
 
 fn fresh_reference(prefix: &str) -> String {
@@ -434,18 +465,7 @@ impl Embedded {
         present: bool,
     ) -> Result<(), String> {
         self.admin(|tx| {
-            let changed = if present {
-                tx.execute(
-                    "INSERT OR IGNORE INTO project_members (project, member) VALUES (?1, ?2)",
-                    params![project, member],
-                )?
-            } else {
-                tx.execute(
-                    "DELETE FROM project_members WHERE project = ?1 AND member = ?2",
-                    params![project, member],
-                )?
-            };
-            if changed > 0 {
+            if set_member(tx, Roster::Project, project, member, present)? > 0 {
                 bump_project(tx, project)?;
             }
             Ok(())
@@ -468,10 +488,7 @@ impl Embedded {
                 params![room, project],
             )?;
             for member in members {
-                tx.execute(
-                    "INSERT OR IGNORE INTO room_members (room, member) VALUES (?1, ?2)",
-                    params![room, member],
-                )?;
+                set_member(tx, Roster::Room, room, member, true)?;
             }
             Ok(())
         })
@@ -486,18 +503,7 @@ impl Embedded {
             if !room_exists(tx, room)? {
                 return Err(rusqlite::Error::QueryReturnedNoRows);
             }
-            let changed = if present {
-                tx.execute(
-                    "INSERT OR IGNORE INTO room_members (room, member) VALUES (?1, ?2)",
-                    params![room, member],
-                )?
-            } else {
-                tx.execute(
-                    "DELETE FROM room_members WHERE room = ?1 AND member = ?2",
-                    params![room, member],
-                )?
-            };
-            if changed > 0 {
+            if set_member(tx, Roster::Room, room, member, present)? > 0 {
                 bump_room(tx, room)?;
             }
             Ok(())
@@ -579,14 +585,7 @@ impl Embedded {
     /// The database's refusal.
     pub fn room_documents(&self, room: &str) -> Result<Vec<Document>, String> {
         self.admin(|tx| {
-            let rows: Vec<Row> = tx
-                .prepare_cached(&format!(
-                    "SELECT {DOCUMENT_COLUMNS} FROM links l JOIN documents d ON d.reference = l.reference \
-                     WHERE l.room = ?1 ORDER BY l.position"
-                ))?
-                .query_map(params![room], row)?
-                .collect::<rusqlite::Result<_>>()?;
-            Ok(rows
+            Ok(linked_rows(tx, room)?
                 .into_iter()
                 .map(|r| Document {
                     readable: !r.revoked,
