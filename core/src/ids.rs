@@ -150,6 +150,23 @@ pub fn identity_is_valid(text: &str) -> bool {
     !text.is_empty() && text.len() <= IDENTITY_MAX_BYTES && !text.chars().any(char::is_control)
 }
 
+/// The first of `fields` (name, value) that [`identity_is_valid`] refuses, with the message that
+/// says why; `None` when all are valid.
+#[must_use]
+pub fn first_invalid_identity<'a>(fields: &[(&'a str, &str)]) -> Option<(&'a str, String)> {
+    fields
+        .iter()
+        .find(|(_, value)| !identity_is_valid(value))
+        .map(|(field, _)| {
+            (
+                *field,
+                format!(
+                    "{field} must be 1 to {IDENTITY_MAX_BYTES} bytes with no control character"
+                ),
+            )
+        })
+}
+
 /// The member (a person) on whose behalf a lease is held; fairness is counted per member.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,

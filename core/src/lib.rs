@@ -52,6 +52,7 @@ macro_rules! wire_code {
 }
 
 pub mod bounds;
+pub mod browser;
 pub mod config;
 pub mod downloads;
 pub mod egress;

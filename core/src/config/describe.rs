@@ -107,6 +107,7 @@ impl Settings {
             RESOURCE_AUTHORITY_URL,
             optional(self.resource_authority_url.as_deref().map(redact_userinfo)),
         ));
+        out.push((BROWSER_IDLE.name, self.browser_idle_seconds.to_string()));
         out
     }
 

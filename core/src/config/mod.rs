@@ -252,6 +252,9 @@ pub struct Settings {
     /// OUT-1): `http(s)://…` for the documented JSON contract, `sqlite:///abs/path.db` for the
     /// embedded one; `None`: no document is ever projected and no output linked.
     pub resource_authority_url: Option<String>,
+    /// `CORRAL_BROWSER_IDLE_SECONDS` (default 900): a browser session idle this long is reaped
+    /// (BROW-6).
+    pub browser_idle_seconds: u64,
     /// The egress policy as configured, unparsed.
     pub egress: EgressSettings,
     /// Where the field key comes from.
@@ -305,6 +308,7 @@ impl Default for Settings {
             },
             tool_endpoint_url: None,
             resource_authority_url: None,
+            browser_idle_seconds: crate::browser::IDLE_SECONDS,
             egress: EgressSettings::default(),
             field_key: FieldKeySource::Unset,
             worker: WorkerPorts {
@@ -362,6 +366,7 @@ impl Settings {
             packages: Self::read_packages(&r, &d.packages)?,
             tool_endpoint_url: r.http_url(TOOL_ENDPOINT_URL)?,
             resource_authority_url: r.authority_url(RESOURCE_AUTHORITY_URL)?,
+            browser_idle_seconds: r.number(&BROWSER_IDLE, d.browser_idle_seconds)?,
             egress: r.egress(),
             field_key: r.field_key()?,
             worker: WorkerPorts {

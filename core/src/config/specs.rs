@@ -24,6 +24,7 @@ pub(super) const RESET_TIMEOUT: Number = seconds("CORRAL_RESET_TIMEOUT_SECONDS",
 pub(super) const DELETE_RETRY: Number = seconds("CORRAL_DELETE_RETRY_SECONDS", 1, DAY_SECONDS);
 pub(super) const INVENTORY_STALE: Number =
     seconds("CORRAL_INVENTORY_STALE_SECONDS", 1, DAY_SECONDS);
+pub(super) const BROWSER_IDLE: Number = seconds("CORRAL_BROWSER_IDLE_SECONDS", 1, DAY_SECONDS);
 pub(super) const CLAIM_LIFETIME: Number =
     seconds("CORRAL_CLAIM_LIFETIME_SECONDS", 1, 30 * DAY_SECONDS);
 pub(super) const MAX_WALL: Number = seconds("SANDBOX_MAX_WALL_SECONDS", 1, DAY_SECONDS);

@@ -68,6 +68,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("CORRAL_JAIL_PYTHON_STACK", "/opt/corral/python", "PKG-1", "The baked Python stack's environment (scripts/build-python-stack); the jail binds it read-only and runs Python from it."),
     doc("CORRAL_TOOL_ENDPOINT_URL", "", "KER-5", "The platform's read-only tool endpoint the API forwards code's tool calls to (unset: tools are refused; corral up: its built-in sample)."),
     doc("CORRAL_RESOURCE_AUTHORITY_URL", "", "PROJ-1", "The platform's resource authority: rooms, audiences, documents and links (http(s)://… for the JSON contract in docs/resource-authority.openapi.yaml, sqlite:///abs/path.db for the embedded one; unset: nothing is projected or linked; corral up: an embedded one in its state directory)."),
+    doc("CORRAL_BROWSER_IDLE_SECONDS", "900", "BROW-6", "A browser session idle this long is closed and its worker reset and released."),
 ];
 
 const fn doc(

@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::downloads::relative_path;
 use crate::egress::grant::PROVIDER_HINT_MAX;
 use crate::egress::target::NAME_MAX_BYTES;
-use crate::ids::{ActorId, ConversationId, MemberId, identity_is_valid};
+use crate::ids::{ActorId, ConversationId, MemberId, first_invalid_identity, identity_is_valid};
 use crate::jail::{Language, NotRun};
 use crate::kernel::{Kernel, names_resource_contract};
 use crate::packages::resolve::{Available, DependencyFailure, Resolution, resolve};
@@ -216,19 +216,12 @@ fn refused(
 /// tools, dependencies) and the first failure answers.
 #[must_use]
 pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available) -> Admission {
-    for (field, value) in [
+    if let Some((field, message)) = first_invalid_identity(&[
         ("actor", &request.actor),
         ("conversation", &request.conversation),
         ("member", &request.member),
-    ] {
-        if !identity_is_valid(value) {
-            return refused(
-                RefusalCode::InvalidIdentity,
-                field,
-                None,
-                format!("{field} must be 1 to 256 bytes with no control character"),
-            );
-        }
+    ]) {
+        return refused(RefusalCode::InvalidIdentity, field, None, message);
     }
     let kernel = match request.kernel.as_deref().map(Kernel::parse) {
         None => Kernel::Ephemeral,

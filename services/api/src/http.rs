@@ -29,6 +29,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         .saturating_add(64 * 1024);
     let caller = Router::new()
         .route("/v1/run_code", post(run_code_handler))
+        .route("/v1/browser_sessions", post(crate::browser::open))
+        .route(
+            "/v1/browser_sessions/{id}/actions",
+            post(crate::browser::act),
+        )
+        .route(
+            "/v1/browser_sessions/{id}/private",
+            post(crate::browser::private),
+        )
+        .route(
+            "/v1/browser_sessions/{id}/close",
+            post(crate::browser::close),
+        )
         .route("/v1/read_workspace", get(read_workspace))
         .route("/v1/edit_workspace", post(crate::hashline::edit))
         .route("/v1/read_output", get(read_output))

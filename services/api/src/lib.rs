@@ -23,6 +23,7 @@ use corral_core::config::Settings;
 use corral_store::ValkeyStore;
 
 pub mod broker;
+pub mod browser;
 pub mod client;
 pub mod egress;
 pub mod hashline;
@@ -68,6 +69,8 @@ pub struct AppState {
     /// The platform's resource authority (PROJ-1 to PROJ-8, OUT-1); `None`: nothing is projected
     /// and no output is linked.
     pub resources: Option<resources::Authority>,
+    /// The browser sessions this API opened (BROW-13).
+    pub browser: browser::Sessions,
 }
 
 impl AppState {

@@ -102,6 +102,7 @@ impl Fixture {
             tool_runs: corral_api::tools::ToolRuns::default(),
             sample_tools: false,
             resources: None,
+            browser: corral_api::browser::Sessions::default(),
         });
         Some((
             Fixture {

@@ -16,8 +16,13 @@ use serde::de::DeserializeOwned;
 use crate::error::{ErrorBody, ErrorCode};
 use crate::limits::{SMALL_REPLY_MAX_BYTES, execute_reply_max_bytes};
 use crate::locate::Locator;
-use crate::messages::{ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest};
-use crate::routes::{EXECUTE, HEALTH, RESET, WORKER_ID_HEADER};
+use crate::messages::{
+    BrowserActReply, BrowserCloseReply, BrowserCloseRequest, BrowserOpenReply, BrowserOpenRequest,
+    ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest,
+};
+use crate::routes::{
+    BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, EXECUTE, HEALTH, RESET, WORKER_ID_HEADER,
+};
 
 /// How long a reset may take before it counts as unanswered (unproven).
 pub const RESET_TIMEOUT: Duration = Duration::from_secs(20);
@@ -133,6 +138,67 @@ impl WorkerClient {
     pub async fn health(&self, worker: WorkerId) -> Result<HealthReply, CallError> {
         self.call(worker, HEALTH, None, HEALTH_TIMEOUT, SMALL_REPLY_MAX_BYTES)
             .await
+    }
+
+    /// Opens a browser session on `worker` (BROW-1, BROW-13).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_open(
+        &self,
+        worker: WorkerId,
+        request: &BrowserOpenRequest,
+    ) -> Result<BrowserOpenReply, CallError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let timeout = Duration::from_secs(corral_core::browser::OPEN_MAX_SECONDS) + EXECUTE_MARGIN;
+        self.call(
+            worker,
+            BROWSER_OPEN,
+            Some(body),
+            timeout,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
+    }
+
+    /// One action on `worker`'s session (BROW-10).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_act(
+        &self,
+        worker: WorkerId,
+        action: &corral_core::browser::Action,
+    ) -> Result<BrowserActReply, CallError> {
+        let body = serde_json::to_vec(action).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let timeout = Duration::from_millis(corral_core::browser::STEP_MAX_MS) + EXECUTE_MARGIN;
+        let reply_max = (corral_core::browser::SCREENSHOT_MAX_BYTES as u64 / 3 * 4)
+            .saturating_add(SMALL_REPLY_MAX_BYTES)
+            .saturating_add(corral_core::browser::REPLY_MAX_BYTES as u64 * 6);
+        self.call(worker, BROWSER_ACT, Some(body), timeout, reply_max)
+            .await
+    }
+
+    /// Closes `worker`'s session and resets it under `token` (BROW-13).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_close(
+        &self,
+        worker: WorkerId,
+        token: OpToken,
+    ) -> Result<BrowserCloseReply, CallError> {
+        let body = serde_json::to_vec(&BrowserCloseRequest { token })
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call(
+            worker,
+            BROWSER_CLOSE,
+            Some(body),
+            RESET_TIMEOUT,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
     }
 
     async fn call<T: DeserializeOwned>(

@@ -47,11 +47,20 @@ pub enum ErrorCode {
     ResetFailed,
     /// The reply could not be encoded (500).
     EncodeFailed,
+    /// A browser session holds the worker: no run and no second session until it closes (409).
+    BrowserSessionOpen,
+    /// No browser session is open on this worker (409).
+    BrowserSessionAbsent,
+    /// A browser action failed (422; `detail.reason` is its `corral_core::browser::ActionError`
+    /// code).
+    BrowserActionFailed,
+    /// The session's runtime did not start (500); the worker reset what it had started.
+    BrowserOpenFailed,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::Unauthorized,
         Self::BodyTooLarge,
         Self::WrongWorker,
@@ -71,6 +80,10 @@ impl ErrorCode {
         Self::RunFailed,
         Self::ResetFailed,
         Self::EncodeFailed,
+        Self::BrowserSessionOpen,
+        Self::BrowserSessionAbsent,
+        Self::BrowserActionFailed,
+        Self::BrowserOpenFailed,
     ];
 
     /// The stable code.
@@ -96,6 +109,10 @@ impl ErrorCode {
             Self::RunFailed => "run_failed",
             Self::ResetFailed => "reset_failed",
             Self::EncodeFailed => "encode_failed",
+            Self::BrowserSessionOpen => "browser_session_open",
+            Self::BrowserSessionAbsent => "browser_session_absent",
+            Self::BrowserActionFailed => "browser_action_failed",
+            Self::BrowserOpenFailed => "browser_open_failed",
         }
     }
 
@@ -105,10 +122,12 @@ impl ErrorCode {
         match self {
             Self::Unauthorized => 401,
             Self::NotFound => 404,
-            Self::Busy => 409,
+            Self::Busy | Self::BrowserSessionOpen | Self::BrowserSessionAbsent => 409,
             Self::BodyTooLarge | Self::CodeTooLarge => 413,
             Self::WrongWorker => 421,
-            Self::BoundOverrideRefused | Self::WorkspaceArchiveRefused => 422,
+            Self::BoundOverrideRefused
+            | Self::WorkspaceArchiveRefused
+            | Self::BrowserActionFailed => 422,
             Self::BodyTruncated
             | Self::BodyMalformed
             | Self::BodyInvalid
@@ -116,7 +135,11 @@ impl ErrorCode {
             | Self::GrantMalformed
             | Self::DeclaredOutputInvalid
             | Self::WorkspaceNotBase64 => 400,
-            Self::StagingFailed | Self::RunFailed | Self::ResetFailed | Self::EncodeFailed => 500,
+            Self::StagingFailed
+            | Self::RunFailed
+            | Self::ResetFailed
+            | Self::EncodeFailed
+            | Self::BrowserOpenFailed => 500,
         }
     }
 
@@ -126,7 +149,12 @@ impl ErrorCode {
     pub fn before_anything_ran(self) -> bool {
         !matches!(
             self,
-            Self::StagingFailed | Self::RunFailed | Self::ResetFailed | Self::EncodeFailed
+            Self::StagingFailed
+                | Self::RunFailed
+                | Self::ResetFailed
+                | Self::EncodeFailed
+                | Self::BrowserOpenFailed
+                | Self::BrowserActionFailed
         )
     }
 }

@@ -366,6 +366,71 @@ impl ExecuteRequest {
     }
 }
 
+/// `POST /v1/browser/open` (BROW-1, BROW-13): start a session's runtime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserOpenRequest {
+    /// The session's egress grant, which the worker's relay adds to each of Chromium's
+    /// connections (its only route out); never given to the browser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+    /// The desktop's width (default `corral_core::browser::WIDTH`).
+    #[serde(default = "default_width")]
+    pub width: u32,
+    /// The desktop's height.
+    #[serde(default = "default_height")]
+    pub height: u32,
+    /// The operation token the evidence of a failed open's reset carries.
+    pub token: OpToken,
+}
+
+fn default_width() -> u32 {
+    corral_core::browser::WIDTH
+}
+
+fn default_height() -> u32 {
+    corral_core::browser::HEIGHT
+}
+
+/// The answer to a [`BrowserOpenRequest`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserOpenReply {
+    /// How long the runtime took to start, in milliseconds.
+    pub start_ms: u64,
+    /// The isolation the session has.
+    pub isolation: Isolation,
+    /// Notes.
+    pub diagnostics: Vec<String>,
+}
+
+/// The answer to an action.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserActReply {
+    /// The action's result (its shape is the action's).
+    pub result: serde_json::Value,
+    /// How long it took, in milliseconds.
+    pub took_ms: u64,
+}
+
+/// `POST /v1/browser/close` (BROW-13).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserCloseRequest {
+    /// The operation token the reset evidence carries.
+    pub token: OpToken,
+}
+
+/// The answer to a [`BrowserCloseRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserCloseReply {
+    /// Whether the runtime stopped when told to (every process gone before the reset's kill).
+    pub confirmed: bool,
+    /// The reset's evidence.
+    pub reset_evidence: EvidenceReport,
+    /// Notes.
+    pub diagnostics: Vec<String>,
+}
+
 /// The isolation a run had.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Isolation {

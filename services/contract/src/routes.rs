@@ -12,6 +12,16 @@ pub const EXECUTE: &str = "/v1/execute";
 /// `POST` a [`crate::ResetRequest`]: kill, wipe, measure; answered with a [`crate::ResetReply`].
 pub const RESET: &str = "/v1/reset";
 
+/// `POST` a [`crate::messages::BrowserOpenRequest`]: start a browser session's runtime in a jail
+/// (BROW-1, BROW-13); answered with a [`crate::messages::BrowserOpenReply`].
+pub const BROWSER_OPEN: &str = "/v1/browser/open";
+/// `POST` a `corral_core::browser::Action`: one action on the open session (BROW-10); answered
+/// with a [`crate::messages::BrowserActReply`].
+pub const BROWSER_ACT: &str = "/v1/browser/act";
+/// `POST` a [`crate::messages::BrowserCloseRequest`]: stop every process of the session, delete
+/// its profile, reset (BROW-13); answered with a [`crate::messages::BrowserCloseReply`].
+pub const BROWSER_CLOSE: &str = "/v1/browser/close";
+
 /// The API's route a worker's supervisor posts a run's tool call to (KER-5): a
 /// [`crate::messages::ToolCall`] with the run's token as the bearer, answered with the platform's
 /// bounded payload. A worker-to-API route: it is not under a worker's `/v1/`.

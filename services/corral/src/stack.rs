@@ -104,6 +104,7 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         tool_runs: corral_api::tools::ToolRuns::default(),
         sample_tools: parts.sample_tools,
         resources,
+        browser: corral_api::browser::Sessions::default(),
     }))
 }
 

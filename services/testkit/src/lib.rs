@@ -94,6 +94,23 @@ pub fn skip(test: &str, need: Need, why: &str) {
     }
 }
 
+/// Whether every one of `programs` (name, path) is installed; skips `test` for [`Need::Tools`]
+/// naming the first that is not.
+#[track_caller]
+pub fn programs_or_skip(test: &str, programs: &[(&str, &str)]) -> bool {
+    match programs.iter().find(|(_, path)| !Path::new(path).exists()) {
+        Some((name, path)) => {
+            skip(
+                test,
+                Need::Tools,
+                &format!("no {name} at {path}: run scripts/setup-services"),
+            );
+            false
+        }
+        None => true,
+    }
+}
+
 /// [`skip`] with its environment as arguments: `Err` says why the test must fail instead.
 fn record(
     test: &str,

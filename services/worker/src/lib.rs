@@ -74,4 +74,4 @@ mod tools;
 mod workspace;
 
 pub use result::RunResult;
-pub use supervisor::{Reexec, RunRequest, Worker};
+pub use supervisor::{RUNTIME_PROGRAMS, Reexec, RunRequest, Worker};

@@ -39,6 +39,9 @@ const ETC_ENTRIES: &[&str] = &[
     "python3",
     "python3.11",
     "matplotlibrc",
+    // A browser session's window manager and sound server (BROW-1).
+    "xdg",
+    "pulse",
 ];
 
 /// Device nodes bound from the host's /dev.
@@ -209,6 +212,10 @@ fn mirror(host: &Path, target: &Path) -> Result<(), String> {
     }
 }
 
+/// Chromium's managed policy (BROW-3): the vendor calls its flags cannot reach, such as the default
+/// search provider's prefetch, switched off where Chromium reads policy, `/etc/chromium`.
+const CHROMIUM_POLICY: &str = include_str!("browser/policy.json");
+
 fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     let etc = root.join("etc");
     step(fs::create_dir_all(&etc), || "create /etc".to_owned())?;
@@ -235,7 +242,14 @@ fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
             format!("write /etc/{name}")
         })?;
     }
-    Ok(())
+    let policies = etc.join("chromium/policies/managed");
+    step(fs::create_dir_all(&policies), || {
+        "create /etc/chromium/policies/managed".to_owned()
+    })?;
+    step(
+        fs::write(policies.join("corral.json"), CHROMIUM_POLICY),
+        || "write the Chromium policy".to_owned(),
+    )
 }
 
 fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {

@@ -63,8 +63,8 @@ use axum::routing::{get, post};
 use corral_contract::error::{ErrorBody, ErrorCode, ErrorDetail};
 use corral_contract::limits::execute_body_max_bytes;
 use corral_contract::messages::{
-    EvidenceReport, ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest,
-    WorkspaceReturn,
+    BrowserCloseRequest, BrowserOpenRequest, EvidenceReport, ExecuteReply, ExecuteRequest,
+    HealthReply, ResetReply, ResetRequest, WorkspaceReturn,
 };
 use corral_contract::{credential, routes};
 use corral_core::bounds::ExecutionBounds;
@@ -74,7 +74,7 @@ use tokio::sync::Mutex;
 
 use crate::archive::{self, ArchiveError};
 use crate::result::RunResult;
-use crate::supervisor::{Reexec, RunRequest, Worker};
+use crate::supervisor::{Reexec, RunRequest, SessionError, Worker};
 
 /// Usage of `corral worker`.
 pub const USAGE: &str = "usage: corral worker serve [--listen ADDR]
@@ -370,6 +370,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route(routes::HEALTH, get(health))
         .route(routes::EXECUTE, post(execute))
         .route(routes::RESET, post(reset))
+        .route(routes::BROWSER_OPEN, post(browser_open))
+        .route(routes::BROWSER_ACT, post(browser_act))
+        .route(routes::BROWSER_CLOSE, post(browser_close))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_max))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -472,6 +475,98 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     .into_response()
 }
 
+/// A browser session call's refusal.
+fn session_error(failed: &SessionError) -> Response {
+    match failed {
+        SessionError::Open => error(
+            ErrorCode::BrowserSessionOpen,
+            ErrorDetail::message("a browser session holds this worker until it is closed"),
+        ),
+        SessionError::Absent => error(
+            ErrorCode::BrowserSessionAbsent,
+            ErrorDetail::message("no browser session is open on this worker"),
+        ),
+        SessionError::Action(code, message) => error(
+            ErrorCode::BrowserActionFailed,
+            ErrorDetail {
+                reason: Some(code.code().to_owned()),
+                message: Some(message.clone()),
+                ..ErrorDetail::default()
+            },
+        ),
+        SessionError::Start(message, evidence) => error(
+            ErrorCode::BrowserOpenFailed,
+            ErrorDetail {
+                reason: Some(evidence.verdict.clone()),
+                message: Some(message.clone()),
+                ..ErrorDetail::default()
+            },
+        ),
+    }
+}
+
+/// `POST /v1/browser/open` (BROW-1, BROW-13).
+async fn browser_open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(worker) = state.hold() else {
+        return busy();
+    };
+    let request: BrowserOpenRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    if let Some(grant) = &request.grant
+        && !corral_core::egress::grant::grant_is_sendable(grant)
+    {
+        return error(
+            ErrorCode::GrantMalformed,
+            ErrorDetail::message("a grant is non-empty printable ASCII without spaces"),
+        );
+    }
+    match worker
+        .run(move |worker| worker.open_browser(&request))
+        .await
+    {
+        Ok(Ok(reply)) => axum::Json(reply).into_response(),
+        Ok(Err(e)) => session_error(&e),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
+    }
+}
+
+/// `POST /v1/browser/act` (BROW-10).
+async fn browser_act(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(worker) = state.hold() else {
+        return busy();
+    };
+    let action: corral_core::browser::Action = match serde_json::from_slice(&body) {
+        Ok(action) => action,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    match worker.run(move |worker| worker.browser_act(&action)).await {
+        Ok(Ok(reply)) => axum::Json(reply).into_response(),
+        Ok(Err(e)) => session_error(&e),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
+    }
+}
+
+/// `POST /v1/browser/close` (BROW-13).
+async fn browser_close(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(worker) = state.hold() else {
+        return busy();
+    };
+    let request: BrowserCloseRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    match worker
+        .run(move |worker| worker.close_browser(request.token))
+        .await
+    {
+        Ok(Ok(reply)) => axum::Json(reply).into_response(),
+        Ok(Err(e)) => session_error(&e),
+        Err(e) => error(ErrorCode::ResetFailed, ErrorDetail::message(e)),
+    }
+}
+
 fn busy() -> Response {
     error(
         ErrorCode::Busy,
@@ -521,6 +616,14 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let Some(worker) = state.hold() else {
         return busy();
     };
+    // A browser session holds the worker until it closes (BROW-6).
+    if worker
+        .run(|worker| worker.has_session())
+        .await
+        .unwrap_or(true)
+    {
+        return session_error(&SessionError::Open);
+    }
     let request: ExecuteRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => return refusal(ErrorBody::of_json(&e)),

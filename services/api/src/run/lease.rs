@@ -29,6 +29,26 @@ pub async fn acquire(
     deadline: Instant,
     watch: &mut Option<VersionWatch>,
 ) -> Result<(Granted, Instant), AcquireError> {
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: admitted.actor.clone(),
+        conversation: admitted.conversation.clone(),
+    };
+    acquire_in(state, &admitted.member, scope, deadline, watch).await
+}
+
+/// [`acquire`] for `member` in `scope`: a code run's, or a browser session's (BROW-6: the same
+/// queue, ceiling and fairness, in its own namespace).
+///
+/// # Errors
+/// Why no lease was granted.
+pub async fn acquire_in(
+    state: &AppState,
+    member: &corral_core::ids::MemberId,
+    scope: LeaseScope,
+    deadline: Instant,
+    watch: &mut Option<VersionWatch>,
+) -> Result<(Granted, Instant), AcquireError> {
     let remaining = deadline.saturating_duration_since(Instant::now());
     if remaining.is_zero() {
         return Err(AcquireError::WaitTimeout { orders: Vec::new() });
@@ -43,12 +63,8 @@ pub async fn acquire(
     ));
     let acquire = Command::Acquire {
         ticket,
-        member: admitted.member.clone(),
-        scope: LeaseScope {
-            namespace: LeaseNamespace::Code,
-            actor: admitted.actor.clone(),
-            conversation: admitted.conversation.clone(),
-        },
+        member: member.clone(),
+        scope,
         wait_ms,
     };
     let started = Instant::now();

@@ -25,6 +25,8 @@ use crate::probe::{self, Missing};
 use crate::relay::{ProxyAddress, Relay};
 use crate::workspace::RunDirs;
 
+mod browser;
+pub use browser::{RUNTIME_PROGRAMS, SessionError};
 mod command;
 mod install;
 mod kernel;
@@ -174,6 +176,8 @@ pub struct Worker {
     preimport_history: u8,
     /// Each interpreter's runtime tag (`corral_core::kernel::runtime_tag`), asked once.
     runtimes: BTreeMap<Language, String>,
+    /// The open browser session, which holds the worker until it closes (BROW-13).
+    session: Option<browser::Session>,
 }
 
 /// How many recent Python runs decide whether the next prepared jail pre-imports.
@@ -219,6 +223,7 @@ impl Worker {
             python_stack,
             preimport_history: u8::MAX,
             runtimes: BTreeMap::new(),
+            session: None,
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),

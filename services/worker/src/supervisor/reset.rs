@@ -18,6 +18,11 @@ impl Worker {
         // Every prepared jail goes too, its teardown counted in the evidence: the next tenant
         // gets jails prepared after this reset.
         let discarded = self.discard_prepared(diagnostics);
+        // A browser session nobody closed goes too: its processes, profile and cgroups.
+        let session = self
+            .session
+            .take()
+            .map(|mut session| self.reset(&mut session.run, token, diagnostics));
         let pair_base = std::process::id().saturating_mul(RUNS_PER_SUPERVISOR);
         let uids: Vec<u32> = (0..RUNS_PER_SUPERVISOR * 2)
             .map(|offset| {
@@ -52,6 +57,9 @@ impl Worker {
             mounts_remaining,
         };
         add_evidence(&mut evidence, &discarded);
+        if let Some(session) = &session {
+            add_evidence(&mut evidence, session);
+        }
         evidence
     }
 

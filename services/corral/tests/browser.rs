@@ -1,0 +1,369 @@
+//! Browser sessions through the whole stack (BROW-1, BROW-3, BROW-4, BROW-6, BROW-7, BROW-10,
+//! BROW-12, BROW-13): `corral up`, sessions opened and driven through the API as an agent
+//! platform would, a page served from another network namespace and reached through the egress
+//! proxy. Needs root, Valkey, network namespaces and Debian's chromium, xvfb and openbox; without
+//! them each test skips through `corral_testkit::skip`, which CI forbids.
+
+mod common;
+
+#[path = "../../egress-proxy/tests/support/netns.rs"]
+#[allow(dead_code)]
+mod netns;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::stack::{Stack, python, stdout};
+use serde_json::{Value, json};
+
+const FORM: &str = r#"<html><head><title>Form</title></head><body>
+<input id="name"><button id="go" onclick="document.getElementById('out').textContent = 'Hi ' + document.getElementById('name').value">Go</button>
+<p id="out">nothing yet</p></body></html>"#;
+
+fn runtime_or_skip(test: &str) -> bool {
+    corral_testkit::programs_or_skip(test, &corral_worker::RUNTIME_PROGRAMS)
+}
+
+/// A namespace serving `FORM` at `http://<ip>/form.html`.
+fn site(test: &str) -> Option<(netns::Netns, String)> {
+    let mut ns = netns::netns_or_skip(test)?;
+    let dir = std::env::temp_dir().join(format!("corral-site-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("form.html"), FORM).unwrap();
+    let ip = ns.ns_ip.to_string();
+    ns.spawn(
+        netns::PYTHON,
+        &[
+            "-m",
+            "http.server",
+            "80",
+            "--bind",
+            &ip,
+            "--directory",
+            &dir.to_string_lossy(),
+        ],
+    )
+    .unwrap();
+    netns::wait_for_listener(std::net::SocketAddr::from((ns.ns_ip, 80))).unwrap();
+    Some((ns, ip))
+}
+
+async fn open(stack: &Stack, member: &str, conversation: &str, url: Option<&str>) -> (u16, Value) {
+    let mut body = json!({ "actor": member, "conversation": conversation, "member": member });
+    if let Some(url) = url {
+        body["url"] = json!(url);
+    }
+    stack
+        .caller
+        .post("/v1/browser_sessions", &body)
+        .await
+        .expect("the API answers")
+}
+
+async fn act(stack: &Stack, id: &str, who: (&str, &str), action: Value) -> (u16, Value) {
+    stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/actions"),
+            &json!({ "actor": who.0, "conversation": who.1, "action": action }),
+        )
+        .await
+        .expect("the API answers")
+}
+
+async fn close(stack: &Stack, id: &str, who: (&str, &str)) -> (u16, Value) {
+    stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/close"),
+            &json!({ "actor": who.0, "conversation": who.1 }),
+        )
+        .await
+        .expect("the API answers")
+}
+
+async fn allow(stack: &Stack, ip: &str) {
+    let policy = json!({
+        "SANDBOX_EGRESS_MODE": "private_network",
+        "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{ip}/32"),
+        "SANDBOX_EGRESS_ALLOWED_PORTS": "80,443",
+    });
+    let (status, described) = stack
+        .admin
+        .put("/v1/admin/egress_policy", &policy)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{described}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_01_brow_03_brow_07_brow_10_brow_12_brow_13_an_agent_drives_a_page_through_the_proxy()
+{
+    let test =
+        "brow_01_brow_03_brow_07_brow_10_brow_12_brow_13_an_agent_drives_a_page_through_the_proxy";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some((_ns, ip)) = site(test) else {
+        return;
+    };
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    allow(&stack, &ip).await;
+    let ann = ("ann", "research");
+    let url = format!("http://{ip}/form.html");
+    let (status, opened) = open(&stack, "ann", "research", Some(&url)).await;
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(opened["navigated"]["result"]["title"], "Form", "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    // Structured actions on the page, through the proxy.
+    let (status, typed) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "type", "selector": "#name", "text": "Ann" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{typed}");
+    let (status, clicked) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "click", "selector": "#go" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{clicked}");
+    let (_, text) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert!(
+        text["result"]["text"].as_str().unwrap().contains("Hi Ann"),
+        "{text}"
+    );
+    let (_, shot) = act(&stack, &id, ann, json!({ "action": "screenshot" })).await;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["result"]["png"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("brow_form.png"),
+        &png,
+    )
+    .unwrap();
+    // BROW-7: the worker's own ports are not reachable from a page: loopback goes to the proxy,
+    // which refuses it.
+    for port in [8091, 8080] {
+        let (status, refused) = act(
+            &stack,
+            &id,
+            ann,
+            json!({ "action": "navigate", "url": format!("http://127.0.0.1:{port}/") }),
+        )
+        .await;
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (422, Some("navigation_failed")),
+            "{refused}"
+        );
+    }
+    // Bad input: a selector that matches nothing, a hung script, each its own code.
+    let (_, missing) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "click", "selector": "#nope" }),
+    )
+    .await;
+    assert_eq!(missing["error"]["code"], "selector_not_found", "{missing}");
+    let (_, hung) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "evaluate", "expression": "while (true) {}", "timeout_ms": 1000 }),
+    )
+    .await;
+    assert_eq!(hung["error"]["code"], "action_timed_out", "{hung}");
+    // Another member's or another conversation's call finds no session.
+    let (status, _) = act(
+        &stack,
+        &id,
+        ("bob", "research"),
+        json!({ "action": "text" }),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = act(&stack, &id, ("ann", "other"), json!({ "action": "text" })).await;
+    assert_eq!(status, 404);
+    // BROW-12: a private interval refuses the agent's reads and actions.
+    let (status, _) = stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/private"),
+            &json!({ "actor": "ann", "conversation": "research", "private": true }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let (status, refused) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (403, Some("session_private"))
+    );
+    stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/private"),
+            &json!({ "actor": "ann", "conversation": "research", "private": false }),
+        )
+        .await
+        .unwrap();
+    let (status, _) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert_eq!(status, 200);
+    // BROW-6: the session does not evict the member's code lease: a run goes on beside it.
+    let (status, ran) = stack
+        .run(python("ann", "research", "print('beside')"))
+        .await;
+    assert_eq!((status, stdout(&ran)), (200, "beside\n"), "{ran}");
+    // BROW-3: nothing but the page's own requests reached the proxy.
+    let log = std::fs::read_to_string(stack.state.join("egress-proxy.log")).unwrap_or_default();
+    // The log holds the page's own request and the refused one, so what it lacks is absent.
+    assert!(
+        log.contains(&ip),
+        "the page's request is not in the proxy's log:\n{log}"
+    );
+    assert!(
+        log.contains("8091"),
+        "the refused request is not in the proxy's log:\n{log}"
+    );
+    for vendor in ["google", "gstatic", "gvt1", "chrome", "mozilla"] {
+        assert!(
+            !log.to_lowercase().contains(vendor),
+            "{vendor} in the proxy's log:\n{log}"
+        );
+    }
+    // BROW-13: close stops everything and resets with evidence.
+    let (status, closed) = close(&stack, &id, ann).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["confirmed"], true, "{closed}");
+    assert_eq!(closed["reset_evidence"]["verdict"], "clean", "{closed}");
+    let (status, _) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_06_brow_13_sessions_share_the_ceiling_are_reaped_when_idle_and_an_unconfirmed_close_discards()
+ {
+    let test = "brow_06_brow_13_sessions_share_the_ceiling_are_reaped_when_idle_and_an_unconfirmed_close_discards";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(
+        test,
+        &[
+            ("SANDBOX_WARM_POOL_MIN", "1"),
+            ("SANDBOX_POOL_TARGET_IDLE", "0"),
+            ("SANDBOX_POOL_MAX_ALLOCATED", "1"),
+            ("SANDBOX_MAX_CONCURRENT_CREATES", "1"),
+            ("SANDBOX_MAX_CONCURRENT_PER_MEMBER", "1"),
+            ("CORRAL_BROWSER_IDLE_SECONDS", "3"),
+        ],
+        &[],
+    ) else {
+        return;
+    };
+    // A full pool queues both: the session holds the only worker, so a run waits and times out.
+    let (status, opened) = open(&stack, "cy", "queue", None).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let mut run = python("dee", "queue", "print(1)");
+    run["wait_seconds"] = json!(1);
+    let (status, waited) = stack.run(run.clone()).await;
+    assert_eq!(
+        (status, waited["error"]["code"].as_str()),
+        (503, Some("wait_timeout")),
+        "{waited}"
+    );
+    // Idle: reaped after its limit, the worker reset and back in the pool.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _) = stack
+            .caller
+            .post(
+                &format!("/v1/browser_sessions/{id}/private"),
+                &json!({ "actor": "cy", "conversation": "queue", "private": false }),
+            )
+            .await
+            .unwrap();
+        if status == 404 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle session was never reaped"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let settled = stack.settled().await;
+    assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
+    run["wait_seconds"] = json!(60);
+    let (status, ran) = stack.run(run).await;
+    assert_eq!((status, stdout(&ran)), (200, "1\n"), "{ran}");
+    // A close the worker does not confirm discards the worker instead of reusing it.
+    let (status, opened) = open(&stack, "cy", "stuck", None).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let worker = opened["worker"].as_str().unwrap().to_owned();
+    // Tests run side by side, so only this stack's descendants count.
+    let bridges: Vec<u32> = descendants(stack.child.id())
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.starts_with(b"/usr/bin/python3\0/run/corral/bridge.py"))
+        })
+        .collect();
+    assert_eq!(bridges.len(), 1, "{bridges:?}");
+    common::stack::nix_kill(bridges[0], "STOP").unwrap();
+    let (status, closed) = close(&stack, &id, ("cy", "stuck")).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["confirmed"], false, "{closed}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let doc = stack.doc().await;
+        if !doc.workers().keys().any(|w| w.to_string() == worker) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unconfirmed worker was not discarded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every process below `root`, read from `/proc` (the host's view of the jails' pids).
+fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name may hold spaces and parentheses; the fields after its last ')' do not.
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let ppid = rest.split(' ').nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root];
+    let mut next = 0;
+    while next < found.len() {
+        let parent = found[next];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        next += 1;
+    }
+    found.split_off(1)
+}
