@@ -160,7 +160,7 @@ impl HickoryResolve {
         servers: Option<&[SocketAddr]>,
         timeout: Duration,
     ) -> Result<HickoryResolve, String> {
-        let mut builder = match servers {
+        match servers {
             Some(servers) => {
                 let mut config = ResolverConfig::default();
                 for server in servers {
@@ -170,11 +170,44 @@ impl HickoryResolve {
                     }
                     config.name_servers.push(name_server);
                 }
-                TokioResolver::builder_with_config(config, TokioRuntimeProvider::default())
+                Self::build(config, ResolverOpts::default(), timeout)
             }
-            None => TokioResolver::builder_tokio()
-                .map_err(|e| format!("reading the system's resolver configuration: {e}"))?,
-        };
+            None => {
+                let text = std::fs::read("/etc/resolv.conf")
+                    .map_err(|e| format!("reading the system's resolver configuration: {e}"))?;
+                Self::from_resolv_conf(&text, None, timeout)
+            }
+        }
+    }
+
+    /// A resolver configured by the resolv.conf `text`, its name servers asked on `port` (53 when
+    /// `None`; resolv.conf cannot name one). Its search list and `ndots` never apply: every
+    /// name is asked fully qualified (BROW-4).
+    pub fn from_resolv_conf(
+        text: &[u8],
+        port: Option<u16>,
+        timeout: Duration,
+    ) -> Result<HickoryResolve, String> {
+        let (mut config, options) = hickory_resolver::system_conf::parse_resolv_conf(text)
+            .map_err(|e| format!("the resolver configuration: {e}"))?;
+        if let Some(port) = port {
+            for name_server in &mut config.name_servers {
+                for connection in &mut name_server.connections {
+                    connection.port = port;
+                }
+            }
+        }
+        Self::build(config, options, timeout)
+    }
+
+    fn build(
+        config: ResolverConfig,
+        options: ResolverOpts,
+        timeout: Duration,
+    ) -> Result<HickoryResolve, String> {
+        let mut builder =
+            TokioResolver::builder_with_config(config, TokioRuntimeProvider::default())
+                .with_options(options);
         let options: &mut ResolverOpts = builder.options_mut();
         // Re-resolve for every connection (EGR-2): nothing is cached, positive or negative.
         options.cache_size = 0;

@@ -10,6 +10,8 @@ use std::io::Write as _;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use corral_egress_proxy::dns::HickoryResolve;
+use corral_egress_proxy::proxy::DirectDialer;
 use support::dns_stub::{Behaviour, StubDns};
 use support::netns::netns_or_skip;
 use support::*;
@@ -104,6 +106,50 @@ fn brow_04_names_are_asked_fully_qualified_as_given() {
     assert!(!asked.is_empty());
     for (name, _) in &asked {
         assert_eq!(name.to_ascii_lowercase(), "db", "asked {asked:?}");
+    }
+}
+
+#[test]
+fn brow_04_a_search_list_and_high_ndots_never_expand_a_name() {
+    let rt = runtime();
+    let dns = StubDns::start();
+    // A cluster's resolver configuration: a long search list, and every name of fewer than five
+    // dots tried with each suffix first.
+    let conf = b"search corp.example svc.cluster.local cluster.local\noptions ndots:5\nnameserver 127.0.0.1\n";
+    let limits = test_limits();
+    let resolver =
+        HickoryResolve::from_resolv_conf(conf, Some(dns.addr.port()), limits.dns_timeout)
+            .expect("resolver");
+    let proxy = start_proxy_resolving(&rt, resolver, limits, DirectDialer);
+    let grant = mint(&private("10.213.0.0/16"));
+    // Were a suffix tried first, each name would find the private address and be dialed.
+    dns.set("db", Behaviour::Answer(vec![ip("127.0.0.1")]));
+    dns.set("db.corp.example", Behaviour::Answer(vec![ip("10.213.7.7")]));
+    dns.set(
+        "web.internal.corp.example",
+        Behaviour::Answer(vec![ip("10.213.7.7")]),
+    );
+    // A bare name: "db" itself, whose loopback answer is refused.
+    let response = exchange(proxy.addr, &connect_request("db:443", Some(&grant)));
+    assert_refused(&response, 403, "address_always_denied");
+    // A dotted name under ndots: asked as given, which does not exist.
+    let response = exchange(
+        proxy.addr,
+        &connect_request("web.internal:443", Some(&grant)),
+    );
+    assert_refused(&response, 502, "dns_empty_answer");
+    let asked: Vec<String> = dns
+        .asked()
+        .into_iter()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .collect();
+    assert!(asked.iter().any(|n| n == "db"), "asked {asked:?}");
+    assert!(asked.iter().any(|n| n == "web.internal"), "asked {asked:?}");
+    for name in &asked {
+        assert!(
+            name == "db" || name == "web.internal",
+            "a search suffix was tried: asked {asked:?}"
+        );
     }
 }
 

@@ -143,13 +143,23 @@ pub fn start_proxy_with<D: Dialer>(
     limits: Limits,
     dialer: D,
 ) -> RunningProxy {
+    let resolver = HickoryResolve::new(Some(&[dns]), limits.dns_timeout).expect("resolver");
+    start_proxy_resolving(runtime, resolver, limits, dialer)
+}
+
+/// [`start_proxy_with`] with a resolver of the test's own.
+pub fn start_proxy_resolving<D: Dialer>(
+    runtime: &tokio::runtime::Runtime,
+    resolver: HickoryResolve,
+    limits: Limits,
+    dialer: D,
+) -> RunningProxy {
     let dir = temp_dir("proxy");
     let key_file = dir.join("verifying-key");
     write_key_file(&key_file, FIELD_KEY);
     let observer = Observer::new(LogSink::Discard);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let addr = runtime.block_on(async {
-        let resolver = HickoryResolve::new(Some(&[dns]), limits.dns_timeout).expect("resolver");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
