@@ -61,11 +61,14 @@ pub enum Mutation {
     ReviveExpired,
     /// A listing older than one already applied is applied too.
     OldListing,
+    /// A worker its holder discarded (a browser close the worker did not confirm, BROW-13) goes
+    /// straight back to the pool instead of being removed.
+    ReuseDiscarded,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 20] = [
+    pub const ALL: [Mutation; 21] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -86,6 +89,7 @@ impl Mutation {
         Self::GrantAfterDeadline,
         Self::ReviveExpired,
         Self::OldListing,
+        Self::ReuseDiscarded,
     ];
 
     /// The name used on the simulator's command line.
@@ -112,6 +116,7 @@ impl Mutation {
             Self::GrantAfterDeadline => "grant-after-deadline",
             Self::ReviveExpired => "revive-expired",
             Self::OldListing => "old-listing",
+            Self::ReuseDiscarded => "reuse-discarded",
         }
     }
 }

@@ -270,6 +270,10 @@ impl PoolDoc {
             .get(&worker)
             .is_some_and(|w| Some(&w.image) != self.image.as_ref());
         match disposition {
+            Disposition::Discard if config.broken(Mutation::ReuseDiscarded) => {
+                // The broken rule: a worker nobody vouches for goes straight back to the pool.
+                self.set_state(worker, WorkerState::Warm, now, config);
+            }
             Disposition::Discard => {
                 self.begin_removal(
                     worker,

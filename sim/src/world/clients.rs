@@ -28,6 +28,12 @@ impl World {
         } else {
             self.rng.range(20, 3_000)
         };
+        // A browser session left idle holds its worker until the idle limit reaps it (BROW-6).
+        let run_ms = if browser && self.rng.chance(300) {
+            run_ms + super::BROWSER_IDLE_MS
+        } else {
+            run_ms
+        };
         let wait_ms = self.rng.range(500, self.config.acquire_wait_ms + 5_000);
         let ticket = TicketId(self.rng.next_u64());
         self.clients.insert(
@@ -342,12 +348,22 @@ impl World {
 
     /// The code finished on the worker (or died with it). The worker's side happens now; the
     /// client's shell learns it after a delay.
+    ///
+    /// A browser session's close may go unconfirmed (BROW-13): the worker stopped answering
+    /// before it proved its processes gone, so it is left dirty and its holder discards it; the
+    /// pool must never hand it out again (`WarmIsClean`, `CleanHandoff`).
     pub(super) fn run_end(&mut self, client: u64, worker: WorkerId) {
+        let browser = self
+            .clients
+            .get(&client)
+            .is_some_and(|c| c.namespace == LeaseNamespace::Browser);
+        let unconfirmed = browser && self.rng.chance(200);
         let mut died = true;
         if let Some(truth) = self.workers.get_mut(&worker)
             && truth.tenant == Some(client)
         {
             truth.tenant = None;
+            truth.dirty |= unconfirmed;
             died = false;
         }
         let delay = self.latency();
@@ -356,7 +372,7 @@ impl World {
             Ev::RunEnded {
                 client,
                 worker,
-                discard: died,
+                discard: died || unconfirmed,
             },
         );
     }

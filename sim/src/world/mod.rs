@@ -56,6 +56,9 @@ const RECONCILER_CALL_TIMEOUT_MS: u64 = 4_000;
 const CONTROLLER_PERIOD_MS: u64 = 500;
 /// How often a waiting client looks at its ticket (the notification fallback).
 const POLL_MS: u64 = 200;
+/// A browser session's idle limit (`CORRAL_BROWSER_IDLE_SECONDS`, scaled like the simulated
+/// run times): a session left idle holds its worker this much longer before it is reaped.
+const BROWSER_IDLE_MS: u64 = 20_000;
 /// The final stretch of the liveness phase in which the pool must be seen settled.
 const CONVERGENCE_WINDOW_MS: u64 = 30_000;
 
