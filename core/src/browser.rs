@@ -4,6 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{OpToken, WorkerId};
+use crate::time::UnixMillis;
+
 /// The longest one action may take, in milliseconds; an action may ask for less.
 pub const STEP_MAX_MS: u64 = 30_000;
 /// An action's bound when it names none.
@@ -272,6 +275,111 @@ impl Action {
     }
 }
 
+/// A session as the deployment's store keeps it (BROW-14): what any API replica needs to serve
+/// its calls. It never changes while the session lives; [`SessionState`] does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The actor whose session it is.
+    pub actor: String,
+    /// The conversation it belongs to; every call is authorized by both.
+    pub conversation: String,
+    /// The leased worker it runs on.
+    pub worker: WorkerId,
+    /// The lease's operation token, which the worker's close checks.
+    pub token: OpToken,
+    /// Whether its egress policy gave it a grant: without one it navigates nowhere but
+    /// `about:blank`.
+    pub networked: bool,
+    /// The API replica that holds (renews) the lease.
+    pub owner: String,
+}
+
+/// What changes while a session lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionState {
+    /// A member marked the session private (BROW-12).
+    pub private: bool,
+    /// The last call that reached the worker, on the deployment's clock.
+    pub last_activity: UnixMillis,
+    /// When a replica claimed its close: no further call reaches it.
+    pub closing: Option<UnixMillis>,
+}
+
+/// A call on a session, as far as authorizing it goes.
+#[derive(Clone, Copy, Debug)]
+pub enum Call<'a> {
+    /// An action of the agent's.
+    Act(&'a Action),
+    /// Marking the session private or ending the interval.
+    Private,
+    /// Closing it.
+    Close,
+}
+
+/// Why a call on a session is refused before it reaches the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallRefusal {
+    /// No such session for this actor and conversation (or it is closing): another's session is
+    /// indistinguishable from none.
+    NotFound,
+    /// A member marked it private: the agent's reads and actions wait (BROW-12).
+    Private,
+    /// A navigation off `about:blank` when the egress policy gave the session no network.
+    NoNetwork,
+}
+
+/// The one rule for a call on a session, on whichever replica it arrives (BROW-12, BROW-14).
+///
+/// # Errors
+/// The refusal, checked in this order: ownership and closing, privacy, network.
+pub fn judge_call(
+    stored: Option<(&SessionRecord, &SessionState)>,
+    actor: &str,
+    conversation: &str,
+    call: Call<'_>,
+) -> Result<(), CallRefusal> {
+    let Some((record, state)) = stored else {
+        return Err(CallRefusal::NotFound);
+    };
+    if record.actor != actor || record.conversation != conversation || state.closing.is_some() {
+        return Err(CallRefusal::NotFound);
+    }
+    let Call::Act(action) = call else {
+        return Ok(());
+    };
+    if state.private {
+        return Err(CallRefusal::Private);
+    }
+    match action {
+        Action::Navigate { url, .. } if !record.networked && url != "about:blank" => {
+            Err(CallRefusal::NoNetwork)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether a session last active at `state.last_activity` is idle at `now` under a limit of
+/// `idle_seconds` (BROW-6); a session already closing is not reaped twice.
+#[must_use]
+pub fn is_idle(state: &SessionState, now: UnixMillis, idle_seconds: u64) -> bool {
+    state.closing.is_none()
+        && now.0.saturating_sub(state.last_activity.0) >= idle_seconds.saturating_mul(1_000)
+}
+
+/// How long a claimed close may take before the claim is abandoned: the worker's close and reset,
+/// with room to spare.
+pub const CLOSE_ABANDONED_MS: u64 = 5 * 60 * 1_000;
+
+/// Whether a close claimed at `state.closing` was abandoned by `now` (its replica died or lost
+/// the store mid-close): the lease's holder then ends the session as a discard, since nothing
+/// vouches for the worker.
+#[must_use]
+pub fn close_abandoned(state: &SessionState, now: UnixMillis) -> bool {
+    state
+        .closing
+        .is_some_and(|since| now.0.saturating_sub(since.0) >= CLOSE_ABANDONED_MS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +431,106 @@ mod tests {
             assert_eq!(ActionError::of_code(error.code()), error);
         }
         assert_eq!(ActionError::of_code("surprise"), ActionError::BrowserError);
+    }
+
+    fn stored(private: bool, closing: bool, networked: bool) -> (SessionRecord, SessionState) {
+        let closing = closing.then_some(UnixMillis(20_000));
+        (
+            SessionRecord {
+                actor: "ann".into(),
+                conversation: "research".into(),
+                worker: WorkerId { epoch: 1, seq: 2 },
+                token: OpToken(3),
+                networked,
+                owner: "replica-a".into(),
+            },
+            SessionState {
+                private,
+                last_activity: UnixMillis(10_000),
+                closing,
+            },
+        )
+    }
+
+    #[test]
+    fn brow_14_a_call_is_judged_from_the_stored_session_alone() {
+        let text = Action::Text {};
+        let away = Action::Navigate {
+            url: "http://example.test/".into(),
+            timeout_ms: None,
+        };
+        let blank = Action::Navigate {
+            url: "about:blank".into(),
+            timeout_ms: None,
+        };
+        let judge = |s: &(SessionRecord, SessionState), who: (&str, &str), call| {
+            judge_call(Some((&s.0, &s.1)), who.0, who.1, call)
+        };
+        let open = stored(false, false, true);
+        let ann = ("ann", "research");
+        assert_eq!(judge(&open, ann, Call::Act(&text)), Ok(()));
+        assert_eq!(judge(&open, ann, Call::Act(&away)), Ok(()));
+        assert_eq!(
+            judge_call(None, "ann", "research", Call::Close),
+            Err(CallRefusal::NotFound)
+        );
+        // Another actor, another conversation: not found, whatever the call.
+        for call in [Call::Act(&text), Call::Private, Call::Close] {
+            assert_eq!(
+                judge(&open, ("bob", "research"), call),
+                Err(CallRefusal::NotFound)
+            );
+            assert_eq!(
+                judge(&open, ("ann", "other"), call),
+                Err(CallRefusal::NotFound)
+            );
+        }
+        // Closing: no call reaches it.
+        let closing = stored(false, true, true);
+        assert_eq!(
+            judge(&closing, ann, Call::Close),
+            Err(CallRefusal::NotFound)
+        );
+        // Private: the agent's actions are refused, the member's marking and the close are not.
+        let private = stored(true, false, true);
+        assert_eq!(
+            judge(&private, ann, Call::Act(&text)),
+            Err(CallRefusal::Private)
+        );
+        assert_eq!(judge(&private, ann, Call::Private), Ok(()));
+        assert_eq!(judge(&private, ann, Call::Close), Ok(()));
+        // No network: only about:blank.
+        let offline = stored(false, false, false);
+        assert_eq!(
+            judge(&offline, ann, Call::Act(&away)),
+            Err(CallRefusal::NoNetwork)
+        );
+        assert_eq!(judge(&offline, ann, Call::Act(&blank)), Ok(()));
+    }
+
+    #[test]
+    fn brow_06_idle_is_measured_on_the_deployment_clock_and_never_twice() {
+        let (_, state) = stored(false, false, true);
+        assert!(!is_idle(&state, UnixMillis(10_000 + 899_999), 900));
+        assert!(is_idle(&state, UnixMillis(10_000 + 900_000), 900));
+        // A clock behind the last activity is not idle.
+        assert!(!is_idle(&state, UnixMillis(5_000), 900));
+        let (_, closing) = stored(false, true, true);
+        assert!(!is_idle(&closing, UnixMillis(u64::MAX), 900));
+    }
+
+    #[test]
+    fn brow_14_a_close_claimed_and_never_finished_is_abandoned_after_its_bound() {
+        let (_, open) = stored(false, false, true);
+        assert!(!close_abandoned(&open, UnixMillis(u64::MAX)));
+        let (_, closing) = stored(false, true, true);
+        assert!(!close_abandoned(
+            &closing,
+            UnixMillis(20_000 + CLOSE_ABANDONED_MS - 1)
+        ));
+        assert!(close_abandoned(
+            &closing,
+            UnixMillis(20_000 + CLOSE_ABANDONED_MS)
+        ));
     }
 }

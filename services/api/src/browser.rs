@@ -16,6 +16,12 @@
 //!
 //! Every call is authorized by the session's actor and conversation: another's session is not
 //! found. A session idle for `CORRAL_BROWSER_IDLE_SECONDS` is closed by a sweeper.
+//!
+//! Session state is the deployment's, not this process's (BROW-14): the record (worker, lease
+//! token, owner replica, privacy, last activity) lives in Valkey (`corral_store::browser`), so any
+//! replica authorizes and serves any session's calls, reaps it or closes it. Only the lease is
+//! held by the replica that opened it: whichever replica ends a session announces how, and the
+//! owner releases the lease accordingly (a missed announcement is found by the owner's sweep).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,62 +35,62 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use corral_contract::CallError;
 use corral_contract::messages::BrowserOpenRequest;
-use corral_core::browser::{Action, ActionError};
+use corral_core::browser::{
+    Action, ActionError, Call, CallRefusal, SessionRecord, close_abandoned, is_idle, judge_call,
+};
 use corral_core::ids::{
-    ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, OpToken, WorkerId,
-    first_invalid_identity,
+    ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, first_invalid_identity,
 };
 use corral_core::pool::Disposition;
 use corral_core::run::admission::RefusalCode;
+use corral_core::store::Unavailable;
+use corral_store::browser::Ended;
+use corral_store::lease::AcquireError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::AppState;
 use crate::run::lease;
 
-/// One open session.
-struct Session {
-    actor: String,
-    conversation: String,
-    worker: WorkerId,
-    token: OpToken,
-    /// Whether its egress policy gave it a grant: without one it navigates nowhere but
-    /// `about:blank`.
-    networked: bool,
-    holder: Mutex<Option<lease::Holder>>,
-    /// Whether a member marked the session private (BROW-12).
-    private: AtomicBool,
-    last_activity: Mutex<Instant>,
-    /// One call at a time reaches the worker.
-    turn: tokio::sync::Mutex<()>,
+/// This replica's share of the browser sessions: the leases it holds. Everything else about a
+/// session is in the deployment's store.
+pub struct Sessions {
+    /// This replica's name in the records of the sessions it opens.
+    replica: String,
+    /// The leases of the sessions this replica opened, by session.
+    held: Mutex<BTreeMap<String, lease::Holder>>,
+    /// Whether the sweeper and the watcher of ends are running.
+    background: AtomicBool,
 }
 
-/// The open sessions of this API.
-#[derive(Default)]
-pub struct Sessions {
-    open: Mutex<BTreeMap<String, Arc<Session>>>,
-    sweeping: AtomicBool,
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            replica: corral_core::ids::hex(&corral_contract::credential::random_bytes()[..8]),
+            held: Mutex::default(),
+            background: AtomicBool::new(false),
+        }
+    }
 }
 
 impl Sessions {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Session>>> {
-        self.open
+    fn held(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, lease::Holder>> {
+        self.held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The session `id`, if `actor` and `conversation` own it.
-    fn authorized(&self, id: &str, actor: &str, conversation: &str) -> Option<Arc<Session>> {
-        self.map()
-            .get(id)
-            .filter(|s| s.actor == actor && s.conversation == conversation)
-            .cloned()
+    /// Ends the lease of session `id` if this replica holds it.
+    fn release(&self, id: &str, disposition: Disposition) {
+        if let Some(holder) = self.held().remove(id) {
+            holder.release(disposition);
+        }
     }
 
-    /// How many are open.
+    /// How many sessions' leases this replica holds.
     #[must_use]
     pub fn count(&self) -> usize {
-        self.map().len()
+        self.held().len()
     }
 }
 
@@ -104,32 +110,59 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>
     })
 }
 
+fn unavailable(_: Unavailable) -> Box<Response> {
+    Box::new(refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        AcquireError::CoordinationUnavailable.code(),
+        "Valkey, which keeps the sessions, cannot be reached",
+    ))
+}
+
+fn call_refused(refusal: CallRefusal) -> Box<Response> {
+    Box::new(match refusal {
+        CallRefusal::NotFound => refused(
+            StatusCode::NOT_FOUND,
+            "browser_session_not_found",
+            "no such session in this conversation",
+        ),
+        CallRefusal::Private => refused(
+            StatusCode::FORBIDDEN,
+            ActionError::SessionPrivate.code(),
+            "a member marked this session private: the assistant's reads and actions are refused until they end it",
+        ),
+        CallRefusal::NoNetwork => refused(
+            StatusCode::FORBIDDEN,
+            ActionError::NavigationDenied.code(),
+            "this deployment's egress policy gives the session no network",
+        ),
+    })
+}
+
 /// A call on one session: its body names the actor and conversation that must own it.
 trait SessionCall: serde::de::DeserializeOwned {
     fn owner(&self) -> (&str, &str);
+    fn call(&self) -> Call<'_>;
 }
 
-/// The request and the session it may act on, or the refusal: a malformed body, or a session
-/// this actor and conversation do not own (not found, like one that does not exist).
-fn session_call<T: SessionCall>(
+/// The request and the session it may act on, judged from the stored session by corral-core's
+/// one rule (`browser::judge_call`), or the refusal.
+async fn session_call<T: SessionCall>(
     state: &AppState,
     id: &str,
     body: &[u8],
-) -> Result<(T, Arc<Session>), Box<Response>> {
+) -> Result<(T, SessionRecord), Box<Response>> {
     let request: T = parse(body)?;
+    let stored = state.store.browser_session(id).await.map_err(unavailable)?;
     let (actor, conversation) = request.owner();
-    match state.browser.authorized(id, actor, conversation) {
-        Some(session) => Ok((request, session)),
-        None => Err(Box::new(not_found())),
-    }
-}
-
-fn not_found() -> Response {
-    refused(
-        StatusCode::NOT_FOUND,
-        "browser_session_not_found",
-        "no such session in this conversation",
+    judge_call(
+        stored.as_ref().map(|(record, state)| (record, state)),
+        actor,
+        conversation,
+        request.call(),
     )
+    .map_err(call_refused)?;
+    let (record, _) = stored.ok_or_else(|| call_refused(CallRefusal::NotFound))?;
+    Ok((request, record))
 }
 
 /// `POST /v1/browser_sessions`.
@@ -190,7 +223,7 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             Ok(acquired) => acquired,
             Err(error) => {
                 let (status, body) = crate::run::answer::admission_refused(&state, &error, wait_ms);
-                if let corral_store::lease::AcquireError::WaitTimeout { orders } = error {
+                if let AcquireError::WaitTimeout { orders } = error {
                     lease::perform_orders(state.clone(), orders);
                 }
                 return (status, Json(body)).into_response();
@@ -242,19 +275,24 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             );
         }
     };
-    let session = Arc::new(Session {
+    let record = SessionRecord {
         actor: request.actor,
         conversation: request.conversation,
         worker: granted.worker,
         token: granted.token,
         networked: egress.grant.is_some(),
-        holder: Mutex::new(Some(holder)),
-        private: AtomicBool::new(false),
-        last_activity: Mutex::new(Instant::now()),
-        turn: tokio::sync::Mutex::new(()),
-    });
-    state.browser.map().insert(id.clone(), session.clone());
-    start_sweeper(&state);
+        owner: state.browser.replica.clone(),
+    };
+    state.browser.held().insert(id.clone(), holder);
+    let stored = match state.store.now().await {
+        Ok(now) => state.store.put_browser_session(&id, &record, now).await,
+        Err(unavailable) => Err(unavailable),
+    };
+    if let Err(error) = stored {
+        // A session no replica can find is closed at once: its worker is not left running.
+        finish_close(&state, &id, &record).await;
+        return *unavailable(error);
+    }
     let mut body = json!({
         "session": id,
         "worker": granted.worker.to_string(),
@@ -263,10 +301,13 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         "egress": egress.report,
     });
     if let Some(first) = first {
-        match act_on(&state, &session, &first).await {
+        let first = act_on(&state, &id, &record, &first).await;
+        match first {
             Ok(result) => body["navigated"] = result,
             Err(response) => {
-                close_session(&state, &id, &session).await;
+                if claim_close(&state, &id).await == Ok(true) {
+                    finish_close(&state, &id, &record).await;
+                }
                 return *response;
             }
         }
@@ -287,6 +328,9 @@ impl SessionCall for ActRequest {
     fn owner(&self) -> (&str, &str) {
         (&self.actor, &self.conversation)
     }
+    fn call(&self) -> Call<'_> {
+        Call::Act(&self.action)
+    }
 }
 
 /// One action.
@@ -295,49 +339,37 @@ pub async fn act(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let (request, session) = match session_call::<ActRequest>(&state, &id, &body) {
+    let (request, record) = match session_call::<ActRequest>(&state, &id, &body).await {
         Ok(call) => call,
         Err(response) => return *response,
     };
     if let Err(why) = request.action.check() {
         return refused(StatusCode::BAD_REQUEST, ActionError::Invalid.code(), why);
     }
-    match act_on(&state, &session, &request.action).await {
+    match act_on(&state, &id, &record, &request.action).await {
         Ok(result) => Json(result).into_response(),
         Err(response) => *response,
     }
 }
 
+/// Records the activity (refused if the session ended or began closing meanwhile) and performs
+/// `action` on the session's worker.
 async fn act_on(
     state: &AppState,
-    session: &Session,
+    id: &str,
+    record: &SessionRecord,
     action: &Action,
 ) -> Result<Value, Box<Response>> {
-    let _turn = session.turn.lock().await;
-    if session.private.load(Ordering::SeqCst) {
-        return Err(Box::new(refused(
-            StatusCode::FORBIDDEN,
-            ActionError::SessionPrivate.code(),
-            "a member marked this session private: the assistant's reads and actions are refused until they end it",
-        )));
-    }
-    // The egress policy decides whether the session may leave at all; the proxy judges each
-    // host (the final boundary).
-    if let Action::Navigate { url, .. } = action
-        && !session.networked
-        && url != "about:blank"
+    let now = state.store.now().await.map_err(unavailable)?;
+    if !state
+        .store
+        .touch_browser_session(id, now)
+        .await
+        .map_err(unavailable)?
     {
-        return Err(Box::new(refused(
-            StatusCode::FORBIDDEN,
-            ActionError::NavigationDenied.code(),
-            "this deployment's egress policy gives the session no network",
-        )));
+        return Err(call_refused(CallRefusal::NotFound));
     }
-    *session
-        .last_activity
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
-    match state.workers.browser_act(session.worker, action).await {
+    match state.workers.browser_act(record.worker, action).await {
         Ok(reply) => Ok(json!({ "result": reply.result, "took_ms": reply.took_ms })),
         Err(CallError::Refused(body)) => {
             let code = body
@@ -377,6 +409,9 @@ impl SessionCall for PrivateRequest {
     fn owner(&self) -> (&str, &str) {
         (&self.actor, &self.conversation)
     }
+    fn call(&self) -> Call<'_> {
+        Call::Private
+    }
 }
 
 /// Marks the session private, or ends the private interval (BROW-12).
@@ -385,12 +420,19 @@ pub async fn private(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let (request, session) = match session_call::<PrivateRequest>(&state, &id, &body) {
+    let (request, _) = match session_call::<PrivateRequest>(&state, &id, &body).await {
         Ok(call) => call,
         Err(response) => return *response,
     };
-    session.private.store(request.private, Ordering::SeqCst);
-    Json(json!({ "session": id, "private": request.private })).into_response()
+    match state
+        .store
+        .mark_browser_session_private(&id, request.private)
+        .await
+    {
+        Ok(true) => Json(json!({ "session": id, "private": request.private })).into_response(),
+        Ok(false) => *call_refused(CallRefusal::NotFound),
+        Err(error) => *unavailable(error),
+    }
 }
 
 /// `POST /v1/browser_sessions/{id}/close`.
@@ -405,6 +447,9 @@ impl SessionCall for CloseRequest {
     fn owner(&self) -> (&str, &str) {
         (&self.actor, &self.conversation)
     }
+    fn call(&self) -> Call<'_> {
+        Call::Close
+    }
 }
 
 /// Closes the session.
@@ -413,30 +458,31 @@ pub async fn close(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let (_, session) = match session_call::<CloseRequest>(&state, &id, &body) {
+    let (_, record) = match session_call::<CloseRequest>(&state, &id, &body).await {
         Ok(call) => call,
         Err(response) => return *response,
     };
-    let closed = close_session(&state, &id, &session).await;
-    Json(closed).into_response()
+    match claim_close(&state, &id).await {
+        Ok(true) => Json(finish_close(&state, &id, &record).await).into_response(),
+        // Another call claimed it first.
+        Ok(false) => *call_refused(CallRefusal::NotFound),
+        Err(error) => *unavailable(error),
+    }
 }
 
-/// Closes `session`: the worker stops every process and resets; the lease is released for reuse
-/// only when it confirmed, and discarded otherwise (BROW-13).
-async fn close_session(state: &AppState, id: &str, session: &Session) -> Value {
-    let _turn = session.turn.lock().await;
-    state.browser.map().remove(id);
-    let holder = session
-        .holder
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    let Some(holder) = holder else {
-        return json!({ "session": id, "closed": true, "confirmed": false });
-    };
+/// Claims the close of session `id` at the deployment's time: true for exactly one claimant.
+async fn claim_close(state: &AppState, id: &str) -> Result<bool, Unavailable> {
+    let now = state.store.now().await?;
+    state.store.claim_browser_close(id, now).await
+}
+
+/// Closes a session whose close this replica claimed: the worker stops every process and
+/// resets; the lease is released for reuse only when it confirmed, and discarded otherwise
+/// (BROW-13). The record ends with an announcement of how, for the replica holding the lease.
+async fn finish_close(state: &AppState, id: &str, record: &SessionRecord) -> Value {
     let reply = state
         .workers
-        .browser_close(session.worker, session.token)
+        .browser_close(record.worker, record.token)
         .await;
     let (confirmed, evidence) = match &reply {
         Ok(reply) => (
@@ -445,32 +491,81 @@ async fn close_session(state: &AppState, id: &str, session: &Session) -> Value {
         ),
         Err(error) => (false, json!({ "error": error.to_string() })),
     };
-    holder.release(if confirmed {
+    let disposition = if confirmed {
         Disposition::Reset
     } else {
         Disposition::Discard
-    });
+    };
+    // Released here when this replica holds the lease; otherwise the announcement tells its
+    // holder, and if the record cannot be ended the holder's sweep abandons the close in time.
+    state.browser.release(id, disposition);
+    if state
+        .store
+        .end_browser_session(id, disposition)
+        .await
+        .is_err()
+    {
+        state.metrics.unperformed("browser_session_end_unrecorded");
+    }
     json!({ "session": id, "closed": true, "confirmed": confirmed, "reset_evidence": evidence })
 }
 
-/// Closes every session idle longer than `CORRAL_BROWSER_IDLE_SECONDS` (BROW-6).
+/// Closes every session of the deployment idle longer than `CORRAL_BROWSER_IDLE_SECONDS`
+/// (BROW-6), whichever replica opened it; one replica wins each close.
 pub async fn reap_idle(state: &AppState) {
-    let limit = Duration::from_secs(state.settings.browser_idle_seconds);
-    let idle: Vec<(String, Arc<Session>)> = state
+    let (Ok(sessions), Ok(now)) = (
+        state.store.browser_sessions().await,
+        state.store.now().await,
+    ) else {
+        return;
+    };
+    for (id, record, session) in sessions {
+        if is_idle(&session, now, state.settings.browser_idle_seconds)
+            && claim_close(state, &id).await == Ok(true)
+        {
+            finish_close(state, &id, &record).await;
+        }
+    }
+}
+
+/// Ends what this replica holds that nobody else will: a session that ended without its hearing
+/// of it (a missed announcement: released as it ended, or as a discard once that is forgotten), a
+/// session whose lease it lost, or whose close was claimed and abandoned (both ended as a
+/// discard, since nothing vouches for the worker).
+async fn check_held(state: &AppState) {
+    let held: Vec<(String, bool)> = state
         .browser
-        .map()
+        .held()
         .iter()
-        .filter(|(_, s)| {
-            s.last_activity
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .elapsed()
-                >= limit
-        })
-        .map(|(id, s)| (id.clone(), s.clone()))
+        .map(|(id, holder)| (id.clone(), holder.lost()))
         .collect();
-    for (id, session) in idle {
-        close_session(state, &id, &session).await;
+    let Ok(now) = state.store.now().await else {
+        return;
+    };
+    for (id, lost) in held {
+        match state.store.browser_session(&id).await {
+            Ok(None) => {
+                let disposition = state
+                    .store
+                    .browser_session_ended(&id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or(Disposition::Discard);
+                state.browser.release(&id, disposition);
+            }
+            Ok(Some((_, session))) if lost || close_abandoned(&session, now) => {
+                if state
+                    .store
+                    .end_browser_session(&id, Disposition::Discard)
+                    .await
+                    .is_ok()
+                {
+                    state.browser.release(&id, Disposition::Discard);
+                }
+            }
+            Ok(Some(_)) | Err(_) => {}
+        }
     }
 }
 
@@ -485,9 +580,12 @@ fn sweep_every(state: &AppState) -> Duration {
     )
 }
 
-fn start_sweeper(state: &Arc<AppState>) {
-    if !state.browser.sweeping.swap(true, Ordering::SeqCst) {
+/// Starts this replica's sweeper and its watcher of sessions' ends, once. Every replica sweeps
+/// (a session is reaped even when the replica that opened it is gone).
+pub fn start_background(state: &Arc<AppState>) {
+    if !state.browser.background.swap(true, Ordering::SeqCst) {
         tokio::spawn(sweep(Arc::downgrade(state)));
+        tokio::spawn(watch_ends(Arc::downgrade(state)));
     }
 }
 
@@ -501,5 +599,31 @@ async fn sweep(state: Weak<AppState>) {
             return;
         };
         reap_idle(&state).await;
+        check_held(&state).await;
+    }
+}
+
+/// Releases a held lease as soon as another replica announces its session's end.
+async fn watch_ends(state: Weak<AppState>) {
+    loop {
+        let Some(store) = state.upgrade().map(|s| s.store.clone()) else {
+            return;
+        };
+        let Ok(mut watch) = store.watch_browser_ends().await else {
+            // The sweep's check covers the leases meanwhile; subscribe again shortly.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        loop {
+            let ended = watch.next().await;
+            let Some(state) = state.upgrade() else {
+                return;
+            };
+            match ended {
+                Ended::Session(id, disposition) => state.browser.release(&id, disposition),
+                Ended::Missed => check_held(&state).await,
+                Ended::Closed => break,
+            }
+        }
     }
 }

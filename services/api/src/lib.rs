@@ -96,6 +96,8 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Every replica reaps idle browser sessions and hears of their ends (BROW-6, BROW-14).
+    browser::start_background(&state);
     axum::serve(listener, http::router(state))
         .with_graceful_shutdown(shutdown)
         .await

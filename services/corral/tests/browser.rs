@@ -340,6 +340,84 @@ async fn brow_06_brow_13_sessions_share_the_ceiling_are_reaped_when_idle_and_an_
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_14_a_second_api_replica_serves_the_session_and_its_close_releases_the_lease() {
+    let test = "brow_14_a_second_api_replica_serves_the_session_and_its_close_releases_the_lease";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let other = stack.second_replica().await;
+    let ann = json!({ "actor": "ann", "conversation": "replicas" });
+    // Opened on corral up's replica, which holds the lease.
+    let (status, opened) = open(&stack, "ann", "replicas", None).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let on = |replica: &corral_api::client::Client, path: &str, extra: Value| {
+        let mut body = ann.clone();
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let path = format!("/v1/browser_sessions/{id}/{path}");
+        let replica = replica.clone();
+        async move { replica.post(&path, &body).await.unwrap() }
+    };
+    // Served by the other replica, which never saw the open.
+    let (status, evaluated) = on(
+        &other.caller,
+        "actions",
+        json!({ "action": { "action": "evaluate", "expression": "6 * 7" } }),
+    )
+    .await;
+    assert_eq!(status, 200, "{evaluated}");
+    assert_eq!(evaluated["result"]["value"], "42", "{evaluated}");
+    // Authorized there too: another conversation finds nothing.
+    let (status, _) = other
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/actions"),
+            &json!({ "actor": "ann", "conversation": "elsewhere", "action": { "action": "text" } }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 404);
+    // Privacy marked on one replica holds on the other.
+    let (status, _) = on(&other.caller, "private", json!({ "private": true })).await;
+    assert_eq!(status, 200);
+    let (status, refused) = on(
+        &stack.caller,
+        "actions",
+        json!({ "action": { "action": "text" } }),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (403, Some("session_private")),
+        "{refused}"
+    );
+    let (status, _) = on(&stack.caller, "private", json!({ "private": false })).await;
+    assert_eq!(status, 200);
+    // Closed on the other replica: confirmed clean, and the holder releases the lease.
+    let (status, closed) = on(&other.caller, "close", json!({})).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["confirmed"], true, "{closed}");
+    assert_eq!(closed["reset_evidence"]["verdict"], "clean", "{closed}");
+    let settled = stack.settled().await;
+    assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
+    // Gone on both.
+    for replica in [&stack.caller, &other.caller] {
+        let (status, _) = on(
+            replica,
+            "actions",
+            json!({ "action": { "action": "text" } }),
+        )
+        .await;
+        assert_eq!(status, 404);
+    }
+}
+
 /// Every process below `root`, read from `/proc` (the host's view of the jails' pids).
 fn descendants(root: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")

@@ -28,6 +28,7 @@ use corral_core::time::UnixMillis;
 use fred::prelude::*;
 use fred::types::scripts::Script;
 
+pub mod browser;
 pub mod group;
 pub mod harness;
 pub mod lease;

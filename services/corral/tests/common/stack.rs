@@ -155,6 +155,62 @@ impl Stack {
     }
 }
 
+/// A second API replica (`corral api`) over a stack's Valkey, workers and storage, stopped with
+/// SIGTERM when dropped.
+pub struct Replica {
+    pub child: Child,
+    pub caller: Client,
+}
+
+impl Stack {
+    /// Starts another API replica beside `corral up`'s, sharing its Valkey, workers, workspace
+    /// storage, credentials and field key; returns once it answers `/healthz`.
+    pub async fn second_replica(&self) -> Replica {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let file = |name: &str| self.state.join(name);
+        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
+            .arg("api")
+            .env("CORRAL_VALKEY_URL", &self.valkey)
+            .env("CORRAL_POOL", "default")
+            .env("CORRAL_API_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "CORRAL_WORKSPACE_URL",
+                format!("file://{}", file("workspaces").display()),
+            )
+            .env("CORRAL_WORKER_STATE_DIR", file("workers"))
+            .env("CORRAL_API_TOKEN_FILE", file("api-token"))
+            .env("CORRAL_ADMIN_TOKEN_FILE", file("admin-token"))
+            .env("CORRAL_WORKER_TOKEN_FILE", file("worker-token"))
+            .env("SANDBOX_FIELD_KEY_FILE", file("field-key"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("corral api starts");
+        let token = std::fs::read_to_string(file("api-token")).expect("api-token");
+        let caller =
+            Client::new(&format!("http://127.0.0.1:{port}"), token.trim()).expect("client");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(caller.get("/healthz").await, Ok((200, _))) {
+            assert!(
+                Instant::now() < deadline,
+                "the second replica never answered"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Replica { child, caller }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = nix_kill(self.child.id(), "TERM");
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Stack {
     fn drop(&mut self) {
         let _ = nix_kill(self.child.id(), "TERM");
