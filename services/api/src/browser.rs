@@ -298,6 +298,8 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         "worker": granted.worker.to_string(),
         "start_ms": opened.start_ms,
         "isolation": opened.isolation,
+        "start_phases_ms": opened.phases_ms,
+        "diagnostics": opened.diagnostics,
         "egress": egress.report,
     });
     if let Some(first) = first {

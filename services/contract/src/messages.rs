@@ -397,6 +397,10 @@ fn default_height() -> u32 {
 pub struct BrowserOpenReply {
     /// How long the runtime took to start, in milliseconds.
     pub start_ms: u64,
+    /// When each step of the start finished, in milliseconds from the bridge's own start:
+    /// `display`, `chromium` (its first page exists) and `attached` (the driver owns it).
+    #[serde(default)]
+    pub phases_ms: std::collections::BTreeMap<String, u64>,
     /// The isolation the session has.
     pub isolation: Isolation,
     /// Notes.

@@ -1,5 +1,5 @@
 //! The jail's filesystem, built by pid 1 of the jail in its own mount namespace: a small tmpfs
-//! root that becomes read-only, the system directories bound read-only, a synthesized /etc, a
+//! root that becomes read-only, the system directories and the font cache bound read-only, a synthesized /etc, a
 //! minimal /dev, a fresh /proc for the jail's pid namespace, and the run's workspace, /tmp and
 //! /dev/shm as the only writable places.
 
@@ -43,6 +43,9 @@ const ETC_ENTRIES: &[&str] = &[
     "xdg",
     "pulse",
 ];
+
+/// fontconfig's system cache, which the jail sees read-only when the host has one.
+const FONT_CACHE: &str = "/var/cache/fontconfig";
 
 /// Device nodes bound from the host's /dev.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom"];
@@ -110,6 +113,16 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
     dev(&root, layout.run_dir)?;
     let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let read_only = writable | MsFlags::MS_RDONLY;
+    // The host's font cache, read-only: without it every Chromium (and fontconfig user) scans
+    // every font at start and writes a cache into its fresh home (BROW-1 open latency).
+    let font_cache = Path::new(FONT_CACHE);
+    if font_cache.is_dir() {
+        bind_dir(
+            font_cache,
+            &root.join(FONT_CACHE.trim_start_matches('/')),
+            read_only | MsFlags::MS_NOEXEC,
+        )?;
+    }
     bind_dir(
         &layout.run_dir.join("workspace"),
         &root.join("workspace"),

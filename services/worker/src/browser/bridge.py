@@ -70,28 +70,39 @@ class Cdp:
         # The last main-document response, for the navigation's status and the proxy's refusal.
         self.document = None
 
-    def send(self, method, params=None, session=True, timeout=None):
+    def write(self, method, params=None, session=True):
         self.next_id += 1
-        ident = self.next_id
-        message = {"id": ident, "method": method, "params": params or {}}
+        message = {"id": self.next_id, "method": method, "params": params or {}}
         if session and self.session:
             message["sessionId"] = self.session
         data = json.dumps(message).encode() + b"\0"
         while data:
             n = os.write(self.w, data)
             data = data[n:]
+        return self.next_id
+
+    def send(self, method, params=None, session=True, timeout=None):
+        return self.send_all([(method, params, session)], timeout)[0]
+
+    def send_all(self, commands, timeout=None):
+        """Writes every (method, params, session) command at once, then waits for each answer."""
+        waiting = {self.write(method, params, session): method for method, params, session in commands}
+        order = list(waiting)
+        results = {}
         deadline = time.monotonic() + (timeout if timeout is not None else PARAMS["step_seconds"])
-        while True:
+        while waiting:
             reply = self.read(deadline)
             if reply is None:
-                raise Failure("action_timed_out", method + " did not answer in time")
-            if reply.get("id") == ident:
+                raise Failure("action_timed_out", ", ".join(waiting.values()) + " did not answer in time")
+            method = waiting.pop(reply.get("id"), None)
+            if method is not None:
                 if "error" in reply:
                     raise Failure("browser_error", method + ": " + str(reply["error"].get("message", ""))[:300])
-                return reply.get("result", {})
-            if "method" in reply:
+                results[reply["id"]] = reply.get("result", {})
+            elif "method" in reply:
                 self.events.append(reply)
                 del self.events[:-200]
+        return [results[ident] for ident in order]
 
     def read(self, deadline):
         while b"\0" not in self.buf:
@@ -126,6 +137,9 @@ class Cdp:
                 self.events.append(event)
 
 
+PHASES = {}
+
+
 def start():
     display = ":%d" % PARAMS["display"]
     width, height = PARAMS["width"], PARAMS["height"]
@@ -142,6 +156,7 @@ def start():
     spawn([PROGRAMS["xvfb"], display, "-screen", "0", "%dx%dx24" % (width, height),
            "-nolisten", "tcp", "-noreset", "+extension", "XTEST"], env)
     wait_for(lambda: os.path.exists(socket), 10, "the X display")
+    PHASES["display"] = time.monotonic()
     spawn([PROGRAMS["openbox"]], env)
     spawn([PROGRAMS["pulseaudio"], "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit",
            "-n", "--load=module-null-sink sink_name=corral", "--load=module-native-protocol-unix"], env)
@@ -226,20 +241,23 @@ def start():
     pages = [t for t in targets.get("targetInfos", []) if t.get("type") == "page"]
     deadline = time.monotonic() + 30
     while not pages and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.01)
         targets = cdp.send("Target.getTargets", session=False)
         pages = [t for t in targets.get("targetInfos", []) if t.get("type") == "page"]
     if not pages:
         raise Failure("runtime_start_failed", "the browser opened no page")
+    PHASES["chromium"] = time.monotonic()
     attached = cdp.send("Target.attachToTarget", {"targetId": pages[0]["targetId"], "flatten": True}, session=False)
     cdp.session = attached["sessionId"]
     cdp.page = pages[0]["targetId"]
     # Every other page a page opens is closed after each action: one page per session.
-    cdp.send("Target.setDiscoverTargets", {"discover": True}, session=False)
-    cdp.send("Page.enable")
-    cdp.send("Network.enable")
-    cdp.send("Runtime.enable")
-    cdp.send("Page.setLifecycleEventsEnabled", {"enabled": True})
+    cdp.send_all([
+        ("Target.setDiscoverTargets", {"discover": True}, False),
+        ("Page.enable", None, True),
+        ("Network.enable", None, True),
+        ("Runtime.enable", None, True),
+        ("Page.setLifecycleEventsEnabled", {"enabled": True}, True),
+    ])
     return cdp
 
 
@@ -432,7 +450,9 @@ def main():
     except Failure as failure:
         say({"ready": False, "error": {"code": failure.code, "message": failure.message}})
         stop()
-    say({"ready": True, "start_ms": int((time.monotonic() - started) * 1000)})
+    PHASES["attached"] = time.monotonic()
+    say({"ready": True, "start_ms": int((time.monotonic() - started) * 1000),
+         "phases": {k: int((v - started) * 1000) for k, v in PHASES.items()}})
     for line in sys.stdin:
         try:
             request = json.loads(line)

@@ -12,6 +12,7 @@
 //! (every process killed and counted, the scratch space with the profile unmounted, the cgroups
 //! removed); `confirmed` says whether the runtime stopped when told to.
 
+use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read as _, Write as _};
 use std::os::fd::AsFd as _;
 use std::process::{ChildStdin, ChildStdout};
@@ -118,6 +119,15 @@ fn read_line(
     }
 }
 
+/// A started runtime: the bridge's jail, its stdin, what it said past its ready line, and when
+/// each step of its start finished.
+struct Opened {
+    started: Started,
+    stdin: ChildStdin,
+    pending: Vec<u8>,
+    phases_ms: BTreeMap<String, u64>,
+}
+
 impl Worker {
     /// Whether a browser session holds this worker.
     #[must_use]
@@ -144,7 +154,12 @@ impl Worker {
         let opened = self.start_session(order, &mut run, &mut result);
         self.settings.bounds = configured;
         match opened {
-            Ok((started, stdin, pending)) => {
+            Ok(Opened {
+                started,
+                stdin,
+                pending,
+                phases_ms,
+            }) => {
                 self.session = Some(Session {
                     run,
                     started,
@@ -154,6 +169,7 @@ impl Worker {
                 });
                 Ok(BrowserOpenReply {
                     start_ms: u64::try_from(started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    phases_ms,
                     isolation: result.reply.isolation,
                     diagnostics: result.reply.diagnostics,
                 })
@@ -174,7 +190,7 @@ impl Worker {
         order: &BrowserOpenRequest,
         run: &mut ActiveRun,
         result: &mut RunResult,
-    ) -> Result<(Started, ChildStdin, Vec<u8>), String> {
+    ) -> Result<Opened, String> {
         let posture = self
             .decide_posture(result)
             .map_err(|reason| format!("isolation: {}", reason.code()))?;
@@ -229,7 +245,18 @@ impl Worker {
         if ready["ready"] != true {
             return Err(format!("the runtime did not start: {}", ready["error"]));
         }
-        Ok((started, stdin, pending))
+        let phases_ms = ready["phases"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(step, ms)| Some((step.clone(), ms.as_u64()?)))
+            .collect();
+        Ok(Opened {
+            started,
+            stdin,
+            pending,
+            phases_ms,
+        })
     }
 
     /// One action on the open session.
