@@ -23,12 +23,20 @@ const ALLOWED: &[(&str, &str)] = &[
     ("ed25519-dalek", "grant signatures (deterministic; no RNG)"),
     ("hkdf", "derives the grant signing key from the field key"),
     (
+        "hmac",
+        "the live view's TURN REST credential, HMAC-SHA1 as the TURN server checks it (docs/decisions/0023)",
+    ),
+    (
         "serde",
         "derives the pool document's encoding for the coordination store (docs/decisions/0004)",
     ),
     (
         "serde_json",
         "reads SANDBOX_PACKAGE_REGISTRIES, a JSON object, with `alloc` only (docs/decisions/0014)",
+    ),
+    (
+        "sha1",
+        "the hash of the TURN REST credential's HMAC, fixed by the scheme (docs/decisions/0023)",
     ),
     (
         "sha2",

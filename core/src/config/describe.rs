@@ -108,6 +108,12 @@ impl Settings {
             optional(self.resource_authority_url.as_deref().map(redact_userinfo)),
         ));
         out.push((BROWSER_IDLE.name, self.browser_idle_seconds.to_string()));
+        out.push((TURN_URL, optional(self.turn.url.clone())));
+        out.push((TURN_SECRET_FILE, optional(self.turn.secret_file.clone())));
+        out.push((
+            TURN_CREDENTIAL_TTL.name,
+            self.turn.credential_ttl_seconds.to_string(),
+        ));
         out
     }
 

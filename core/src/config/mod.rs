@@ -255,6 +255,8 @@ pub struct Settings {
     /// `CORRAL_BROWSER_IDLE_SECONDS` (default 900): a browser session idle this long is reaped
     /// (BROW-6).
     pub browser_idle_seconds: u64,
+    /// The live view's TURN authority and its shared secret (BROW-9).
+    pub turn: TurnSettings,
     /// The egress policy as configured, unparsed.
     pub egress: EgressSettings,
     /// Where the field key comes from.
@@ -265,6 +267,20 @@ pub struct Settings {
     pub prepare: PrepareSettings,
     /// How the worker builds its jails.
     pub jail: JailSettings,
+}
+
+/// The live view's TURN settings (BROW-9, ISO-5), kept as given: the URL is judged by
+/// [`crate::browser::turn::TurnAuthority::parse`] when a session opens, so that a missing or
+/// malformed one refuses the open with its own code rather than stopping the API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnSettings {
+    /// `CORRAL_TURN_URL`: the one TURN authority, `turn:HOST:PORT` (UDP and plain TCP).
+    pub url: Option<String>,
+    /// `CORRAL_TURN_SECRET_FILE`: the file holding the shared secret of the TURN REST scheme
+    /// (coturn's `static-auth-secret`).
+    pub secret_file: Option<String>,
+    /// `CORRAL_TURN_CREDENTIAL_TTL_SECONDS` (default 3600): how long a minted credential lasts.
+    pub credential_ttl_seconds: u64,
 }
 
 impl Default for Settings {
@@ -309,6 +325,11 @@ impl Default for Settings {
             tool_endpoint_url: None,
             resource_authority_url: None,
             browser_idle_seconds: crate::browser::IDLE_SECONDS,
+            turn: TurnSettings {
+                url: None,
+                secret_file: None,
+                credential_ttl_seconds: crate::browser::turn::CREDENTIAL_TTL_SECONDS,
+            },
             egress: EgressSettings::default(),
             field_key: FieldKeySource::Unset,
             worker: WorkerPorts {
@@ -367,6 +388,12 @@ impl Settings {
             tool_endpoint_url: r.http_url(TOOL_ENDPOINT_URL)?,
             resource_authority_url: r.authority_url(RESOURCE_AUTHORITY_URL)?,
             browser_idle_seconds: r.number(&BROWSER_IDLE, d.browser_idle_seconds)?,
+            turn: TurnSettings {
+                url: r.raw(TURN_URL),
+                secret_file: r.raw(TURN_SECRET_FILE),
+                credential_ttl_seconds: r
+                    .number(&TURN_CREDENTIAL_TTL, d.turn.credential_ttl_seconds)?,
+            },
             egress: r.egress(),
             field_key: r.field_key()?,
             worker: WorkerPorts {

@@ -15,7 +15,7 @@ pub(super) struct Reader<F> {
 
 impl<F: Fn(&str) -> Option<String>> Reader<F> {
     /// The trimmed value of `name`, or `None` when it is unset or blank.
-    fn raw(&self, name: &'static str) -> Option<String> {
+    pub(super) fn raw(&self, name: &'static str) -> Option<String> {
         setting_value(&(self.lookup)(name)?).map(str::to_owned)
     }
 

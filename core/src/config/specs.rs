@@ -25,6 +25,8 @@ pub(super) const DELETE_RETRY: Number = seconds("CORRAL_DELETE_RETRY_SECONDS", 1
 pub(super) const INVENTORY_STALE: Number =
     seconds("CORRAL_INVENTORY_STALE_SECONDS", 1, DAY_SECONDS);
 pub(super) const BROWSER_IDLE: Number = seconds("CORRAL_BROWSER_IDLE_SECONDS", 1, DAY_SECONDS);
+pub(super) const TURN_CREDENTIAL_TTL: Number =
+    seconds("CORRAL_TURN_CREDENTIAL_TTL_SECONDS", 60, DAY_SECONDS);
 pub(super) const CLAIM_LIFETIME: Number =
     seconds("CORRAL_CLAIM_LIFETIME_SECONDS", 1, 30 * DAY_SECONDS);
 pub(super) const MAX_WALL: Number = seconds("SANDBOX_MAX_WALL_SECONDS", 1, DAY_SECONDS);
@@ -50,6 +52,8 @@ pub(super) const POOL_MODE: &str = "CORRAL_POOL_MODE";
 pub(super) const PACKAGE_BROKER_URL: &str = "SANDBOX_PACKAGE_BROKER_URL";
 pub(super) const TOOL_ENDPOINT_URL: &str = "CORRAL_TOOL_ENDPOINT_URL";
 pub(super) const RESOURCE_AUTHORITY_URL: &str = "CORRAL_RESOURCE_AUTHORITY_URL";
+pub(super) const TURN_URL: &str = "CORRAL_TURN_URL";
+pub(super) const TURN_SECRET_FILE: &str = "CORRAL_TURN_SECRET_FILE";
 pub(super) const PACKAGE_REGISTRIES: &str = "SANDBOX_PACKAGE_REGISTRIES";
 pub(super) const EGRESS_ENABLED: &str = "SANDBOX_EGRESS_ENABLED";
 pub(super) const EGRESS_MODE: &str = "SANDBOX_EGRESS_MODE";

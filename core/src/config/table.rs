@@ -69,6 +69,9 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("CORRAL_TOOL_ENDPOINT_URL", "", "KER-5", "The platform's read-only tool endpoint the API forwards code's tool calls to (unset: tools are refused; corral up: its built-in sample)."),
     doc("CORRAL_RESOURCE_AUTHORITY_URL", "", "PROJ-1", "The platform's resource authority: rooms, audiences, documents and links (http(s)://… for the JSON contract in docs/resource-authority.openapi.yaml, sqlite:///abs/path.db for the embedded one; unset: nothing is projected or linked; corral up: an embedded one in its state directory)."),
     doc("CORRAL_BROWSER_IDLE_SECONDS", "900", "BROW-6", "A browser session idle this long is closed and its worker reset and released."),
+    doc("CORRAL_TURN_URL", "", "BROW-9", "The one TURN authority of the live view, turn:HOST:PORT, reached over UDP and plain TCP (unset: browser sessions are refused with turn_not_configured; corral up: a coturn it starts on loopback)."),
+    doc("CORRAL_TURN_SECRET_FILE", "", "BROW-9", "Path of a file holding the TURN server's shared secret (coturn's static-auth-secret), at least 16 bytes."),
+    doc("CORRAL_TURN_CREDENTIAL_TTL_SECONDS", "3600", "BROW-9", "How long a TURN credential minted for a session and its viewers lasts."),
 ];
 
 const fn doc(

@@ -7,7 +7,7 @@ use super::{PoolModeSetting, Settings};
 
 impl Settings {
     /// The numeric fields with the range each must lie in.
-    pub(super) fn numbers(&self) -> [(&'static Number, u64); 30] {
+    pub(super) fn numbers(&self) -> [(&'static Number, u64); 31] {
         let b = &self.bounds;
         let p = &self.packages;
         [
@@ -33,6 +33,7 @@ impl Settings {
             (&INVENTORY_STALE, self.inventory_stale_seconds),
             (&CLAIM_LIFETIME, self.claim_lifetime_seconds),
             (&BROWSER_IDLE, self.browser_idle_seconds),
+            (&TURN_CREDENTIAL_TTL, self.turn.credential_ttl_seconds),
             (&MAX_WALL, b.max_wall_seconds),
             (&MAX_OUTPUT, b.max_output_bytes),
             (&MAX_ARTIFACT, b.max_artifact_bytes),

@@ -202,6 +202,23 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     if let Some(Err(why)) = first.as_ref().map(Action::check) {
         return refused(StatusCode::BAD_REQUEST, ActionError::Invalid.code(), why);
     }
+    // The live view's TURN credential first: a session nobody could watch is not opened
+    // (BROW-9), and nothing is leased for it.
+    let id = corral_core::ids::hex(&corral_contract::credential::random_bytes()[..16]);
+    let turn = match state.store.now().await {
+        Ok(now) => crate::live_view::credential(&state, &id, now).await,
+        Err(unavailable_store) => return *unavailable(unavailable_store),
+    };
+    let turn = match turn {
+        Ok(turn) => turn,
+        Err(refusal) => {
+            return refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                refusal.code(),
+                format!("the live view cannot be offered: {refusal}"),
+            );
+        }
+    };
     // Open sweeps idle sessions first (BROW-13).
     reap_idle(&state).await;
     let wait_ms = request
@@ -230,7 +247,6 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             }
         };
     let holder = lease::Holder::start(state.clone(), granted, asked_at);
-    let id = corral_core::ids::hex(&corral_contract::credential::random_bytes()[..16]);
     let now = corral_core::time::UnixMillis(
         granted
             .expires_at
@@ -299,6 +315,11 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         "start_ms": opened.start_ms,
         "isolation": opened.isolation,
         "start_phases_ms": opened.phases_ms,
+        "live_view": {
+            "ice_servers": [turn.ice_server()],
+            "ice_transport_policy": "relay",
+            "expires_at_ms": turn.expires_at.0,
+        },
         "diagnostics": opened.diagnostics,
         "egress": egress.report,
     });

@@ -28,6 +28,7 @@ pub mod client;
 pub mod egress;
 pub mod hashline;
 pub mod http;
+pub mod live_view;
 pub mod metrics;
 pub mod openapi;
 pub mod refusal;

@@ -9,6 +9,7 @@ mod egress_cmd;
 mod resources_cmd;
 mod run_cmd;
 mod stack;
+mod turn_server;
 mod up_cmd;
 
 const USAGE: &str = "usage: corral <command> [args]

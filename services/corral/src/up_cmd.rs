@@ -130,6 +130,7 @@ pub fn run(args: &[String]) -> ExitCode {
 struct Started {
     valkey: Option<ValkeyServer>,
     proxy: Option<Child>,
+    turn: Option<crate::turn_server::TurnServer>,
     backend: Option<Arc<corral_controller::local::LocalBackend>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
@@ -154,6 +155,7 @@ impl Started {
             let _ = proxy.kill();
             let _ = proxy.wait();
         }
+        drop(self.turn.take());
         if let Some(mut valkey) = self.valkey.take() {
             valkey.kill();
         }
@@ -270,6 +272,24 @@ async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> R
         "egress proxy: {proxy_url} (log in {})",
         state_dir.join("egress-proxy.log").display()
     ));
+    // The live view's TURN authority (BROW-9): a coturn on loopback unless the operator names one.
+    if settings.turn.url.is_none() {
+        match crate::turn_server::TurnServer::start(&state_dir) {
+            Ok(server) => {
+                say(&format!(
+                    "TURN server: {} (coturn, shared secret in {})",
+                    server.url,
+                    server.secret_file.display()
+                ));
+                settings.turn.url = Some(server.url.clone());
+                settings.turn.secret_file = Some(server.secret_file.display().to_string());
+                started.turn = Some(server);
+            }
+            Err(why) => say(&format!(
+                "no TURN server ({why}): browser sessions will be refused with turn_not_configured"
+            )),
+        }
+    }
     // The API.
     let workers_dir = state_dir.join("workers");
     let parts = ApiParts {

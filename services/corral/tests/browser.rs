@@ -23,6 +23,7 @@ const FORM: &str = r#"<html><head><title>Form</title></head><body>
 
 fn runtime_or_skip(test: &str) -> bool {
     corral_testkit::programs_or_skip(test, &corral_worker::RUNTIME_PROGRAMS)
+        && corral_testkit::programs_or_skip(test, &[("coturn", "/usr/bin/turnserver")])
 }
 
 /// A namespace serving `FORM` at `http://<ip>/form.html`.
@@ -444,4 +445,136 @@ fn descendants(root: u32) -> Vec<u32> {
         next += 1;
     }
     found.split_off(1)
+}
+
+/// BROW-9: an open mints one TURN REST credential for the one configured authority (corral up's
+/// coturn), which that real server accepts while it refuses a forged or an expired one; a request
+/// cannot name a TURN server; and missing, malformed or unreachable TURN configuration refuses
+/// the open with its own code, leasing nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_09_an_open_mints_the_one_authoritys_credential_and_bad_turn_configuration_refuses_it()
+{
+    use common::turn_client::{Allocation, allocate};
+    use corral_core::browser::turn::{TurnAuthority, mint};
+    use corral_core::time::UnixMillis;
+
+    let test =
+        "brow_09_an_open_mints_the_one_authoritys_credential_and_bad_turn_configuration_refuses_it";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let url = common::stack::turn_url(&stack.state);
+    let server: std::net::SocketAddr = url.trim_start_matches("turn:").parse().unwrap();
+    let (status, opened) = open(&stack, "ann", "watch", None).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let live = &opened["live_view"];
+    assert_eq!(live["ice_transport_policy"], "relay", "{opened}");
+    let ice = &live["ice_servers"][0];
+    assert_eq!(
+        ice["urls"],
+        json!([
+            format!("{url}?transport=udp"),
+            format!("{url}?transport=tcp")
+        ]),
+        "{opened}"
+    );
+    let username = ice["username"].as_str().unwrap();
+    let password = ice["credential"].as_str().unwrap();
+    assert!(username.ends_with(&format!(":{id}")), "{username}");
+    // The real server accepts the minted credential…
+    assert!(
+        matches!(
+            allocate(server, username, password),
+            Allocation::Relayed(relayed) if relayed.ip() == server.ip()
+        ),
+        "coturn refused the minted credential"
+    );
+    // …and refuses it forged.
+    let forged = format!("x{}", &password[1..]);
+    assert_ne!(forged, password);
+    assert_eq!(
+        allocate(server, username, &forged),
+        Allocation::Refused(401)
+    );
+    // The scheme with the real secret: an expired credential is refused, a current one is not.
+    let secret = std::fs::read(stack.state.join("turn-secret")).unwrap();
+    let secret = secret.trim_ascii_end();
+    let authority = TurnAuthority::parse(Some(&url)).unwrap();
+    let now = UnixMillis(
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap(),
+    );
+    let expired = mint(&authority, secret, &id, UnixMillis(now.0 - 7_200_000), 60);
+    assert_eq!(
+        allocate(server, &expired.username, &expired.password),
+        Allocation::Refused(401)
+    );
+    let current = mint(&authority, secret, &id, now, 60);
+    assert!(matches!(
+        allocate(server, &current.username, &current.password),
+        Allocation::Relayed(_)
+    ));
+    // A request cannot name a TURN server, in any field.
+    for field in ["turn", "turn_url", "ice_servers"] {
+        let mut body = json!({ "actor": "ann", "conversation": "watch2", "member": "ann" });
+        body[field] = json!("turn:10.9.9.9:3478");
+        let (status, refused) = stack
+            .caller
+            .post("/v1/browser_sessions", &body)
+            .await
+            .unwrap();
+        assert_eq!(status, 400, "{field}: {refused}");
+    }
+    let (status, closed) = close(&stack, &id, ("ann", "watch")).await;
+    assert_eq!(status, 200, "{closed}");
+    // Bad configuration refuses the open, on replicas configured so.
+    let short = stack.state.join("short-turn-secret");
+    std::fs::write(&short, "too short\n").unwrap();
+    let closed_port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let silent = format!("turn:127.0.0.1:{closed_port}");
+    type Env<'a> = &'a [(&'a str, Option<&'a str>)];
+    let cases: [(Env, &str); 5] = [
+        (&[("CORRAL_TURN_URL", None)], "turn_not_configured"),
+        (&[("CORRAL_TURN_SECRET_FILE", None)], "turn_not_configured"),
+        (
+            &[("CORRAL_TURN_URL", Some("turn:127.0.0.1:3478?transport=udp"))],
+            "turn_config_invalid",
+        ),
+        (
+            &[("CORRAL_TURN_SECRET_FILE", Some(short.to_str().unwrap()))],
+            "turn_config_invalid",
+        ),
+        (&[("CORRAL_TURN_URL", Some(&silent))], "turn_unreachable"),
+    ];
+    for (env, code) in cases {
+        let replica = stack.replica_with(env).await;
+        let (status, refused) = replica
+            .caller
+            .post(
+                "/v1/browser_sessions",
+                &json!({ "actor": "ann", "conversation": "watch3", "member": "ann" }),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, refused["error"]["code"].as_str()),
+            (503, Some(code)),
+            "{env:?}: {refused}"
+        );
+    }
+    let settled = stack.settled().await;
+    assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
 }

@@ -5,6 +5,7 @@
 use corral_store::valkey_server::ValkeyServer;
 
 pub mod stack;
+pub mod turn_client;
 
 /// Root (the worker's jail needs it) and a started Valkey server, or `None` after skipping the
 /// test `test`.

@@ -166,12 +166,18 @@ impl Stack {
     /// Starts another API replica beside `corral up`'s, sharing its Valkey, workers, workspace
     /// storage, credentials and field key; returns once it answers `/healthz`.
     pub async fn second_replica(&self) -> Replica {
+        self.replica_with(&[]).await
+    }
+
+    /// [`Stack::second_replica`] with `env` set over what it shares (`(name, None)` removes one).
+    pub async fn replica_with(&self, env: &[(&str, Option<&str>)]) -> Replica {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
         let file = |name: &str| self.state.join(name);
-        let child = Command::new(env!("CARGO_BIN_EXE_corral"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_corral"));
+        command
             .arg("api")
             .env("CORRAL_VALKEY_URL", &self.valkey)
             .env("CORRAL_POOL", "default")
@@ -185,10 +191,18 @@ impl Stack {
             .env("CORRAL_ADMIN_TOKEN_FILE", file("admin-token"))
             .env("CORRAL_WORKER_TOKEN_FILE", file("worker-token"))
             .env("SANDBOX_FIELD_KEY_FILE", file("field-key"))
+            // The first replica's TURN server (corral up's coturn), the one authority.
+            .env("CORRAL_TURN_URL", turn_url(&self.state))
+            .env("CORRAL_TURN_SECRET_FILE", file("turn-secret"))
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("corral api starts");
+            .stderr(Stdio::inherit());
+        for (name, value) in env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let child = command.spawn().expect("corral api starts");
         let token = std::fs::read_to_string(file("api-token")).expect("api-token");
         let caller =
             Client::new(&format!("http://127.0.0.1:{port}"), token.trim()).expect("client");
@@ -243,4 +257,15 @@ pub fn python(actor: &str, conversation: &str, code: &str) -> Value {
 
 pub fn stdout(body: &Value) -> &str {
     body["model"]["stdout"]["text"].as_str().unwrap_or_default()
+}
+
+/// The TURN authority `corral up` started for the stack in `state`, read from its configuration.
+pub fn turn_url(state: &Path) -> String {
+    let config = std::fs::read_to_string(state.join("turnserver.conf"))
+        .expect("corral up wrote turnserver.conf (coturn is installed)");
+    let port = config
+        .lines()
+        .find_map(|line| line.strip_prefix("listening-port="))
+        .expect("a listening port");
+    format!("turn:127.0.0.1:{port}")
 }

@@ -200,10 +200,11 @@ impl Worker {
         self.create_cgroups(run, &posture, result)
             .map_err(|reason| format!("cgroups: {}", reason.code()))?;
         dirs.write_code("bridge.py", BRIDGE.as_bytes())?;
+        let capture = browser::media::Capture::bounded(order.width, order.height);
         let params = json!({
             "display": DISPLAY,
-            "width": order.width.clamp(320, 3840),
-            "height": order.height.clamp(240, 2160),
+            "width": capture.width,
+            "height": capture.height,
             "home": "/tmp/home",
             "runtime_dir": "/tmp/runtime",
             "profile": "/tmp/profile",
