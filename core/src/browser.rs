@@ -140,6 +140,8 @@ pub enum ActionError {
     SelectorNotFound,
     /// The element has no size to click.
     SelectorNotVisible,
+    /// The element matched but does not take the keyboard (a `type` into it).
+    SelectorNotFocusable,
     /// The action did not finish within its bound.
     TimedOut,
     /// The evaluated expression threw.
@@ -159,12 +161,13 @@ pub enum ActionError {
 
 impl ActionError {
     /// Every code.
-    pub const ALL: [ActionError; 12] = [
+    pub const ALL: [ActionError; 13] = [
         Self::Invalid,
         Self::NavigationDenied,
         Self::NavigationFailed,
         Self::SelectorNotFound,
         Self::SelectorNotVisible,
+        Self::SelectorNotFocusable,
         Self::TimedOut,
         Self::ScriptError,
         Self::ReplyTooLarge,
@@ -183,6 +186,7 @@ impl ActionError {
             Self::NavigationFailed => "navigation_failed",
             Self::SelectorNotFound => "selector_not_found",
             Self::SelectorNotVisible => "selector_not_visible",
+            Self::SelectorNotFocusable => "selector_not_focusable",
             Self::TimedOut => "action_timed_out",
             Self::ScriptError => "script_error",
             Self::ReplyTooLarge => "reply_too_large",

@@ -70,21 +70,8 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
     std::fs::write(site.join("page.html"), PAGE).expect("page");
     let mut ns = netns::Netns::create().expect("a network namespace for the page (root, ip)");
     let ip = ns.ns_ip.to_string();
-    let site_dir = site.display().to_string();
-    ns.spawn(
-        netns::PYTHON,
-        &[
-            "-m",
-            "http.server",
-            "80",
-            "--bind",
-            &ip,
-            "--directory",
-            &site_dir,
-        ],
-    )
-    .expect("python3 -m http.server in the namespace");
-    netns::wait_for_listener(std::net::SocketAddr::from((ns.ns_ip, 80))).expect("the page server");
+    ns.serve_directory(&site)
+        .expect("the page server in the namespace");
     let url = format!("http://{ip}/page.html");
     let cidr = format!("{ip}/32");
     let up = Up::start(
@@ -107,6 +94,7 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
     let mut closed = Vec::new();
     let mut started_runtime = Vec::new();
     let mut started_chromium = Vec::new();
+    let mut navigations = Vec::new();
     // One session first, unmeasured: the pool's first browser start loads the programs.
     for i in 0..=runs {
         tokio::time::sleep(pause).await;
@@ -120,6 +108,11 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
         assert_eq!(body["navigated"]["result"]["title"], "Bench", "{body}");
         let id = body["session"].as_str().expect("a session").to_owned();
         let runtime_start = Duration::from_millis(body["start_ms"].as_u64().expect("start_ms"));
+        let navigation = Duration::from_millis(
+            body["navigated"]["took_ms"]
+                .as_u64()
+                .expect("navigated.took_ms"),
+        );
         let chromium_start = Duration::from_millis(
             body["start_phases_ms"]["chromium"]
                 .as_u64()
@@ -138,6 +131,7 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
             opened.push(took);
             started_runtime.push(runtime_start);
             started_chromium.push(chromium_start);
+            navigations.push(navigation);
             closed.push(started.elapsed());
         }
     }
@@ -152,6 +146,10 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
     summary(
         "    of which the display and Chromium's first page (from the bridge's start)",
         &started_chromium,
+    );
+    summary(
+        "  of which the first navigation on the worker (through the proxy, to its load event)",
+        &navigations,
     );
     summary(
         "close (stop, delete the profile, reset with evidence)",

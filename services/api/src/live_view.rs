@@ -58,7 +58,8 @@ async fn address(authority: &TurnAuthority) -> Result<SocketAddr, TurnRefusal> {
     match &authority.host {
         TurnHost::Ip(ip) => Ok(SocketAddr::new(*ip, authority.port)),
         TurnHost::Name(name) => {
-            // Asked fully qualified, like every name Corral resolves (BROW-4).
+            // Asked fully qualified, as the proxy asks every name (BROW-4): the member's browser must
+            // reach the same authority, so a cluster-relative name would not do.
             let fqdn = format!("{name}.");
             tokio::net::lookup_host((fqdn.as_str(), authority.port))
                 .await

@@ -46,6 +46,16 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
 S((sys.argv[1], int(sys.argv[2])), H).serve_forever()
 "#;
 
+/// A quiet, threaded static file server: `python3 -c STATIC_SERVER <ip> <port> <directory>`.
+pub const STATIC_SERVER: &str = r#"
+import functools, http.server, sys
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])),
+                                functools.partial(H, directory=sys.argv[3])).serve_forever()
+"#;
+
 /// A namespace with a veth pair; removed (with its processes) when dropped.
 pub struct Netns {
     /// The namespace name.
@@ -139,6 +149,19 @@ impl Netns {
         let port_text = port.to_string();
         self.spawn(PYTHON, &["-c", ECHO_SERVER, &ip, &port_text])?;
         let addr = SocketAddr::from((self.ns_ip, port));
+        wait_for_listener(addr)?;
+        Ok(addr)
+    }
+}
+
+impl Netns {
+    /// Serves the files of `directory` on the namespace address's port 80 and waits until it
+    /// accepts.
+    pub fn serve_directory(&mut self, directory: &std::path::Path) -> Result<SocketAddr, String> {
+        let ip = self.ns_ip.to_string();
+        let directory = directory.to_string_lossy().into_owned();
+        self.spawn(PYTHON, &["-c", STATIC_SERVER, &ip, "80", &directory])?;
+        let addr = SocketAddr::from((self.ns_ip, 80));
         wait_for_listener(addr)?;
         Ok(addr)
     }

@@ -354,6 +354,15 @@ def act(cdp, request):
         if request.get("selector"):
             x, y = element_center(cdp, request["selector"])
             click_at(cdp, x, y)
+            # The click focuses the field as a member's would; a page still settling may not
+            # have taken it yet, so the field is given focus before a single key is sent.
+            focused = evaluate(cdp, "(() => { const e = document.querySelector(%s);"
+                                    " if (e && document.activeElement !== e) e.focus();"
+                                    " return document.activeElement === e; })()"
+                               % json.dumps(request["selector"]))
+            if not focused:
+                raise Failure("selector_not_focusable", "the element " + request["selector"][:200]
+                              + " does not take the keyboard")
         cdp.send("Input.insertText", {"text": request["text"]})
         return {"typed": len(request["text"])}
     if action == "press":
