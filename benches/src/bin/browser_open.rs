@@ -140,7 +140,7 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
         &opened,
     );
     summary(
-        "  of which the worker started the runtime (display, window manager, audio, Chromium attached)",
+        "  of which the worker started the runtime and made the first navigation (jail, display, window manager, audio, Chromium)",
         &started_runtime,
     );
     summary(
@@ -148,7 +148,7 @@ async fn measure(corral: &str, runs: usize, pause: Duration) {
         &started_chromium,
     );
     summary(
-        "  of which the first navigation on the worker (through the proxy, to its load event)",
+        "    of which the first navigation (sent with the driver's setup, through the proxy, to its load)",
         &navigations,
     );
     summary(

@@ -34,9 +34,10 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use corral_contract::CallError;
-use corral_contract::messages::BrowserOpenRequest;
+use corral_contract::messages::{BrowserNavigated, BrowserOpenRequest};
 use corral_core::browser::{
-    Action, ActionError, Call, CallRefusal, SessionRecord, close_abandoned, is_idle, judge_call,
+    Action, ActionError, Call, CallRefusal, SessionRecord, SessionState, close_abandoned, is_idle,
+    judge_call,
 };
 use corral_core::ids::{
     ActorId, ConversationId, LeaseNamespace, LeaseScope, MemberId, first_invalid_identity,
@@ -263,6 +264,32 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             now,
         )
         .await;
+    let record = SessionRecord {
+        actor: request.actor,
+        conversation: request.conversation,
+        worker: granted.worker,
+        token: granted.token,
+        networked: egress.grant.is_some(),
+        owner: state.browser.replica.clone(),
+    };
+    // The first navigation is judged by the rule every later call is (a session without network
+    // opens only `about:blank`), then made by the worker as the runtime starts.
+    if let Some(first) = &first {
+        let fresh = SessionState {
+            private: false,
+            last_activity: now,
+            closing: None,
+        };
+        if let Err(refusal) = judge_call(
+            Some((&record, &fresh)),
+            &record.actor,
+            &record.conversation,
+            Call::Act(first),
+        ) {
+            holder.release(Disposition::Reset);
+            return *call_refused(refusal);
+        }
+    }
     let opened = state
         .workers
         .browser_open(
@@ -272,6 +299,7 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                 width: corral_core::browser::WIDTH,
                 height: corral_core::browser::HEIGHT,
                 token: granted.token,
+                url: request.url.clone(),
             },
         )
         .await;
@@ -290,14 +318,6 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                 format!("the session's runtime did not start: {error}"),
             );
         }
-    };
-    let record = SessionRecord {
-        actor: request.actor,
-        conversation: request.conversation,
-        worker: granted.worker,
-        token: granted.token,
-        networked: egress.grant.is_some(),
-        owner: state.browser.replica.clone(),
     };
     state.browser.held().insert(id.clone(), holder);
     let stored = match state.store.now().await {
@@ -323,16 +343,32 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         "diagnostics": opened.diagnostics,
         "egress": egress.report,
     });
-    if let Some(first) = first {
-        let first = act_on(&state, &id, &record, &first).await;
-        match first {
-            Ok(result) => body["navigated"] = result,
-            Err(response) => {
-                if claim_close(&state, &id).await == Ok(true) {
-                    finish_close(&state, &id, &record).await;
-                }
-                return *response;
+    if first.is_some() {
+        let failed = match opened.navigated {
+            Some(BrowserNavigated {
+                result: Some(result),
+                took_ms,
+                ..
+            }) => {
+                body["navigated"] = json!({ "result": result, "took_ms": took_ms });
+                None
             }
+            Some(BrowserNavigated {
+                error: Some((code, message)),
+                ..
+            }) => Some(refused(StatusCode::UNPROCESSABLE_ENTITY, &code, message)),
+            Some(_) | None => Some(refused(
+                StatusCode::BAD_GATEWAY,
+                ActionError::BrowserError.code(),
+                "the worker did not make the first navigation",
+            )),
+        };
+        if let Some(failed) = failed {
+            // A session whose first navigation failed is not left open.
+            if claim_close(&state, &id).await == Ok(true) {
+                finish_close(&state, &id, &record).await;
+            }
+            return failed;
         }
     }
     Json(body).into_response()

@@ -382,6 +382,10 @@ pub struct BrowserOpenRequest {
     pub height: u32,
     /// The operation token the evidence of a failed open's reset carries.
     pub token: OpToken,
+    /// A first navigation, made as the runtime starts (its setup and the page's load overlap);
+    /// the API has admitted it (`corral_core::browser::judge_call`) and the worker checks it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 fn default_width() -> u32 {
@@ -401,10 +405,26 @@ pub struct BrowserOpenReply {
     /// `display`, `chromium` (its first page exists) and `attached` (the driver owns it).
     #[serde(default)]
     pub phases_ms: std::collections::BTreeMap<String, u64>,
+    /// How the first navigation went, when the open asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub navigated: Option<BrowserNavigated>,
     /// The isolation the session has.
     pub isolation: Isolation,
     /// Notes.
     pub diagnostics: Vec<String>,
+}
+
+/// The first navigation of an open: its result, or the action error with its code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserNavigated {
+    /// The navigation's result, as a `navigate` action's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    /// The action error's stable code (`corral_core::browser::ActionError`) and message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<(String, String)>,
+    /// How long the navigation took on the worker, in milliseconds.
+    pub took_ms: u64,
 }
 
 /// The answer to an action.

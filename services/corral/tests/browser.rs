@@ -102,6 +102,15 @@ async fn brow_01_brow_03_brow_07_brow_10_brow_12_brow_13_an_agent_drives_a_page_
     allow(&stack, &ip).await;
     let ann = ("ann", "research");
     let url = format!("http://{ip}/form.html");
+    // An open whose first navigation the proxy refuses says so, and leaves no session open.
+    let (status, refused) = open(&stack, "ann", "research", Some("http://127.0.0.1:8091/")).await;
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (422, Some("navigation_failed")),
+        "{refused}"
+    );
+    let settled = stack.settled().await;
+    assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
     let (status, opened) = open(&stack, "ann", "research", Some(&url)).await;
     assert_eq!(status, 200, "{opened}");
     assert_eq!(opened["navigated"]["result"]["title"], "Form", "{opened}");

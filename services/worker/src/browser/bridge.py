@@ -84,8 +84,9 @@ class Cdp:
     def send(self, method, params=None, session=True, timeout=None):
         return self.send_all([(method, params, session)], timeout)[0]
 
-    def send_all(self, commands, timeout=None):
-        """Writes every (method, params, session) command at once, then waits for each answer."""
+    def send_all(self, commands, timeout=None, tolerate=False):
+        """Writes every (method, params, session) command at once, then waits for each answer.
+        An error answer raises, or with `tolerate` stands as {"__error__": message}."""
         waiting = {self.write(method, params, session): method for method, params, session in commands}
         order = list(waiting)
         results = {}
@@ -97,7 +98,11 @@ class Cdp:
             method = waiting.pop(reply.get("id"), None)
             if method is not None:
                 if "error" in reply:
-                    raise Failure("browser_error", method + ": " + str(reply["error"].get("message", ""))[:300])
+                    message = method + ": " + str(reply["error"].get("message", ""))[:300]
+                    if not tolerate:
+                        raise Failure("browser_error", message)
+                    results[reply["id"]] = {"__error__": message}
+                    continue
                 results[reply["id"]] = reply.get("result", {})
             elif "method" in reply:
                 self.events.append(reply)
@@ -123,11 +128,12 @@ class Cdp:
             self.document = message["params"].get("response", {})
         return message
 
-    def wait_event(self, names, seconds):
+    def wait_until(self, matches, seconds):
+        """The first event, kept or arriving within `seconds`, that `matches`; None after."""
         deadline = time.monotonic() + seconds
         while True:
             for i, event in enumerate(self.events):
-                if event.get("method") in names:
+                if matches(event):
                     del self.events[: i + 1]
                     return event
             event = self.read(deadline)
@@ -135,6 +141,9 @@ class Cdp:
                 return None
             if "method" in event:
                 self.events.append(event)
+
+    def wait_event(self, names, seconds):
+        return self.wait_until(lambda e: e.get("method") in names, seconds)
 
 
 PHASES = {}
@@ -251,14 +260,26 @@ def start():
     cdp.session = attached["sessionId"]
     cdp.page = pages[0]["targetId"]
     # Every other page a page opens is closed after each action: one page per session.
-    cdp.send_all([
+    commands = [
         ("Target.setDiscoverTargets", {"discover": True}, False),
         ("Page.enable", None, True),
         ("Network.enable", None, True),
         ("Runtime.enable", None, True),
         ("Page.setLifecycleEventsEnabled", {"enabled": True}, True),
-    ])
-    return cdp
+    ]
+    # The open's first navigation goes in the same batch, after the domains it is watched by:
+    # the page loads while the rest of the setup is answered.
+    url = PARAMS.get("url")
+    if url:
+        cdp.events.clear()
+        cdp.document = None
+        commands.append(("Page.navigate", {"url": url}, True))
+        PHASES["navigation_sent"] = time.monotonic()
+    results = cdp.send_all(commands, tolerate=True)
+    for result in results[:5]:
+        if "__error__" in result:
+            raise Failure("browser_error", result["__error__"])
+    return cdp, (results[5] if url else None)
 
 
 def bounded(text, limit):
@@ -326,26 +347,39 @@ def wait_load(cdp, state, seconds):
         raise Failure("action_timed_out", "the page did not reach " + state + " in time")
 
 
+def finish_navigation(cdp, result, seconds):
+    """The navigation whose Page.navigate answered `result`, once its page has loaded."""
+    if "__error__" in result:
+        raise Failure("navigation_failed", result["__error__"])
+    if result.get("errorText"):
+        raise Failure("navigation_failed", result["errorText"])
+    # The load of this navigation's document: its loader's lifecycle "load" (Page.loadEventFired
+    # is not sent for a navigation that commits while the Page domain is being enabled). A
+    # navigation within the same document has no loader and nothing to wait for.
+    loader = result.get("loaderId")
+    if loader is not None and cdp.wait_until(
+            lambda e: e.get("method") == "Page.lifecycleEvent"
+            and e.get("params", {}).get("name") == "load"
+            and e.get("params", {}).get("loaderId") == loader, seconds) is None:
+        raise Failure("action_timed_out", "the page did not load in time")
+    response = cdp.document or {}
+    headers = {k.lower(): v for k, v in (response.get("headers") or {}).items()}
+    if "x-corral-egress-reason" in headers:
+        raise Failure("navigation_failed", "the egress proxy refused it: %s (HTTP %s)"
+                      % (headers["x-corral-egress-reason"], response.get("status")))
+    return {"url": evaluate(cdp, "location.href"), "title": evaluate(cdp, "document.title"),
+            "status": response.get("status")}
+
+
 def act(cdp, request):
     action = request.get("action")
     limit = PARAMS["reply_max_bytes"]
     seconds = min(float(request.get("timeout_ms", PARAMS["step_seconds"] * 1000)) / 1000, PARAMS["step_seconds"])
     if action == "navigate":
-        url = request["url"]
         cdp.events.clear()
         cdp.document = None
-        result = cdp.send("Page.navigate", {"url": url}, timeout=seconds)
-        if result.get("errorText"):
-            raise Failure("navigation_failed", result["errorText"])
-        if cdp.wait_event(("Page.loadEventFired",), seconds) is None:
-            raise Failure("action_timed_out", "the page did not load in time")
-        response = cdp.document or {}
-        headers = {k.lower(): v for k, v in (response.get("headers") or {}).items()}
-        if "x-corral-egress-reason" in headers:
-            raise Failure("navigation_failed", "the egress proxy refused it: %s (HTTP %s)"
-                          % (headers["x-corral-egress-reason"], response.get("status")))
-        return {"url": evaluate(cdp, "location.href"), "title": evaluate(cdp, "document.title"),
-                "status": response.get("status")}
+        result = cdp.send("Page.navigate", {"url": request["url"]}, timeout=seconds)
+        return finish_navigation(cdp, result, seconds)
     if action == "click":
         x, y = element_center(cdp, request["selector"])
         click_at(cdp, x, y)
@@ -455,13 +489,23 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     started = time.monotonic()
     try:
-        cdp = start()
+        cdp, sent = start()
     except Failure as failure:
         say({"ready": False, "error": {"code": failure.code, "message": failure.message}})
         stop()
     PHASES["attached"] = time.monotonic()
-    say({"ready": True, "start_ms": int((time.monotonic() - started) * 1000),
-         "phases": {k: int((v - started) * 1000) for k, v in PHASES.items()}})
+    ready = {"ready": True}
+    if sent is not None:
+        try:
+            ready["navigated"] = {"ok": finish_navigation(cdp, sent, PARAMS["step_seconds"])}
+        except Failure as failure:
+            ready["navigated"] = {"error": {"code": failure.code, "message": failure.message}}
+        close_popups(cdp)
+        ready["navigated"]["took_ms"] = int((time.monotonic() - PHASES["navigation_sent"]) * 1000)
+        PHASES["navigated"] = time.monotonic()
+    ready["start_ms"] = int((time.monotonic() - started) * 1000)
+    ready["phases"] = {k: int((v - started) * 1000) for k, v in PHASES.items()}
+    say(ready)
     for line in sys.stdin:
         try:
             request = json.loads(line)

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use corral_contract::messages::{
-    BrowserActReply, BrowserCloseReply, BrowserOpenReply, BrowserOpenRequest, EvidenceReport,
+    BrowserActReply, BrowserCloseReply, BrowserNavigated, BrowserOpenReply, BrowserOpenRequest,
+    EvidenceReport,
 };
 use corral_core::bounds::ExecutionBounds;
 use corral_core::browser::{self, Action, ActionError};
@@ -126,6 +127,7 @@ struct Opened {
     stdin: ChildStdin,
     pending: Vec<u8>,
     phases_ms: BTreeMap<String, u64>,
+    navigated: Option<BrowserNavigated>,
 }
 
 impl Worker {
@@ -159,6 +161,7 @@ impl Worker {
                 stdin,
                 pending,
                 phases_ms,
+                navigated,
             }) => {
                 self.session = Some(Session {
                     run,
@@ -170,6 +173,7 @@ impl Worker {
                 Ok(BrowserOpenReply {
                     start_ms: u64::try_from(started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
                     phases_ms,
+                    navigated,
                     isolation: result.reply.isolation,
                     diagnostics: result.reply.diagnostics,
                 })
@@ -201,6 +205,15 @@ impl Worker {
             .map_err(|reason| format!("cgroups: {}", reason.code()))?;
         dirs.write_code("bridge.py", BRIDGE.as_bytes())?;
         let capture = browser::media::Capture::bounded(order.width, order.height);
+        // The first navigation, checked as an action is (the API admitted it already).
+        let first_url = order.url.clone().filter(|url| {
+            Action::Navigate {
+                url: url.clone(),
+                timeout_ms: None,
+            }
+            .check()
+            .is_ok()
+        });
         let params = json!({
             "display": DISPLAY,
             "width": capture.width,
@@ -215,6 +228,7 @@ impl Worker {
                 .collect::<serde_json::Map<_, _>>(),
             "step_seconds": browser::STEP_MAX_MS / 1000,
             "reply_max_bytes": browser::REPLY_MAX_BYTES,
+            "url": first_url,
         });
         let mut plan = self.plan(
             Language::Python,
@@ -252,11 +266,34 @@ impl Worker {
             .flatten()
             .filter_map(|(step, ms)| Some((step.clone(), ms.as_u64()?)))
             .collect();
+        let navigated = ready.get("navigated").map(|navigated| {
+            let took_ms = navigated["took_ms"].as_u64().unwrap_or_default();
+            match (navigated.get("ok"), navigated.get("error")) {
+                (Some(result), _) => BrowserNavigated {
+                    result: Some(result.clone()),
+                    error: None,
+                    took_ms,
+                },
+                (None, error) => {
+                    let error = error.cloned().unwrap_or(Value::Null);
+                    let code = ActionError::of_code(error["code"].as_str().unwrap_or_default());
+                    BrowserNavigated {
+                        result: None,
+                        error: Some((
+                            code.code().to_owned(),
+                            error["message"].as_str().unwrap_or_default().to_owned(),
+                        )),
+                        took_ms,
+                    }
+                }
+            }
+        });
         Ok(Opened {
             started,
             stdin,
             pending,
             phases_ms,
+            navigated,
         })
     }
 
