@@ -163,6 +163,26 @@ async fn brow_01_brow_03_brow_07_brow_10_brow_12_brow_13_an_agent_drives_a_page_
             "{refused}"
         );
     }
+    // …and a page's own fetch of them goes to the proxy too, which refuses it.
+    for port in [8091, 8080] {
+        let (status, fetched) = act(
+            &stack,
+            &id,
+            ann,
+            json!({ "action": "evaluate", "expression": format!(
+                "fetch('http://127.0.0.1:{port}/v1/health').then(r => 'status ' + r.status, e => 'failed')"
+            ) }),
+        )
+        .await;
+        assert_eq!(status, 200, "{fetched}");
+        // Cross-origin, the refusal is an opaque failure; from the refused page's own origin,
+        // the proxy's 403 is readable. Either way nothing answered but the proxy.
+        assert!(
+            ["\"failed\"", "\"status 403\""]
+                .contains(&fetched["result"]["value"].as_str().unwrap_or_default()),
+            "{fetched}"
+        );
+    }
     // Bad input: a selector that matches nothing, a hung script, each its own code.
     let (_, missing) = act(
         &stack,
@@ -253,6 +273,15 @@ async fn brow_01_brow_03_brow_07_brow_10_brow_12_brow_13_an_agent_drives_a_page_
     assert!(
         page >= rounds,
         "{rounds} rounds of navigation but {page} requests to the page:\n{log}"
+    );
+    let refused_loopback = log
+        .lines()
+        .filter(|line| line.contains("\"actor\":\"ann\"") && line.contains("\"decision\":\"deny\""))
+        .filter(|line| line.contains("127.0.0.1:8091") || line.contains("127.0.0.1:8080"))
+        .count();
+    assert!(
+        refused_loopback >= 4,
+        "two navigations and two fetches of the worker's ports, {refused_loopback} refusals:\n{log}"
     );
     for target in &targets {
         let allowed = target.starts_with(&format!("http://{ip}/"))
