@@ -1,0 +1,193 @@
+//! The session's X display: its size, its pixels, and when they change.
+
+use std::os::fd::AsFd as _;
+use std::time::Duration;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use x11rb::connection::Connection as _;
+use x11rb::protocol::Event;
+use x11rb::protocol::damage::{self, ConnectionExt as _};
+use x11rb::protocol::xproto::{
+    ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat,
+};
+use x11rb::rust_connection::RustConnection;
+
+/// One connection to a display, watching its root window for damage.
+pub struct Display {
+    connection: RustConnection,
+    root: u32,
+    /// One damage watch on the root and one on each of its children (a window's own drawing
+    /// is not the root's damage).
+    damages: Vec<u32>,
+    width: u16,
+    height: u16,
+    /// Damage seen and not yet captured.
+    changed: bool,
+    /// The sequence number of the request that last re-armed the watch: a notification of
+    /// damage done before it (still queued when the screen was read) is stale.
+    armed_at: u16,
+}
+
+fn failed(what: &str) -> impl Fn(&dyn std::fmt::Display) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl Display {
+    /// Connects to `name` (`:99`) and starts watching the whole screen for damage.
+    ///
+    /// # Errors
+    /// The display cannot be reached, or lacks the Damage extension.
+    pub fn connect(name: &str) -> Result<Display, String> {
+        let (connection, screen) =
+            x11rb::connect(Some(name)).map_err(|e| failed("connect to the display")(&e))?;
+        let (root, width, height) = {
+            let screen = &connection.setup().roots[screen];
+            (screen.root, screen.width_in_pixels, screen.height_in_pixels)
+        };
+        connection
+            .damage_query_version(1, 1)
+            .map_err(|e| failed("Damage")(&e))?
+            .reply()
+            .map_err(|e| failed("Damage")(&e))?;
+        // New top-level windows are announced, and watched as they come.
+        connection
+            .change_window_attributes(
+                root,
+                &ChangeWindowAttributesAux::new().event_mask(EventMask::SUBSTRUCTURE_NOTIFY),
+            )
+            .map_err(|e| failed("watch for windows")(&e))?;
+        let children = connection
+            .query_tree(root)
+            .map_err(|e| failed("list the windows")(&e))?
+            .reply()
+            .map_err(|e| failed("list the windows")(&e))?
+            .children;
+        let mut display = Display {
+            connection,
+            root,
+            damages: Vec::new(),
+            width,
+            height,
+            // The first frame is always wanted.
+            changed: true,
+            armed_at: 0,
+        };
+        for window in std::iter::once(root).chain(children) {
+            display.watch(window)?;
+        }
+        display
+            .connection
+            .flush()
+            .map_err(|e| failed("flush")(&e))?;
+        Ok(display)
+    }
+
+    /// Starts a damage watch on `window`.
+    fn watch(&mut self, window: u32) -> Result<(), String> {
+        let damage = self
+            .connection
+            .generate_id()
+            .map_err(|e| failed("an X id")(&e))?;
+        // A window gone before the request arrives is an error event, ignored.
+        self.connection
+            .damage_create(damage, window, damage::ReportLevel::NON_EMPTY)
+            .map_err(|e| failed("watch the screen")(&e))?
+            .ignore_error();
+        self.damages.push(damage);
+        Ok(())
+    }
+
+    /// The screen's size in pixels.
+    #[must_use]
+    pub fn size(&self) -> (u16, u16) {
+        (self.width, self.height)
+    }
+
+    /// Waits up to `timeout` for the screen to change since the last [`Display::grab`]; true
+    /// when it has. Blocks in poll(2) on the connection: no work while nothing changes.
+    ///
+    /// # Errors
+    /// The connection failed.
+    pub fn wait_change(&mut self, timeout: Duration) -> Result<bool, String> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            while let Some(event) = self
+                .connection
+                .poll_for_event()
+                .map_err(|e| failed("read the display")(&e))?
+            {
+                // Sequence numbers wrap at 16 bits: "at or after" is a forward distance under half.
+                match event {
+                    Event::DamageNotify(notify)
+                        if notify.sequence.wrapping_sub(self.armed_at) < 0x8000 =>
+                    {
+                        self.changed = true;
+                    }
+                    Event::CreateNotify(created) => {
+                        self.watch(created.window)?;
+                        self.connection.flush().map_err(|e| failed("flush")(&e))?;
+                        self.changed = true;
+                    }
+                    _ => {}
+                }
+            }
+            if self.changed {
+                return Ok(true);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(false);
+            }
+            let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+            let stream = self.connection.stream();
+            let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+            poll(&mut fds, PollTimeout::from(millis)).map_err(|e| failed("poll")(&e))?;
+        }
+    }
+
+    /// The screen's pixels now, as BGRX rows of `width * 4` bytes; re-arms the damage watch
+    /// first, so a change during the read is seen by the next [`Display::wait_change`].
+    ///
+    /// # Errors
+    /// The connection failed.
+    pub fn grab(&mut self) -> Result<Vec<u8>, String> {
+        self.changed = false;
+        let mut first = None;
+        for damage in &self.damages {
+            let armed = self
+                .connection
+                .damage_subtract(*damage, x11rb::NONE, x11rb::NONE)
+                .map_err(|e| failed("re-arm the watch")(&e))?;
+            first.get_or_insert(armed.sequence_number());
+            // A watch whose window is gone fails harmlessly.
+            armed.ignore_error();
+        }
+        // The low 16 bits, as events carry them.
+        #[allow(clippy::cast_possible_truncation)]
+        if let Some(sequence) = first {
+            self.armed_at = sequence as u16;
+        }
+        let image = self
+            .connection
+            .get_image(
+                ImageFormat::Z_PIXMAP,
+                self.root,
+                0,
+                0,
+                self.width,
+                self.height,
+                u32::MAX,
+            )
+            .map_err(|e| failed("read the screen")(&e))?
+            .reply()
+            .map_err(|e| failed("read the screen")(&e))?;
+        let expected = usize::from(self.width) * usize::from(self.height) * 4;
+        if image.data.len() != expected {
+            return Err(format!(
+                "the screen came as {} bytes, not {expected} (a depth other than 24 in 32 bits)",
+                image.data.len()
+            ));
+        }
+        Ok(image.data)
+    }
+}

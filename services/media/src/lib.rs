@@ -1,0 +1,28 @@
+//! The live view's media pipeline inside the worker (issue 18; BROW-5, BROW-11): the session's X
+//! display captured when it changes, converted to I420 and encoded as H.264 with OpenH264 at the
+//! bitrate corral-core derives from the capture's pixels and frame rate.
+//!
+//! - [`capture::Display`]: one connection to the display; `wait_change` blocks on the Damage
+//!   extension's notification (so an idle page costs nothing: no polling, no frames), and
+//!   `grab` reads the root window's pixels (BGRX).
+//! - [`encode::H264`]: the conversion (OpenH264's SIMD RGB-to-YUV) and the encoder, configured
+//!   for screen content at `corral_core::browser::media::bitrate`, with a keyframe on request.
+//!
+//! Each stage's duration is measured per frame ([`FrameTimes`]), which is what the media
+//! benchmark reports. The WebRTC side (str0m over TURN) and input are later slices.
+
+pub mod capture;
+pub mod encode;
+
+use std::time::Duration;
+
+/// How long each stage of one frame took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FrameTimes {
+    /// Reading the display's pixels.
+    pub capture: Duration,
+    /// BGRX to I420.
+    pub convert: Duration,
+    /// I420 to H.264.
+    pub encode: Duration,
+}

@@ -1,0 +1,182 @@
+//! The pipeline on a real display: Xvfb at a new session's 1600x1000, an X client painting it,
+//! the change seen through Damage, the pixels captured, converted and encoded, and the H.264
+//! decoded back to the colour that was painted. Needs Debian's xvfb; without it the test skips
+//! through `corral_testkit::skip` (CI requires it).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use corral_core::browser::media::{Capture, FRAME_RATE, bitrate};
+use corral_media::FrameTimes;
+use corral_media::capture::Display;
+use corral_media::encode::H264;
+use openh264::decoder::Decoder;
+use openh264::formats::YUVSource as _;
+use x11rb::connection::Connection as _;
+use x11rb::protocol::xproto::{ChangeGCAux, ConnectionExt as _, CreateGCAux, Rectangle};
+use x11rb::wrapper::ConnectionExt as _;
+
+const XVFB: &str = "/usr/bin/Xvfb";
+
+struct Xvfb(Child);
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Xvfb on a free display number at `capture`'s size, once its socket exists.
+fn xvfb(test: &str, capture: Capture) -> Option<(Xvfb, String)> {
+    if !corral_testkit::programs_or_skip(test, &[("xvfb", XVFB)]) {
+        return None;
+    }
+    let number = (200..400)
+        .find(|n| !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists())
+        .expect("a free display number");
+    let name = format!(":{number}");
+    let child = Command::new(XVFB)
+        .args([
+            &name,
+            "-screen",
+            "0",
+            &format!("{}x{}x24", capture.width, capture.height),
+            "-nolisten",
+            "tcp",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("Xvfb starts");
+    let server = Xvfb(child);
+    let socket = format!("/tmp/.X11-unix/X{number}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::path::Path::new(&socket).exists() {
+        assert!(Instant::now() < deadline, "Xvfb did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Some((server, name))
+}
+
+/// Another X client fills the whole screen with `rgb`.
+fn paint(display: &str, rgb: u32) {
+    paint_rect(display, rgb, None);
+}
+
+/// Another X client fills `rect` (the whole screen when `None`) with `rgb`.
+fn paint_rect(display: &str, rgb: u32, rect: Option<Rectangle>) {
+    let (connection, screen) = x11rb::connect(Some(display)).unwrap();
+    let root = connection.setup().roots[screen].root;
+    let (width, height) = {
+        let s = &connection.setup().roots[screen];
+        (s.width_in_pixels, s.height_in_pixels)
+    };
+    let gc = connection.generate_id().unwrap();
+    connection
+        .create_gc(gc, root, &CreateGCAux::new().foreground(rgb))
+        .unwrap();
+    connection
+        .change_gc(
+            gc,
+            &ChangeGCAux::new()
+                .subwindow_mode(x11rb::protocol::xproto::SubwindowMode::INCLUDE_INFERIORS),
+        )
+        .unwrap();
+    connection
+        .poly_fill_rectangle(
+            root,
+            gc,
+            &[rect.unwrap_or(Rectangle {
+                x: 0,
+                y: 0,
+                width,
+                height,
+            })],
+        )
+        .unwrap();
+    connection.sync().unwrap();
+}
+
+/// The colour at the centre of a decoded frame.
+fn centre(decoder: &mut Decoder, frame: &[u8], capture: Capture) -> (u8, u8, u8) {
+    let decoded = decoder.decode(frame).unwrap().expect("a picture");
+    let (width, height) = decoded.dimensions();
+    assert_eq!(
+        (width, height),
+        (capture.width as usize, capture.height as usize)
+    );
+    let mut rgb = vec![0u8; width * height * 3];
+    decoded.write_rgb8(&mut rgb);
+    let at = ((height / 2) * width + width / 2) * 3;
+    (rgb[at], rgb[at + 1], rgb[at + 2])
+}
+
+fn near(found: (u8, u8, u8), wanted: (u8, u8, u8)) -> bool {
+    let close = |a: u8, b: u8| a.abs_diff(b) <= 12;
+    close(found.0, wanted.0) && close(found.1, wanted.1) && close(found.2, wanted.2)
+}
+
+#[test]
+fn brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate() {
+    let test = "brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate";
+    let capture = Capture::NEW_SESSION;
+    let Some((_xvfb, name)) = xvfb(test, capture) else {
+        return;
+    };
+    let mut display = Display::connect(&name).unwrap();
+    assert_eq!(display.size(), (1600, 1000));
+    let mut encoder = H264::new(capture, FRAME_RATE).unwrap();
+    assert_eq!(encoder.bitrate, bitrate(capture, FRAME_RATE));
+    assert_eq!(encoder.bitrate, 4_000_000);
+    let mut decoder = Decoder::new().unwrap();
+    let mut times = FrameTimes::default();
+    // The first frame is always wanted, and is a keyframe when asked.
+    assert!(display.wait_change(Duration::from_secs(1)).unwrap());
+    let pixels = display.grab().unwrap();
+    let first = encoder.encode(&pixels, true, &mut times).unwrap();
+    assert!(first.keyframe, "a keyframe was asked for");
+    let _ = centre(&mut decoder, &first.data, capture);
+    // Nothing changes: nothing to do.
+    assert!(!display.wait_change(Duration::from_millis(300)).unwrap());
+    // Another client paints the screen: the change is seen, and the encoded frame decodes to it.
+    for (rgb, wanted) in [
+        (0x00c0_2020, (0xc0, 0x20, 0x20)),
+        (0x0020_80e0, (0x20, 0x80, 0xe0)),
+    ] {
+        paint(&name, rgb);
+        assert!(
+            display.wait_change(Duration::from_secs(5)).unwrap(),
+            "the paint was not seen"
+        );
+        let pixels = display.grab().unwrap();
+        let frame = encoder.encode(&pixels, false, &mut times).unwrap();
+        let found = centre(&mut decoder, &frame.data, capture);
+        assert!(near(found, wanted), "painted {wanted:?}, decoded {found:?}");
+    }
+    // A small change is a small predicted frame: not a keyframe, a fraction of the first's size.
+    paint_rect(
+        &name,
+        0x00ff_ff00,
+        Some(Rectangle {
+            x: 768,
+            y: 468,
+            width: 64,
+            height: 64,
+        }),
+    );
+    assert!(display.wait_change(Duration::from_secs(5)).unwrap());
+    let pixels = display.grab().unwrap();
+    let small = encoder.encode(&pixels, false, &mut times).unwrap();
+    assert!(!small.keyframe, "a small change made a keyframe");
+    assert!(
+        small.data.len() * 4 < first.data.len(),
+        "{} bytes for a 64x64 change, {} for the keyframe",
+        small.data.len(),
+        first.data.len()
+    );
+    let found = centre(&mut decoder, &small.data, capture);
+    assert!(near(found, (0xff, 0xff, 0x00)), "decoded {found:?}");
+    // A frame of the wrong size is refused, not encoded.
+    assert!(encoder.encode(&pixels[..16], false, &mut times).is_err());
+}
