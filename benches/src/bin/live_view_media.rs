@@ -16,6 +16,7 @@ use corral_core::browser::media::{Capture, FRAME_RATE};
 use corral_media::FrameTimes;
 use corral_media::capture::Display;
 use corral_media::encode::H264;
+use corral_media::xvfb::Xvfb;
 use nix::sys::resource::{UsageWho, getrusage};
 
 // No `#` or `%` in it: a data URL would end at the one and decode the other.
@@ -53,28 +54,8 @@ fn main() {
         .nth(1)
         .map_or(10, |s| s.parse().expect("--seconds N"));
     let capture = Capture::NEW_SESSION;
-    let number = (400..600)
-        .find(|n| !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists())
-        .expect("a free display");
-    let name = format!(":{number}");
-    let _xvfb = Killed(
-        Command::new("/usr/bin/Xvfb")
-            .args([
-                &name,
-                "-screen",
-                "0",
-                &format!("{}x{}x24", capture.width, capture.height),
-                "-nolisten",
-                "tcp",
-            ])
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("Xvfb"),
-    );
-    let socket = format!("/tmp/.X11-unix/X{number}");
-    while !std::path::Path::new(&socket).exists() {
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let xvfb = Xvfb::start(capture, 400).expect("Xvfb (scripts/setup-services)");
+    let name = xvfb.display.clone();
     let profile = std::env::temp_dir().join(format!("corral-media-bench-{}", std::process::id()));
     let chromium = Killed(
         Command::new(corral_worker::RUNTIME_PROGRAMS[0].1)

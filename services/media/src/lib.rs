@@ -13,6 +13,7 @@
 
 pub mod capture;
 pub mod encode;
+pub mod xvfb;
 
 use std::time::Duration;
 

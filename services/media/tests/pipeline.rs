@@ -3,60 +3,25 @@
 //! decoded back to the colour that was painted. Needs Debian's xvfb; without it the test skips
 //! through `corral_testkit::skip` (CI requires it).
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral_core::browser::media::{Capture, FRAME_RATE, bitrate};
 use corral_media::FrameTimes;
 use corral_media::capture::Display;
 use corral_media::encode::H264;
+use corral_media::xvfb::{XVFB, Xvfb};
 use openh264::decoder::Decoder;
 use openh264::formats::YUVSource as _;
 use x11rb::connection::Connection as _;
 use x11rb::protocol::xproto::{ChangeGCAux, ConnectionExt as _, CreateGCAux, Rectangle};
 use x11rb::wrapper::ConnectionExt as _;
 
-const XVFB: &str = "/usr/bin/Xvfb";
-
-struct Xvfb(Child);
-
-impl Drop for Xvfb {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Xvfb on a free display number at `capture`'s size, once its socket exists.
-fn xvfb(test: &str, capture: Capture) -> Option<(Xvfb, String)> {
+/// Xvfb at `capture`'s size, or `None` after skipping the test for want of it.
+fn xvfb(test: &str, capture: Capture) -> Option<Xvfb> {
     if !corral_testkit::programs_or_skip(test, &[("xvfb", XVFB)]) {
         return None;
     }
-    let number = (200..400)
-        .find(|n| !std::path::Path::new(&format!("/tmp/.X11-unix/X{n}")).exists())
-        .expect("a free display number");
-    let name = format!(":{number}");
-    let child = Command::new(XVFB)
-        .args([
-            &name,
-            "-screen",
-            "0",
-            &format!("{}x{}x24", capture.width, capture.height),
-            "-nolisten",
-            "tcp",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("Xvfb starts");
-    let server = Xvfb(child);
-    let socket = format!("/tmp/.X11-unix/X{number}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::path::Path::new(&socket).exists() {
-        assert!(Instant::now() < deadline, "Xvfb did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Some((server, name))
+    Some(Xvfb::start(capture, 200).expect("Xvfb starts"))
 }
 
 /// Another X client fills the whole screen with `rgb`.
@@ -121,9 +86,10 @@ fn near(found: (u8, u8, u8), wanted: (u8, u8, u8)) -> bool {
 fn brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate() {
     let test = "brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate";
     let capture = Capture::NEW_SESSION;
-    let Some((_xvfb, name)) = xvfb(test, capture) else {
+    let Some(xvfb) = xvfb(test, capture) else {
         return;
     };
+    let name = xvfb.display.clone();
     let mut display = Display::connect(&name).unwrap();
     assert_eq!(display.size(), (1600, 1000));
     let mut encoder = H264::new(capture, FRAME_RATE).unwrap();
