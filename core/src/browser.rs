@@ -2,6 +2,7 @@
 //! one headed Chromium of a session, each action's bounds, and the stable codes of every way an
 //! action fails. Pure: the worker's bridge performs the actions, the API admits them.
 
+pub mod input;
 pub mod media;
 pub mod turn;
 pub mod viewport;

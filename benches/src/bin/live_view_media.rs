@@ -54,7 +54,7 @@ fn main() {
         .nth(1)
         .map_or(10, |s| s.parse().expect("--seconds N"));
     let capture = Capture::NEW_SESSION;
-    let xvfb = Xvfb::start(capture, 400).expect("Xvfb (scripts/setup-services)");
+    let xvfb = Xvfb::start(capture).expect("Xvfb (scripts/setup-services)");
     let name = xvfb.display.clone();
     let profile = std::env::temp_dir().join(format!("corral-media-bench-{}", std::process::id()));
     let chromium = Killed(

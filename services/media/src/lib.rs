@@ -8,11 +8,15 @@
 //! - [`encode::H264`]: the conversion (OpenH264's SIMD RGB-to-YUV) and the encoder, configured
 //!   for screen content at `corral_core::browser::media::bitrate`, with a keyframe on request.
 //!
+//! - [`input::Injector`]: a member's pointer and keys, as `corral_core::browser::input::map`
+//!   judged them, performed through XTest.
+//!
 //! Each stage's duration is measured per frame ([`FrameTimes`]), which is what the media
-//! benchmark reports. The WebRTC side (str0m over TURN) and input are later slices.
+//! benchmark reports. The WebRTC side (str0m over TURN, the data channel) is a later slice.
 
 pub mod capture;
 pub mod encode;
+pub mod input;
 pub mod xvfb;
 
 use std::time::Duration;

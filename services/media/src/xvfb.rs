@@ -1,10 +1,9 @@
-//! A virtual display of a given size on a free display number (Debian's Xvfb), for the media
+//! A virtual display of a given size on a display number of its choosing (Debian's Xvfb), for the media
 //! test and benchmark; stopped when dropped. A session's own display is started by the worker's
 //! bridge inside the jail.
 
-use std::path::Path;
+use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use corral_core::browser::media::Capture;
 
@@ -19,39 +18,44 @@ pub struct Xvfb {
 }
 
 impl Xvfb {
-    /// Xvfb at `capture`'s size on the first free display number from `first`, once its socket
-    /// exists.
+    /// Xvfb at `capture`'s size on a display number it chooses itself (`-displayfd`, so that
+    /// concurrent starts never race for one), once it accepts connections.
     ///
     /// # Errors
-    /// No free number, or Xvfb did not start within ten seconds.
-    pub fn start(capture: Capture, first: u32) -> Result<Xvfb, String> {
-        let number = (first..first + 200)
-            .find(|n| !Path::new(&format!("/tmp/.X11-unix/X{n}")).exists())
-            .ok_or("no free display number")?;
-        let display = format!(":{number}");
-        let child = Command::new(XVFB)
+    /// Xvfb did not start or did not say its display.
+    pub fn start(capture: Capture) -> Result<Xvfb, String> {
+        let mut child = Command::new(XVFB)
             .args([
-                &display,
+                "-displayfd",
+                "1",
                 "-screen",
                 "0",
                 &format!("{}x{}x24", capture.width, capture.height),
                 "-nolisten",
                 "tcp",
             ])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .map_err(|e| format!("{XVFB}: {e}"))?;
-        let server = Xvfb { child, display };
-        let socket = format!("/tmp/.X11-unix/X{number}");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !Path::new(&socket).exists() {
-            if Instant::now() > deadline {
-                return Err(format!("Xvfb did not open {socket}"));
+        // Xvfb writes its display number once it is ready for clients.
+        let mut line = String::new();
+        let read = child
+            .stdout
+            .take()
+            .map(|out| BufReader::new(out).read_line(&mut line));
+        let number = line.trim().parse::<u32>();
+        match (read, number) {
+            (Some(Ok(_)), Ok(number)) => Ok(Xvfb {
+                child,
+                display: format!(":{number}"),
+            }),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!("Xvfb did not say its display ({line:?})"))
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
-        Ok(server)
     }
 }
 

@@ -21,7 +21,7 @@ fn xvfb(test: &str, capture: Capture) -> Option<Xvfb> {
     if !corral_testkit::programs_or_skip(test, &[("xvfb", XVFB)]) {
         return None;
     }
-    Some(Xvfb::start(capture, 200).expect("Xvfb starts"))
+    Some(Xvfb::start(capture).expect("Xvfb starts"))
 }
 
 /// Another X client fills the whole screen with `rgb`.
@@ -145,4 +145,48 @@ fn brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate(
     assert!(near(found, (0xff, 0xff, 0x00)), "decoded {found:?}");
     // A frame of the wrong size is refused, not encoded.
     assert!(encoder.encode(&pixels[..16], false, &mut times).is_err());
+}
+
+/// BROW-10: a member's events, judged by corral-core, reach the display through XTest: the
+/// pointer lands on the mapped device pixel, a button and a key go down and come up again.
+#[test]
+fn brow_10_mapped_input_reaches_the_display_through_xtest() {
+    use corral_core::browser::input::map;
+    use corral_media::input::Injector;
+    use x11rb::protocol::xproto::ConnectionExt as _;
+
+    let test = "brow_10_mapped_input_reaches_the_display_through_xtest";
+    let capture = Capture::NEW_SESSION;
+    let Some(xvfb) = xvfb(test, capture) else {
+        return;
+    };
+    let injector = Injector::connect(&xvfb.display).unwrap();
+    let (observer, screen) = x11rb::connect(Some(&xvfb.display)).unwrap();
+    let root = observer.setup().roots[screen].root;
+    let perform = |text: &str| {
+        for injection in map(text.as_bytes(), capture).unwrap() {
+            injector.inject(injection).unwrap();
+        }
+    };
+    let pointer = || observer.query_pointer(root).unwrap().reply().unwrap();
+    perform(r#"{"t":"move","x":0.25,"y":0.75}"#);
+    let at = pointer();
+    assert_eq!((at.root_x, at.root_y), (400, 749));
+    perform(r#"{"t":"button","x":0.5,"y":0.5,"button":1,"down":true}"#);
+    let at = pointer();
+    assert_eq!((at.root_x, at.root_y), (800, 500));
+    assert!(u16::from(at.mask) & u16::from(x11rb::protocol::xproto::KeyButMask::BUTTON1) != 0);
+    perform(r#"{"t":"button","x":0.5,"y":0.5,"button":1,"down":false}"#);
+    assert!(
+        u16::from(pointer().mask) & u16::from(x11rb::protocol::xproto::KeyButMask::BUTTON1) == 0
+    );
+    let keycode = injector.keycode(0x61).expect("the keyboard has an a");
+    let down = |keycode: u8| {
+        let keys = observer.query_keymap().unwrap().reply().unwrap().keys;
+        keys[usize::from(keycode / 8)] & (1 << (keycode % 8)) != 0
+    };
+    perform(r#"{"t":"key","code":"KeyA","down":true}"#);
+    assert!(down(keycode), "the key is not down");
+    perform(r#"{"t":"key","code":"KeyA","down":false}"#);
+    assert!(!down(keycode), "the key is still down");
 }
