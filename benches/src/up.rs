@@ -102,6 +102,29 @@ impl Args {
     }
 }
 
+/// The `main` of a benchmark that takes only the common flags: parses them (`runs` and `pause`
+/// by default) and runs `measure(corral, runs, pause)` on a two-thread runtime.
+///
+/// # Panics
+/// On unusable flags, or when the runtime cannot be built.
+pub fn run_main<F, Fut>(runs: usize, pause: Duration, measure: F)
+where
+    F: FnOnce(String, usize, Duration) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Args {
+        corral,
+        runs,
+        pause,
+    } = Args::parse(runs, pause, |_, _| false);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(measure(corral, runs, pause));
+}
+
 /// The median of `samples`.
 ///
 /// # Panics

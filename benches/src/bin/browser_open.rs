@@ -16,7 +16,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_benches::up::{Args, Up, ms};
+use corral_benches::up::{Up, ms};
 use corral_testkit::registries::TempDir;
 use serde_json::json;
 
@@ -28,17 +28,13 @@ mod netns;
 const PAGE: &str = "<html><head><title>Bench</title></head><body><h1>Corral</h1><p>A page to open.</p></body></html>";
 
 fn main() {
-    let Args {
-        corral,
-        runs,
-        pause,
-    } = Args::parse(20, Duration::from_millis(1_500), |_, _| false);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(measure(&corral, runs, pause));
+    corral_benches::up::run_main(
+        20,
+        Duration::from_millis(1_500),
+        |corral, runs, pause| async move {
+            measure(&corral, runs, pause).await;
+        },
+    );
 }
 
 /// The `q` quantile of `samples` (nearest rank).

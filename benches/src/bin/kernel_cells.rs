@@ -11,22 +11,18 @@
 
 use std::time::Duration;
 
-use corral_benches::up::{Args, Up, ms, p50, through_api};
+use corral_benches::up::{Up, ms, p50, through_api};
 use corral_testkit::registries::TempDir;
 use serde_json::json;
 
 fn main() {
-    let Args {
-        corral,
-        runs,
-        pause,
-    } = Args::parse(20, Duration::from_millis(500), |_, _| false);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(measure(&corral, runs, pause));
+    corral_benches::up::run_main(
+        20,
+        Duration::from_millis(500),
+        |corral, runs, pause| async move {
+            measure(&corral, runs, pause).await;
+        },
+    );
 }
 
 async fn measure(corral: &str, runs: usize, pause: Duration) {

@@ -15,23 +15,19 @@ use std::time::Duration;
 use bytes::Bytes;
 use corral_api::resources::sqlite::{Embedded, NewDocument};
 use corral_api::workspaces::Workspaces;
-use corral_benches::up::{Args, Up, ms, p50, through_api};
+use corral_benches::up::{Up, ms, p50, through_api};
 use corral_core::projection::{BYTES_MAX, FILES_MAX, Kind, Processing};
 use corral_testkit::registries::TempDir;
 use serde_json::json;
 
 fn main() {
-    let Args {
-        corral,
-        runs,
-        pause,
-    } = Args::parse(20, Duration::from_millis(300), |_, _| false);
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(measure(&corral, runs, pause));
+    corral_benches::up::run_main(
+        20,
+        Duration::from_millis(300),
+        |corral, runs, pause| async move {
+            measure(&corral, runs, pause).await;
+        },
+    );
 }
 
 /// 20 files of pseudo-random bytes, 8 MiB in all.
