@@ -3,10 +3,12 @@
 use std::os::fd::AsFd as _;
 use std::time::Duration;
 
+use corral_core::browser::media::Capture;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use x11rb::connection::Connection as _;
 use x11rb::protocol::Event;
 use x11rb::protocol::damage::{self, ConnectionExt as _};
+use x11rb::protocol::randr::{self, ConnectionExt as _};
 use x11rb::protocol::xproto::{
     ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat,
 };
@@ -143,6 +145,104 @@ impl Display {
             let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
             poll(&mut fds, PollTimeout::from(millis)).map_err(|e| failed("poll")(&e))?;
         }
+    }
+
+    /// Changes the screen's mode to `capture` through RandR (BROW-5): the desktop becomes exactly
+    /// the pane's device pixels. The display must have been started at least that large (a
+    /// session's starts at `corral_core::browser::media`'s maximum); a mode is created once per
+    /// size and reused.
+    ///
+    /// # Errors
+    /// The server refused the size (larger than it started), or the connection failed.
+    pub fn set_mode(&mut self, capture: Capture) -> Result<(), String> {
+        let (width, height) = (
+            u16::try_from(capture.width).map_err(|e| e.to_string())?,
+            u16::try_from(capture.height).map_err(|e| e.to_string())?,
+        );
+        let c = &self.connection;
+        let resources = c
+            .randr_get_screen_resources_current(self.root)
+            .map_err(|e| failed("RandR")(&e))?
+            .reply()
+            .map_err(|e| failed("RandR")(&e))?;
+        let (Some(&crtc), Some(&output)) = (resources.crtcs.first(), resources.outputs.first())
+        else {
+            return Err("the display has no CRTC or output to set a mode on".to_owned());
+        };
+        let name = format!("corral-{width}x{height}");
+        // The modes' names are one string, each mode's `name_len` bytes in turn.
+        let mut at = 0usize;
+        let existing = resources.modes.iter().find_map(|mode| {
+            let end = at + usize::from(mode.name_len);
+            let text = resources.names.get(at..end);
+            at = end;
+            (text == Some(name.as_bytes())).then_some(mode.id)
+        });
+        let mode = match existing {
+            Some(mode) => mode,
+            None => {
+                let info = randr::ModeInfo {
+                    id: 0,
+                    width,
+                    height,
+                    dot_clock: 0,
+                    hsync_start: 0,
+                    hsync_end: 0,
+                    htotal: width,
+                    hskew: 0,
+                    vsync_start: 0,
+                    vsync_end: 0,
+                    vtotal: height,
+                    name_len: u16::try_from(name.len()).map_err(|e| e.to_string())?,
+                    mode_flags: randr::ModeFlag::from(0u32),
+                };
+                let mode = c
+                    .randr_create_mode(self.root, info, name.as_bytes())
+                    .map_err(|e| failed("create the mode")(&e))?
+                    .reply()
+                    .map_err(|e| failed("create the mode")(&e))?
+                    .mode;
+                c.randr_add_output_mode(output, mode)
+                    .map_err(|e| failed("add the mode")(&e))?
+                    .check()
+                    .map_err(|e| failed("add the mode")(&e))?;
+                mode
+            }
+        };
+        // The screen cannot shrink under an active CRTC: off, resize, on with the new mode.
+        let crtc_set = |mode: u32, outputs: &[u32]| {
+            c.randr_set_crtc_config(
+                crtc,
+                x11rb::CURRENT_TIME,
+                resources.config_timestamp,
+                0,
+                0,
+                mode,
+                randr::Rotation::ROTATE0,
+                outputs,
+            )
+            .map_err(|e| failed("set the CRTC")(&e))?
+            .reply()
+            .map_err(|e| failed("set the CRTC")(&e))
+        };
+        crtc_set(x11rb::NONE, &[])?;
+        // At 96 dots per inch.
+        let millimetres = |pixels: u16| u32::from(pixels) * 254 / 960;
+        c.randr_set_screen_size(
+            self.root,
+            width,
+            height,
+            millimetres(width),
+            millimetres(height),
+        )
+        .map_err(|e| failed("set the screen size")(&e))?
+        .check()
+        .map_err(|e| failed("set the screen size")(&e))?;
+        crtc_set(mode, &[output])?;
+        self.width = width;
+        self.height = height;
+        self.changed = true;
+        Ok(())
     }
 
     /// The screen's pixels now, as BGRX rows of `width * 4` bytes; re-arms the damage watch

@@ -4,7 +4,8 @@
 //!
 //! - [`capture::Display`]: one connection to the display; `wait_change` blocks on the Damage
 //!   extension's notification (so an idle page costs nothing: no polling, no frames), and
-//!   `grab` reads the root window's pixels (BGRX).
+//!   `grab` reads the root window's pixels (BGRX); `set_mode` changes the screen's size to the
+//!   pane's through RandR (BROW-5).
 //! - [`encode::H264`]: the conversion (OpenH264's SIMD RGB-to-YUV) and the encoder, configured
 //!   for screen content at `corral_core::browser::media::bitrate`, with a keyframe on request.
 //!

@@ -190,3 +190,53 @@ fn brow_10_mapped_input_reaches_the_display_through_xtest() {
     perform(r#"{"t":"key","code":"KeyA","down":false}"#);
     assert!(!down(keycode), "the key is still down");
 }
+
+/// BROW-5: the screen mode is changed to the pane's device pixels through RandR, within the size
+/// the display started at, and the capture follows; a size past it is refused.
+#[test]
+fn brow_05_the_screen_mode_follows_the_pane() {
+    use corral_core::browser::media::capture_for_pane;
+
+    let test = "brow_05_the_screen_mode_follows_the_pane";
+    let Some(xvfb) = xvfb(test, Capture::bounded(u32::MAX, u32::MAX)) else {
+        return;
+    };
+    let mut display = Display::connect(&xvfb.display).unwrap();
+    assert_eq!(display.size(), (3840, 2160));
+    // A pane of 1001x667 CSS pixels at a device pixel ratio of 1.5.
+    let pane = capture_for_pane(1001.0, 667.0, 1.5).unwrap();
+    assert_eq!((pane.width, pane.height), (1502, 1000));
+    for capture in [Capture::NEW_SESSION, pane, Capture::NEW_SESSION] {
+        display.set_mode(capture).unwrap();
+        assert_eq!(
+            display.size(),
+            (
+                u16::try_from(capture.width).unwrap(),
+                u16::try_from(capture.height).unwrap()
+            )
+        );
+        // Another client sees the new size, and a grab is exactly that many pixels.
+        let (observer, screen) = x11rb::connect(Some(&xvfb.display)).unwrap();
+        let root = observer.setup().roots[screen].root;
+        let geometry = observer.get_geometry(root).unwrap().reply().unwrap();
+        assert_eq!(
+            (u32::from(geometry.width), u32::from(geometry.height)),
+            (capture.width, capture.height)
+        );
+        assert!(display.wait_change(Duration::from_millis(10)).unwrap());
+        let pixels = display.grab().unwrap();
+        assert_eq!(pixels.len(), (capture.pixels() * 4) as usize);
+    }
+    // A display started smaller cannot be made larger than it started.
+    let small = xvfb_sized(Capture {
+        width: 800,
+        height: 600,
+    });
+    let mut display = Display::connect(&small.display).unwrap();
+    assert!(display.set_mode(Capture::NEW_SESSION).is_err());
+    assert_eq!(display.size(), (800, 600));
+}
+
+fn xvfb_sized(capture: Capture) -> Xvfb {
+    Xvfb::start(capture).expect("Xvfb starts")
+}
