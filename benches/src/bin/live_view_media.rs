@@ -90,8 +90,16 @@ fn main() {
         }
     }
     println!(
-        "capture {}x{}, target {} fps, bitrate {} bit/s (derived); changing page for {seconds} s",
-        capture.width, capture.height, FRAME_RATE, encoder.bitrate
+        "capture {}x{} ({}), target {} fps, bitrate {} bit/s (derived); changing page for {seconds} s",
+        capture.width,
+        capture.height,
+        if display.shared_memory() {
+            "shared memory"
+        } else {
+            "through the socket"
+        },
+        FRAME_RATE,
+        encoder.bitrate
     );
     let period = Duration::from_secs(1) / FRAME_RATE;
     let (mut frames, mut skipped, mut bytes) = (0u64, 0u64, 0u64);

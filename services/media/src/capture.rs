@@ -4,15 +4,25 @@ use std::os::fd::AsFd as _;
 use std::time::Duration;
 
 use corral_core::browser::media::Capture;
+use std::os::unix::fs::FileExt as _;
+
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::memfd::{MFdFlags, memfd_create};
 use x11rb::connection::Connection as _;
 use x11rb::protocol::Event;
 use x11rb::protocol::damage::{self, ConnectionExt as _};
 use x11rb::protocol::randr::{self, ConnectionExt as _};
+use x11rb::protocol::shm::ConnectionExt as _;
 use x11rb::protocol::xproto::{
     ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat,
 };
 use x11rb::rust_connection::RustConnection;
+
+/// A memfd attached to the server as a shared-memory segment.
+struct Shared {
+    segment: u32,
+    file: std::fs::File,
+}
 
 /// One connection to a display, watching its root window for damage.
 pub struct Display {
@@ -25,6 +35,9 @@ pub struct Display {
     height: u16,
     /// Damage seen and not yet captured.
     changed: bool,
+    /// The shared-memory segment the server writes the screen into (MIT-SHM 1.2, a memfd it
+    /// maps), sized for the largest screen; `None` when the server cannot attach one.
+    shared: Option<Shared>,
     /// The sequence number of the request that last re-armed the watch: a notification of
     /// damage done before it (still queued when the screen was read) is stale.
     armed_at: u16,
@@ -72,8 +85,10 @@ impl Display {
             height,
             // The first frame is always wanted.
             changed: true,
+            shared: None,
             armed_at: 0,
         };
+        display.shared = display.attach_shared();
         for window in std::iter::once(root).chain(children) {
             display.watch(window)?;
         }
@@ -82,6 +97,27 @@ impl Display {
             .flush()
             .map_err(|e| failed("flush")(&e))?;
         Ok(display)
+    }
+
+    /// A memfd as large as the screen can be, attached to the server; `None` when the server has
+    /// no MIT-SHM 1.2 (fd passing) or refuses it, and the capture reads through the socket.
+    fn attach_shared(&self) -> Option<Shared> {
+        let version = self.connection.shm_query_version().ok()?.reply().ok()?;
+        if (version.major_version, version.minor_version) < (1, 2) {
+            return None;
+        }
+        let bytes = u64::from(self.width) * u64::from(self.height) * 4;
+        let fd = memfd_create("corral-capture", MFdFlags::MFD_CLOEXEC).ok()?;
+        let file = std::fs::File::from(fd);
+        file.set_len(bytes).ok()?;
+        let segment = self.connection.generate_id().ok()?;
+        let shared_fd = file.try_clone().ok()?;
+        self.connection
+            .shm_attach_fd(segment, std::os::fd::OwnedFd::from(shared_fd), false)
+            .ok()?
+            .check()
+            .ok()?;
+        Some(Shared { segment, file })
     }
 
     /// Starts a damage watch on `window`.
@@ -97,6 +133,12 @@ impl Display {
             .ignore_error();
         self.damages.push(damage);
         Ok(())
+    }
+
+    /// Whether the screen is read through shared memory (MIT-SHM) rather than the socket.
+    #[must_use]
+    pub fn shared_memory(&self) -> bool {
+        self.shared.is_some()
     }
 
     /// The screen's size in pixels.
@@ -267,6 +309,31 @@ impl Display {
         if let Some(sequence) = first {
             self.armed_at = sequence as u16;
         }
+        let expected = usize::from(self.width) * usize::from(self.height) * 4;
+        if let Some(shared) = &self.shared {
+            // The server writes the screen into the segment; the reply says it is done.
+            self.connection
+                .shm_get_image(
+                    self.root,
+                    0,
+                    0,
+                    self.width,
+                    self.height,
+                    u32::MAX,
+                    ImageFormat::Z_PIXMAP.into(),
+                    shared.segment,
+                    0,
+                )
+                .map_err(|e| failed("read the screen")(&e))?
+                .reply()
+                .map_err(|e| failed("read the screen")(&e))?;
+            let mut pixels = vec![0u8; expected];
+            shared
+                .file
+                .read_exact_at(&mut pixels, 0)
+                .map_err(|e| failed("read the segment")(&e))?;
+            return Ok(pixels);
+        }
         let image = self
             .connection
             .get_image(
@@ -281,7 +348,6 @@ impl Display {
             .map_err(|e| failed("read the screen")(&e))?
             .reply()
             .map_err(|e| failed("read the screen")(&e))?;
-        let expected = usize::from(self.width) * usize::from(self.height) * 4;
         if image.data.len() != expected {
             return Err(format!(
                 "the screen came as {} bytes, not {expected} (a depth other than 24 in 32 bits)",

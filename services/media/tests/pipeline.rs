@@ -92,6 +92,10 @@ fn brow_05_brow_11_a_change_is_seen_captured_and_encoded_at_the_derived_bitrate(
     let name = xvfb.display.clone();
     let mut display = Display::connect(&name).unwrap();
     assert_eq!(display.size(), (1600, 1000));
+    assert!(
+        display.shared_memory(),
+        "Xvfb offers MIT-SHM 1.2: the capture should use it"
+    );
     let mut encoder = H264::new(capture, FRAME_RATE).unwrap();
     assert_eq!(encoder.bitrate, bitrate(capture, FRAME_RATE));
     assert_eq!(encoder.bitrate, 4_000_000);
