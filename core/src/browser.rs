@@ -5,6 +5,7 @@
 pub mod input;
 pub mod media;
 pub mod turn;
+pub mod viewer;
 pub mod viewport;
 
 use serde::{Deserialize, Serialize};
@@ -301,6 +302,10 @@ pub struct SessionRecord {
     pub networked: bool,
     /// The API replica that holds (renews) the lease.
     pub owner: String,
+    /// The live view's TURN credential, minted at open and shared by the worker and every
+    /// viewer (BROW-9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_view: Option<turn::TurnCredential>,
 }
 
 /// What changes while a session lives.
@@ -321,6 +326,9 @@ pub enum Call<'a> {
     Act(&'a Action),
     /// Marking the session private or ending the interval.
     Private,
+    /// Asking for a member's viewer ticket (BROW-8); whether the member may watch is
+    /// `viewer::judge_view`'s, on every viewport request and signaling relay.
+    Watch,
     /// Closing it.
     Close,
 }
@@ -450,6 +458,7 @@ mod tests {
                 conversation: "research".into(),
                 worker: WorkerId { epoch: 1, seq: 2 },
                 token: OpToken(3),
+                live_view: None,
                 networked,
                 owner: "replica-a".into(),
             },
@@ -484,7 +493,7 @@ mod tests {
             Err(CallRefusal::NotFound)
         );
         // Another actor, another conversation: not found, whatever the call.
-        for call in [Call::Act(&text), Call::Private, Call::Close] {
+        for call in [Call::Act(&text), Call::Private, Call::Watch, Call::Close] {
             assert_eq!(
                 judge(&open, ("bob", "research"), call),
                 Err(CallRefusal::NotFound)

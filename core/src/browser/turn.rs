@@ -212,7 +212,7 @@ pub fn secret(bytes: Option<&[u8]>) -> Result<&[u8], TurnRefusal> {
 }
 
 /// One credential of the TURN REST scheme, with the ICE servers it is good for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TurnCredential {
     /// `<unix expiry seconds>:<user>`.
     pub username: String,

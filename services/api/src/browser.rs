@@ -34,7 +34,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use corral_contract::CallError;
-use corral_contract::messages::{BrowserNavigated, BrowserOpenRequest};
+use corral_contract::messages::{BrowserNavigated, BrowserOpenRequest, LiveViewOrder};
+use corral_core::browser::turn::TurnRefusal;
 use corral_core::browser::{
     Action, ActionError, Call, CallRefusal, SessionRecord, SessionState, close_abandoned, is_idle,
     judge_call,
@@ -95,7 +96,7 @@ impl Sessions {
     }
 }
 
-fn refused(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub(crate) fn refused(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({ "outcome": "refused", "error": { "code": code, "message": message.into() } })),
@@ -104,14 +105,14 @@ fn refused(status: StatusCode, code: &str, message: impl Into<String>) -> Respon
 }
 
 /// The request body as `T`, or the refusal with the stable code of what is wrong with it.
-fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>> {
     serde_json::from_slice(body).map_err(|e| {
         let code = corral_contract::ErrorBody::of_json(&e).error.code();
         Box::new(refused(StatusCode::BAD_REQUEST, code, e.to_string()))
     })
 }
 
-fn unavailable(_: Unavailable) -> Box<Response> {
+pub(crate) fn unavailable(_: Unavailable) -> Box<Response> {
     Box::new(refused(
         StatusCode::SERVICE_UNAVAILABLE,
         AcquireError::CoordinationUnavailable.code(),
@@ -119,7 +120,7 @@ fn unavailable(_: Unavailable) -> Box<Response> {
     ))
 }
 
-fn call_refused(refusal: CallRefusal) -> Box<Response> {
+pub(crate) fn call_refused(refusal: CallRefusal) -> Box<Response> {
     Box::new(match refusal {
         CallRefusal::NotFound => refused(
             StatusCode::NOT_FOUND,
@@ -140,14 +141,14 @@ fn call_refused(refusal: CallRefusal) -> Box<Response> {
 }
 
 /// A call on one session: its body names the actor and conversation that must own it.
-trait SessionCall: serde::de::DeserializeOwned {
+pub(crate) trait SessionCall: serde::de::DeserializeOwned {
     fn owner(&self) -> (&str, &str);
     fn call(&self) -> Call<'_>;
 }
 
 /// The request and the session it may act on, judged from the stored session by corral-core's
 /// one rule (`browser::judge_call`), or the refusal.
-async fn session_call<T: SessionCall>(
+pub(crate) async fn session_call<T: SessionCall>(
     state: &AppState,
     id: &str,
     body: &[u8],
@@ -210,7 +211,7 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(now) => crate::live_view::credential(&state, &id, now).await,
         Err(unavailable_store) => return *unavailable(unavailable_store),
     };
-    let turn = match turn {
+    let (turn, turn_address) = match turn {
         Ok(turn) => turn,
         Err(refusal) => {
             return refused(
@@ -271,6 +272,7 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         token: granted.token,
         networked: egress.grant.is_some(),
         owner: state.browser.replica.clone(),
+        live_view: Some(turn.clone()),
     };
     // The first navigation is judged by the rule every later call is (a session without network
     // opens only `about:blank`), then made by the worker as the runtime starts.
@@ -300,6 +302,11 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                 height: corral_core::browser::HEIGHT,
                 token: granted.token,
                 url: request.url.clone(),
+                live_view: Some(LiveViewOrder {
+                    turn: turn_address,
+                    username: turn.username.clone(),
+                    password: turn.password.clone(),
+                }),
             },
         )
         .await;
@@ -320,6 +327,21 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         }
     };
     state.browser.held().insert(id.clone(), holder);
+    if opened.relayed.is_none() {
+        // A session nobody could watch is not left open (BROW-9): the worker could not allocate
+        // its relay on the authority the API just heard from.
+        if claim_close(&state, &id).await == Ok(true) {
+            finish_close(&state, &id, &record).await;
+        }
+        return refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            TurnRefusal::Unreachable(String::new()).code(),
+            format!(
+                "the worker could not allocate the live view's relay: {}",
+                opened.diagnostics.join("; ")
+            ),
+        );
+    }
     let stored = match state.store.now().await {
         Ok(now) => state.store.put_browser_session(&id, &record, now).await,
         Err(unavailable) => Err(unavailable),
@@ -339,6 +361,7 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             "ice_servers": [turn.ice_server()],
             "ice_transport_policy": "relay",
             "expires_at_ms": turn.expires_at.0,
+            "viewers": format!("/v1/browser_sessions/{id}/viewers"),
         },
         "diagnostics": opened.diagnostics,
         "egress": egress.report,
@@ -462,6 +485,10 @@ pub struct PrivateRequest {
     actor: String,
     conversation: String,
     private: bool,
+    /// The member whose interval it is, who keeps their live view (BROW-12); the actor when
+    /// absent.
+    #[serde(default)]
+    member: Option<String>,
 }
 
 impl SessionCall for PrivateRequest {
@@ -479,19 +506,60 @@ pub async fn private(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let (request, _) = match session_call::<PrivateRequest>(&state, &id, &body).await {
+    let (request, record) = match session_call::<PrivateRequest>(&state, &id, &body).await {
         Ok(call) => call,
         Err(response) => return *response,
     };
+    let member = request.private.then(|| {
+        request
+            .member
+            .clone()
+            .unwrap_or_else(|| request.actor.clone())
+    });
+    if let Some((_, message)) = member
+        .as_ref()
+        .and_then(|member| first_invalid_identity(&[("member", member)]))
+    {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            RefusalCode::InvalidIdentity.code(),
+            message,
+        );
+    }
     match state
         .store
-        .mark_browser_session_private(&id, request.private)
+        .mark_browser_session_private(&id, member.as_deref())
         .await
     {
-        Ok(true) => Json(json!({ "session": id, "private": request.private })).into_response(),
-        Ok(false) => *call_refused(CallRefusal::NotFound),
-        Err(error) => *unavailable(error),
+        Ok(true) => {}
+        Ok(false) => return *call_refused(CallRefusal::NotFound),
+        Err(error) => return *unavailable(error),
     }
+    // Then the adapter removes every other member's peer: the signaling relays close on their
+    // own next look at the record, and a viewer's page is not trusted to stop watching.
+    let removed = state
+        .workers
+        .browser_private(record.worker, member.clone())
+        .await;
+    let removed = match removed {
+        Ok(reply) => reply.removed,
+        Err(error) => {
+            return refused(
+                StatusCode::BAD_GATEWAY,
+                "live_view_unreachable",
+                format!(
+                    "the interval is marked, but the worker's live view did not answer: {error}"
+                ),
+            );
+        }
+    };
+    Json(json!({
+        "session": id,
+        "private": request.private,
+        "member": member,
+        "viewers_removed": removed.len(),
+    }))
+    .into_response()
 }
 
 /// `POST /v1/browser_sessions/{id}/close`.

@@ -42,6 +42,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/browser_sessions/{id}/close",
             post(crate::browser::close),
         )
+        .route(
+            "/v1/browser_sessions/{id}/viewers",
+            post(crate::viewer::viewers),
+        )
         .route("/v1/read_workspace", get(read_workspace))
         .route("/v1/edit_workspace", post(crate::hashline::edit))
         .route("/v1/read_output", get(read_output))
@@ -65,6 +69,19 @@ pub fn router(state: Arc<AppState>) -> Router {
         // A worker's supervisor, by the run's token (KER-5).
         .route(corral_contract::routes::TOOL_CALL, post(crate::tools::call))
         .route("/v1/egress/verifying_key", get(verifying_key))
+        // A member's viewer: authorized by its ticket, not the caller's credential (BROW-8).
+        .route(
+            "/api/browser-sessions/{id}/viewport/",
+            get(crate::viewer::viewport),
+        )
+        .route(
+            "/api/browser-sessions/{id}/viewport/{*path}",
+            get(crate::viewer::viewport),
+        )
+        .route(
+            "/api/browser-sessions/{id}/signal",
+            get(crate::viewer::signal),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

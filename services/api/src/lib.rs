@@ -35,6 +35,7 @@ pub mod refusal;
 pub mod resources;
 pub mod run;
 pub mod tools;
+pub mod viewer;
 pub mod workspaces;
 
 /// Everything a request handler needs.

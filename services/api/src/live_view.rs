@@ -32,7 +32,7 @@ pub async fn credential(
     state: &AppState,
     session: &str,
     now: UnixMillis,
-) -> Result<TurnCredential, TurnRefusal> {
+) -> Result<(TurnCredential, SocketAddr), TurnRefusal> {
     let settings = &state.settings.turn;
     let authority = TurnAuthority::parse(settings.url.as_deref())?;
     let secret =
@@ -43,14 +43,15 @@ pub async fn credential(
             })?),
         };
     let secret = turn::secret(secret.as_deref())?;
-    probe(&authority).await?;
-    Ok(turn::mint(
+    let address = probe(&authority).await?;
+    let credential = turn::mint(
         &authority,
         secret,
         session,
         now,
         settings.credential_ttl_seconds,
-    ))
+    );
+    Ok((credential, address))
 }
 
 /// The authority's address: its literal, or the first address its name resolves to.
@@ -74,8 +75,9 @@ async fn address(authority: &TurnAuthority) -> Result<SocketAddr, TurnRefusal> {
     }
 }
 
-/// One STUN Binding exchange with the authority over UDP, retried [`PROBE_TRIES`] times.
-async fn probe(authority: &TurnAuthority) -> Result<(), TurnRefusal> {
+/// One STUN Binding exchange with the authority over UDP, retried [`PROBE_TRIES`] times; the
+/// address that answered.
+async fn probe(authority: &TurnAuthority) -> Result<SocketAddr, TurnRefusal> {
     let target = address(authority).await?;
     let local: IpAddr = if target.is_ipv4() {
         Ipv4Addr::UNSPECIFIED.into()
@@ -102,7 +104,7 @@ async fn probe(authority: &TurnAuthority) -> Result<(), TurnRefusal> {
         if let Ok(Ok(n)) = tokio::time::timeout(PROBE_TIMEOUT, socket.recv(&mut reply)).await
             && is_binding_success(&reply[..n], &transaction)
         {
-            return Ok(());
+            return Ok(target);
         }
     }
     Err(unreachable(format!(

@@ -18,10 +18,12 @@ use crate::limits::{SMALL_REPLY_MAX_BYTES, execute_reply_max_bytes};
 use crate::locate::Locator;
 use crate::messages::{
     BrowserActReply, BrowserCloseReply, BrowserCloseRequest, BrowserOpenReply, BrowserOpenRequest,
+    BrowserPrivateReply, BrowserPrivateRequest, BrowserSignalReply, BrowserSignalRequest,
     ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest,
 };
 use crate::routes::{
-    BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, EXECUTE, HEALTH, RESET, WORKER_ID_HEADER,
+    BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, BROWSER_PRIVATE, BROWSER_SIGNAL, EXECUTE, HEALTH,
+    RESET, WORKER_ID_HEADER,
 };
 
 /// How long a reset may take before it counts as unanswered (unproven).
@@ -178,6 +180,48 @@ impl WorkerClient {
             .saturating_add(corral_core::browser::REPLY_MAX_BYTES as u64 * 6);
         self.call(worker, BROWSER_ACT, Some(body), timeout, reply_max)
             .await
+    }
+
+    /// Relays a viewer's offer to `worker`'s live view (BROW-2).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_signal(
+        &self,
+        worker: WorkerId,
+        request: &BrowserSignalRequest,
+    ) -> Result<BrowserSignalReply, CallError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call(
+            worker,
+            BROWSER_SIGNAL,
+            Some(body),
+            RESET_TIMEOUT,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
+    }
+
+    /// Starts or ends a private interval on `worker`'s live view (BROW-12).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_private(
+        &self,
+        worker: WorkerId,
+        member: Option<String>,
+    ) -> Result<BrowserPrivateReply, CallError> {
+        let body = serde_json::to_vec(&BrowserPrivateRequest { member })
+            .map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call(
+            worker,
+            BROWSER_PRIVATE,
+            Some(body),
+            RESET_TIMEOUT,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
     }
 
     /// Closes `worker`'s session and resets it under `token` (BROW-13).

@@ -56,11 +56,14 @@ pub enum ErrorCode {
     BrowserActionFailed,
     /// The session's runtime did not start (500); the worker reset what it had started.
     BrowserOpenFailed,
+    /// The live view refused a viewer's signaling (422; `detail.reason` is the adapter's code:
+    /// `sdp_invalid`, `private_text`, `viewers_full`, `live_view_stopped`).
+    LiveViewRefused,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::Unauthorized,
         Self::BodyTooLarge,
         Self::WrongWorker,
@@ -84,6 +87,7 @@ impl ErrorCode {
         Self::BrowserSessionAbsent,
         Self::BrowserActionFailed,
         Self::BrowserOpenFailed,
+        Self::LiveViewRefused,
     ];
 
     /// The stable code.
@@ -113,6 +117,7 @@ impl ErrorCode {
             Self::BrowserSessionAbsent => "browser_session_absent",
             Self::BrowserActionFailed => "browser_action_failed",
             Self::BrowserOpenFailed => "browser_open_failed",
+            Self::LiveViewRefused => "live_view_refused",
         }
     }
 
@@ -127,7 +132,8 @@ impl ErrorCode {
             Self::WrongWorker => 421,
             Self::BoundOverrideRefused
             | Self::WorkspaceArchiveRefused
-            | Self::BrowserActionFailed => 422,
+            | Self::BrowserActionFailed
+            | Self::LiveViewRefused => 422,
             Self::BodyTruncated
             | Self::BodyMalformed
             | Self::BodyInvalid

@@ -386,6 +386,65 @@ pub struct BrowserOpenRequest {
     /// the API has admitted it (`corral_core::browser::judge_call`) and the worker checks it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The live view's relay (BROW-9): the TURN authority's address as the API resolved it from
+    /// its own configuration, and the session's credential. Absent: no live view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_view: Option<LiveViewOrder>,
+}
+
+/// What the worker's media adapter allocates its relay with (BROW-9, ISO-5).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveViewOrder {
+    /// The TURN authority's address (`ip:port`).
+    pub turn: std::net::SocketAddr,
+    /// The TURN REST credential's username (`expiry:session`).
+    pub username: String,
+    /// Its password (base64 HMAC-SHA1 of the username under the shared secret).
+    pub password: String,
+}
+
+impl std::fmt::Debug for LiveViewOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveViewOrder")
+            .field("turn", &self.turn)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `POST /v1/browser/signal`: one viewer's offer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserSignalRequest {
+    /// The viewer (one signaling relay): a new offer from it replaces its peer.
+    pub viewer: String,
+    /// The member watching through it.
+    pub member: String,
+    /// The SDP offer (video to receive, the input data channel), with its relayed candidates.
+    pub sdp: String,
+}
+
+/// The answer to a [`BrowserSignalRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserSignalReply {
+    /// The SDP answer, whose one candidate is the worker's relayed address.
+    pub sdp: String,
+}
+
+/// `POST /v1/browser/private`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrowserPrivateRequest {
+    /// The member whose interval is private (their viewers stay), or none: the interval ended.
+    pub member: Option<String>,
+}
+
+/// The answer to a [`BrowserPrivateRequest`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserPrivateReply {
+    /// The viewers whose peers were removed.
+    pub removed: Vec<String>,
 }
 
 fn default_width() -> u32 {
@@ -408,6 +467,9 @@ pub struct BrowserOpenReply {
     /// How the first navigation went, when the open asked for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub navigated: Option<BrowserNavigated>,
+    /// The live view's relayed address, when one was ordered and allocated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relayed: Option<std::net::SocketAddr>,
     /// The isolation the session has.
     pub isolation: Isolation,
     /// Notes.

@@ -21,6 +21,14 @@ pub const BROWSER_ACT: &str = "/v1/browser/act";
 /// `POST` a [`crate::messages::BrowserCloseRequest`]: stop every process of the session, delete
 /// its profile, reset (BROW-13); answered with a [`crate::messages::BrowserCloseReply`].
 pub const BROWSER_CLOSE: &str = "/v1/browser/close";
+/// `POST` a [`crate::messages::BrowserSignalRequest`]: a viewer's SDP offer for the session's
+/// live view (BROW-2), relayed by the API after conversation authorization; answered with a
+/// [`crate::messages::BrowserSignalReply`].
+pub const BROWSER_SIGNAL: &str = "/v1/browser/signal";
+/// `POST` a [`crate::messages::BrowserPrivateRequest`]: start or end a private interval on the
+/// live view (BROW-12): every other member's peer is removed; answered with a
+/// [`crate::messages::BrowserPrivateReply`].
+pub const BROWSER_PRIVATE: &str = "/v1/browser/private";
 
 /// The API's route a worker's supervisor posts a run's tool call to (KER-5): a
 /// [`crate::messages::ToolCall`] with the run's token as the bearer, answered with the platform's

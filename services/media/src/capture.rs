@@ -48,13 +48,12 @@ fn failed(what: &str) -> impl Fn(&dyn std::fmt::Display) -> String + '_ {
 }
 
 impl Display {
-    /// Connects to `name` (`:99`) and starts watching the whole screen for damage.
+    /// Connects to `name` (`:99`, or the path of its socket) and starts watching the whole screen for damage.
     ///
     /// # Errors
     /// The display cannot be reached, or lacks the Damage extension.
     pub fn connect(name: &str) -> Result<Display, String> {
-        let (connection, screen) =
-            x11rb::connect(Some(name)).map_err(|e| failed("connect to the display")(&e))?;
+        let (connection, screen) = crate::open_display(name)?;
         let (root, width, height) = {
             let screen = &connection.setup().roots[screen];
             (screen.root, screen.width_in_pixels, screen.height_in_pixels)
@@ -155,27 +154,7 @@ impl Display {
     pub fn wait_change(&mut self, timeout: Duration) -> Result<bool, String> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            while let Some(event) = self
-                .connection
-                .poll_for_event()
-                .map_err(|e| failed("read the display")(&e))?
-            {
-                // Sequence numbers wrap at 16 bits: "at or after" is a forward distance under half.
-                match event {
-                    Event::DamageNotify(notify)
-                        if notify.sequence.wrapping_sub(self.armed_at) < 0x8000 =>
-                    {
-                        self.changed = true;
-                    }
-                    Event::CreateNotify(created) => {
-                        self.watch(created.window)?;
-                        self.connection.flush().map_err(|e| failed("flush")(&e))?;
-                        self.changed = true;
-                    }
-                    _ => {}
-                }
-            }
-            if self.changed {
+            if self.changed()? {
                 return Ok(true);
             }
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -183,10 +162,45 @@ impl Display {
                 return Ok(false);
             }
             let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-            let stream = self.connection.stream();
-            let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+            let mut fds = [PollFd::new(self.as_fd(), PollFlags::POLLIN)];
             poll(&mut fds, PollTimeout::from(millis)).map_err(|e| failed("poll")(&e))?;
         }
+    }
+
+    /// Whether the screen changed since the last [`Display::grab`], reading what the server sent
+    /// without waiting. A caller that waits on [`Display::as_fd`] itself calls this first: a
+    /// notification may have been read already while a reply was awaited.
+    ///
+    /// # Errors
+    /// The connection failed.
+    pub fn changed(&mut self) -> Result<bool, String> {
+        while let Some(event) = self
+            .connection
+            .poll_for_event()
+            .map_err(|e| failed("read the display")(&e))?
+        {
+            // Sequence numbers wrap at 16 bits: "at or after" is a forward distance under half.
+            match event {
+                Event::DamageNotify(notify)
+                    if notify.sequence.wrapping_sub(self.armed_at) < 0x8000 =>
+                {
+                    self.changed = true;
+                }
+                Event::CreateNotify(created) => {
+                    self.watch(created.window)?;
+                    self.connection.flush().map_err(|e| failed("flush")(&e))?;
+                    self.changed = true;
+                }
+                _ => {}
+            }
+        }
+        Ok(self.changed)
+    }
+
+    /// The connection's descriptor, readable when the server has sent something.
+    #[must_use]
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.connection.stream().as_fd()
     }
 
     /// Changes the screen's mode to `capture` through RandR (BROW-5): the desktop becomes exactly

@@ -31,8 +31,7 @@ impl Injector {
     /// # Errors
     /// The display cannot be reached, or lacks XTest.
     pub fn connect(name: &str) -> Result<Injector, String> {
-        let (connection, screen) =
-            x11rb::connect(Some(name)).map_err(|e| failed("connect to the display")(&e))?;
+        let (connection, screen) = crate::open_display(name)?;
         let root = connection.setup().roots[screen].root;
         let (min, max) = (
             connection.setup().min_keycode,

@@ -13,12 +13,32 @@
 //!   judged them, performed through XTest.
 //!
 //! Each stage's duration is measured per frame ([`FrameTimes`]), which is what the media
-//! benchmark reports. The WebRTC side (str0m over TURN, the data channel) is a later slice.
+//! benchmark reports.
+//!
+//! - [`live`]: the adapter that puts them together for a session's viewers: a WebRTC peer per
+//!   viewer (str0m), relayed only through the session's TURN allocation ([`turn`]).
 
 pub mod capture;
 pub mod encode;
 pub mod input;
+pub mod live;
+pub mod turn;
 pub mod xvfb;
+
+use x11rb::rust_connection::{DefaultStream, RustConnection};
+
+/// A connection to the display `name`: a display name (`:99`), or the path of its socket (a
+/// session's display seen from outside its jail, whose `/tmp` is the jail's scratch space).
+pub(crate) fn open_display(name: &str) -> Result<(RustConnection, usize), String> {
+    let failed = |e: &dyn std::fmt::Display| format!("connect to the display {name}: {e}");
+    if name.starts_with('/') {
+        let stream = std::os::unix::net::UnixStream::connect(name).map_err(|e| failed(&e))?;
+        let (stream, _) = DefaultStream::from_unix_stream(stream).map_err(|e| failed(&e))?;
+        let connection = RustConnection::connect_to_stream(stream, 0).map_err(|e| failed(&e))?;
+        return Ok((connection, 0));
+    }
+    x11rb::connect(Some(name)).map_err(|e| failed(&e))
+}
 
 use std::time::Duration;
 

@@ -23,6 +23,8 @@ use crate::ValkeyStore;
 const RECORD: &str = "record";
 /// See [`RECORD`].
 const PRIVATE: &str = "private";
+/// See [`RECORD`]: the member whose private interval it is (BROW-12), while there is one.
+const PRIVATE_MEMBER: &str = "private_member";
 /// See [`RECORD`].
 const LAST_ACTIVITY: &str = "last_activity";
 /// See [`RECORD`]: when a replica claimed the close.
@@ -46,6 +48,20 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 ";
 
+/// Starts or ends a live session's private interval: 1 when set, 0 when there is no such session
+/// or it is closing. KEYS: the session's hash. ARGV: '1' or '0', the member (empty: none).
+const SET_PRIVATE_SCRIPT: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], 'closing') == 1 then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'private', ARGV[1])
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], 'private_member')
+else
+  redis.call('HSET', KEYS[1], 'private_member', ARGV[2])
+end
+return 1
+";
 /// Claims the close: 1 for the first claim of an existing session, else 0. KEYS: the session's
 /// hash. ARGV: when (deployment milliseconds).
 const CLAIM_SCRIPT: &str = r"
@@ -205,22 +221,40 @@ impl ValkeyStore {
         .map(|set| set == 1)
     }
 
-    /// Marks session `id` private or not (BROW-12); false when it is gone or closing.
+    /// Marks session `id` private for `member` or, with `None`, ends the interval (BROW-12); false
+    /// when it is gone or closing.
     pub async fn mark_browser_session_private(
         &self,
         id: &str,
-        private: bool,
+        member: Option<&str>,
     ) -> Result<bool, Unavailable> {
         self.script(
-            SET_LIVE_SCRIPT,
+            SET_PRIVATE_SCRIPT,
             vec![self.browser_key(id)],
             vec![
-                PRIVATE.to_owned(),
-                if private { "1" } else { "0" }.to_owned(),
+                if member.is_some() { "1" } else { "0" }.to_owned(),
+                member.unwrap_or_default().to_owned(),
             ],
         )
         .await
         .map(|set| set == 1)
+    }
+
+    /// Session `id` as [`ValkeyStore::browser_session`] reads it, with the member whose private
+    /// interval it is, if any: what a viewer is judged by (BROW-12).
+    pub async fn browser_session_viewed(
+        &self,
+        id: &str,
+    ) -> Result<Option<(SessionRecord, SessionState, Option<String>)>, Unavailable> {
+        let Some((record, state)) = self.browser_session(id).await? else {
+            return Ok(None);
+        };
+        let member: Option<String> = self
+            .client
+            .hget(self.browser_key(id), PRIVATE_MEMBER)
+            .await
+            .map_err(|_| Unavailable)?;
+        Ok(Some((record, state, member.filter(|m| !m.is_empty()))))
     }
 
     /// Claims the close of session `id` at `now`: true for exactly one claimant.

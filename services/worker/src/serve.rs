@@ -63,7 +63,8 @@ use axum::routing::{get, post};
 use corral_contract::error::{ErrorBody, ErrorCode, ErrorDetail};
 use corral_contract::limits::execute_body_max_bytes;
 use corral_contract::messages::{
-    BrowserCloseRequest, BrowserOpenRequest, EvidenceReport, ExecuteReply, ExecuteRequest,
+    BrowserCloseRequest, BrowserOpenRequest, BrowserPrivateReply, BrowserPrivateRequest,
+    BrowserSignalReply, BrowserSignalRequest, EvidenceReport, ExecuteReply, ExecuteRequest,
     HealthReply, ResetReply, ResetRequest, WorkspaceReturn,
 };
 use corral_contract::{credential, routes};
@@ -236,6 +237,9 @@ struct AppState {
     busy: Arc<AtomicBool>,
     /// Which languages' prepared jails wait for the next execute.
     prepared: Arc<PreparedLanguages>,
+    /// The open session's live view (its media adapter), apart from the worker's thread so that
+    /// a viewer's signaling never waits behind an action.
+    live: Arc<std::sync::Mutex<Option<corral_media::live::Handle>>>,
     bounds: ExecutionBounds,
     posture: &'static str,
     staging: PathBuf,
@@ -327,6 +331,7 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
         prepared,
         worker: Arc::new(Mutex::new(worker)),
         busy: Arc::new(AtomicBool::new(false)),
+        live: Arc::default(),
         body_max_bytes: execute_body_max_bytes(bounds.workspace_max_bytes),
         bounds,
         posture,
@@ -373,6 +378,8 @@ fn router(state: Arc<AppState>) -> Router {
         .route(routes::BROWSER_OPEN, post(browser_open))
         .route(routes::BROWSER_ACT, post(browser_act))
         .route(routes::BROWSER_CLOSE, post(browser_close))
+        .route(routes::BROWSER_SIGNAL, post(browser_signal))
+        .route(routes::BROWSER_PRIVATE, post(browser_private))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_max))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -522,14 +529,97 @@ async fn browser_open(State(state): State<Arc<AppState>>, body: Bytes) -> Respon
             ErrorDetail::message("a grant is non-empty printable ASCII without spaces"),
         );
     }
-    match worker
-        .run(move |worker| worker.open_browser(&request))
-        .await
-    {
-        Ok(Ok(reply)) => axum::Json(reply).into_response(),
+    let live_view = request.live_view.clone();
+    let opened = worker
+        .run(move |worker| {
+            worker
+                .open_browser(&request)
+                .map(|reply| (reply, worker.session_display()))
+        })
+        .await;
+    match opened {
+        Ok(Ok((mut reply, display))) => {
+            if let (Some(order), Some(display)) = (live_view, display) {
+                let settings = corral_media::live::Settings {
+                    display: display.to_string_lossy().into_owned(),
+                    turn: order.turn,
+                    username: order.username,
+                    password: order.password,
+                };
+                match tokio::task::spawn_blocking(move || corral_media::live::start(&settings))
+                    .await
+                {
+                    Ok(Ok(handle)) => {
+                        reply.relayed = Some(handle.relayed);
+                        let replaced = state.live_view().replace(handle);
+                        drop(replaced);
+                    }
+                    Ok(Err(why)) => reply.diagnostics.push(format!("live view: {why}")),
+                    Err(why) => reply.diagnostics.push(format!("live view: {why}")),
+                }
+            }
+            axum::Json(reply).into_response()
+        }
         Ok(Err(e)) => session_error(&e),
         Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
     }
+}
+
+impl AppState {
+    fn live_view(&self) -> std::sync::MutexGuard<'_, Option<corral_media::live::Handle>> {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn live_view_refused(reason: &str, message: String) -> Response {
+    error(
+        ErrorCode::LiveViewRefused,
+        ErrorDetail {
+            reason: Some(reason.to_owned()),
+            message: Some(message),
+            ..ErrorDetail::default()
+        },
+    )
+}
+
+/// `POST /v1/browser/signal` (BROW-2): a viewer's offer, answered by the live view's adapter.
+async fn browser_signal(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let request: BrowserSignalRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    let answered = tokio::task::spawn_blocking(move || {
+        let live = state.live_view();
+        let Some(handle) = live.as_ref() else {
+            return Err(corral_media::live::OfferRefusal::Stopped);
+        };
+        handle.offer(&request.viewer, &request.member, &request.sdp)
+    })
+    .await;
+    match answered {
+        Ok(Ok(sdp)) => axum::Json(BrowserSignalReply { sdp }).into_response(),
+        Ok(Err(refusal)) => live_view_refused(refusal.code(), refusal.to_string()),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e.to_string())),
+    }
+}
+
+/// `POST /v1/browser/private` (BROW-12): every other member's peer removed, or the interval ended.
+async fn browser_private(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let request: BrowserPrivateRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    let removed = tokio::task::spawn_blocking(move || {
+        let live = state.live_view();
+        live.as_ref()
+            .map(|handle| handle.private(request.member.as_deref()))
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap_or_default();
+    axum::Json(BrowserPrivateReply { removed }).into_response()
 }
 
 /// `POST /v1/browser/act` (BROW-10).
@@ -557,6 +647,11 @@ async fn browser_close(State(state): State<Arc<AppState>>, body: Bytes) -> Respo
         Ok(request) => request,
         Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
+    // The media adapter stops first (its peers, its relay), before the processes it watches.
+    let adapter = state.live_view().take();
+    if let Some(adapter) = adapter {
+        let _ = tokio::task::spawn_blocking(move || adapter.stop()).await;
+    }
     match worker
         .run(move |worker| worker.close_browser(request.token))
         .await
@@ -722,6 +817,11 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
+    // A reset ends whatever session there was, and its live view with it.
+    let adapter = state.live_view().take();
+    if let Some(adapter) = adapter {
+        let _ = tokio::task::spawn_blocking(move || adapter.stop()).await;
+    }
     let staging = state.staging.clone();
     let done = worker
         .run(move |worker| {

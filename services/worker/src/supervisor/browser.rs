@@ -131,6 +131,14 @@ struct Opened {
 }
 
 impl Worker {
+    /// The open session's X display, seen from the worker: the socket in the jail's `/tmp`
+    /// (its scratch space), which the live view's adapter connects to from outside the jail.
+    #[must_use]
+    pub fn session_display(&self) -> Option<std::path::PathBuf> {
+        let dirs = self.session.as_ref()?.run.dirs.as_ref()?;
+        Some(dirs.scratch().join(format!("tmp/.X11-unix/X{DISPLAY}")))
+    }
+
     /// Whether a browser session holds this worker.
     #[must_use]
     pub fn has_session(&self) -> bool {
@@ -174,6 +182,7 @@ impl Worker {
                     start_ms: u64::try_from(started_at.elapsed().as_millis()).unwrap_or(u64::MAX),
                     phases_ms,
                     navigated,
+                    relayed: None,
                     isolation: result.reply.isolation,
                     diagnostics: result.reply.diagnostics,
                 })

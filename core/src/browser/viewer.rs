@@ -1,0 +1,313 @@
+//! A member's viewer of a session's live view (BROW-8, BROW-12): the ticket that lets a member's
+//! browser load the viewport and open its signaling relay, and the rule for whether it may watch.
+//!
+//! The platform asks for a ticket with its caller credential, naming the actor and conversation
+//! whose session it is (authorized as every session call is) and the member who will watch. A
+//! ticket is `<session>.<conversation>.<member>.<expiry>.<mac>`, each part base64url, the MAC an
+//! HMAC-SHA256 under a key every API replica derives from the same secret: any replica verifies
+//! it, and each viewport request and signaling relay checks it again against the session's
+//! record (same conversation, not closing) and the private interval. A member's browser never
+//! holds the caller credential, and the ticket grants nothing but watching that one session.
+
+use std::fmt;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hkdf::Hkdf;
+use hmac::{Hmac, KeyInit as _, Mac as _};
+use sha2::Sha256;
+
+use super::{SessionRecord, SessionState};
+use crate::time::UnixMillis;
+
+/// How long a ticket lets a viewer load the page and start (or restart) its relay.
+pub const TICKET_TTL_SECONDS: u64 = 600;
+/// The longest ticket read, in bytes.
+pub const TICKET_MAX_BYTES: usize = 1_024;
+const KEY_SALT: &[u8] = b"corral viewer ticket v1";
+
+/// The key tickets are signed with, derived from the deployment's `secret`.
+#[derive(Clone)]
+pub struct TicketKey([u8; 32]);
+
+impl TicketKey {
+    /// The key for `secret` (the API's caller credential: every replica has it).
+    #[must_use]
+    pub fn derive(secret: &[u8]) -> TicketKey {
+        let mut key = [0u8; 32];
+        // 32 bytes is always a valid HKDF-SHA256 output length.
+        let _ = Hkdf::<Sha256>::new(Some(KEY_SALT), secret).expand(b"key", &mut key);
+        TicketKey(key)
+    }
+
+    fn mac(&self, text: &str) -> Vec<u8> {
+        let mut mac = <Hmac<Sha256>>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(text.as_bytes());
+        mac.finalize().into_bytes().to_vec()
+    }
+}
+
+/// What a ticket says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// The session it lets the member watch.
+    pub session: String,
+    /// The conversation the session must belong to.
+    pub conversation: String,
+    /// The member watching.
+    pub member: String,
+    /// When it stops letting a viewer in.
+    pub expires_at: UnixMillis,
+}
+
+/// Why a viewer is turned away; each has a stable code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ViewRefusal {
+    /// No ticket, a forged or garbled one, or one for another session (`viewer_ticket_invalid`).
+    TicketInvalid,
+    /// The ticket's time is over (`viewer_ticket_expired`).
+    TicketExpired,
+    /// No such session in the ticket's conversation, or it is closing (`session_not_found`).
+    NotFound,
+    /// Another member's interval is private (`private_text`).
+    Private,
+}
+
+impl ViewRefusal {
+    /// The stable code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::TicketInvalid => "viewer_ticket_invalid",
+            Self::TicketExpired => "viewer_ticket_expired",
+            Self::NotFound => "session_not_found",
+            Self::Private => "private_text",
+        }
+    }
+
+    /// The HTTP status it is answered with.
+    #[must_use]
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::TicketInvalid | Self::TicketExpired => 401,
+            Self::NotFound => 404,
+            Self::Private => 403,
+        }
+    }
+}
+
+impl fmt::Display for ViewRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::TicketInvalid => "the viewer's ticket is missing or not valid for this session",
+            Self::TicketExpired => "the viewer's ticket has expired: ask for a new one",
+            Self::NotFound => "no such session in this conversation",
+            Self::Private => "another member is viewing private text: the live view is paused",
+        })
+    }
+}
+
+/// A ticket for `member` to watch `session` of `conversation`, from `now`.
+#[must_use]
+pub fn mint(
+    key: &TicketKey,
+    session: &str,
+    conversation: &str,
+    member: &str,
+    now: UnixMillis,
+) -> (String, UnixMillis) {
+    let expires_at = UnixMillis(now.0.saturating_add(TICKET_TTL_SECONDS * 1_000));
+    let text = [session, conversation, member, &expires_at.0.to_string()]
+        .map(|part| URL_SAFE_NO_PAD.encode(part))
+        .join(".");
+    let mac = URL_SAFE_NO_PAD.encode(key.mac(&text));
+    (format!("{text}.{mac}"), expires_at)
+}
+
+/// Reads `ticket` for `session` at `now`.
+///
+/// # Errors
+/// [`ViewRefusal::TicketInvalid`] or [`ViewRefusal::TicketExpired`].
+pub fn verify(
+    key: &TicketKey,
+    ticket: &str,
+    session: &str,
+    now: UnixMillis,
+) -> Result<Ticket, ViewRefusal> {
+    if ticket.len() > TICKET_MAX_BYTES {
+        return Err(ViewRefusal::TicketInvalid);
+    }
+    let (text, mac) = ticket.rsplit_once('.').ok_or(ViewRefusal::TicketInvalid)?;
+    let mac = URL_SAFE_NO_PAD
+        .decode(mac)
+        .map_err(|_| ViewRefusal::TicketInvalid)?;
+    let mut check = <Hmac<Sha256>>::new_from_slice(&key.0).expect("HMAC takes any key length");
+    check.update(text.as_bytes());
+    check
+        .verify_slice(&mac)
+        .map_err(|_| ViewRefusal::TicketInvalid)?;
+    let parts: Vec<String> = text
+        .split('.')
+        .map(|part| {
+            URL_SAFE_NO_PAD
+                .decode(part)
+                .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
+        })
+        .collect::<Option<_>>()
+        .ok_or(ViewRefusal::TicketInvalid)?;
+    let [for_session, conversation, member, expiry] =
+        <[String; 4]>::try_from(parts).map_err(|_| ViewRefusal::TicketInvalid)?;
+    let expires_at = UnixMillis(expiry.parse().map_err(|_| ViewRefusal::TicketInvalid)?);
+    if for_session != session {
+        return Err(ViewRefusal::TicketInvalid);
+    }
+    if now.0 >= expires_at.0 {
+        return Err(ViewRefusal::TicketExpired);
+    }
+    Ok(Ticket {
+        session: for_session,
+        conversation,
+        member,
+        expires_at,
+    })
+}
+
+/// Whether the ticket's member may watch the stored session now (BROW-8, BROW-12): the session
+/// exists in the ticket's conversation and is not closing, and no other member's interval is
+/// private (`private_member`: whose it is, when one is).
+///
+/// # Errors
+/// [`ViewRefusal::NotFound`] or [`ViewRefusal::Private`].
+pub fn judge_view(
+    stored: Option<(&SessionRecord, &SessionState)>,
+    ticket: &Ticket,
+    private_member: Option<&str>,
+) -> Result<(), ViewRefusal> {
+    let Some((record, state)) = stored else {
+        return Err(ViewRefusal::NotFound);
+    };
+    if record.conversation != ticket.conversation || state.closing.is_some() {
+        return Err(ViewRefusal::NotFound);
+    }
+    if state.private && private_member != Some(ticket.member.as_str()) {
+        return Err(ViewRefusal::Private);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{OpToken, WorkerId};
+
+    const NOW: UnixMillis = UnixMillis(1_800_000_000_000);
+
+    fn key() -> TicketKey {
+        TicketKey::derive(b"the caller credential")
+    }
+
+    #[test]
+    fn brow_08_a_ticket_reads_back_only_for_its_session_until_it_expires() {
+        let (ticket, expires_at) = mint(&key(), "s1", "research", "bob", NOW);
+        assert_eq!(expires_at.0, NOW.0 + TICKET_TTL_SECONDS * 1_000);
+        let read = verify(&key(), &ticket, "s1", NOW).unwrap();
+        assert_eq!(
+            (read.conversation.as_str(), read.member.as_str()),
+            ("research", "bob")
+        );
+        assert_eq!(
+            verify(&key(), &ticket, "s2", NOW),
+            Err(ViewRefusal::TicketInvalid)
+        );
+        assert_eq!(
+            verify(&key(), &ticket, "s1", expires_at),
+            Err(ViewRefusal::TicketExpired)
+        );
+        // Another deployment's key, and every single-character change, is refused.
+        assert_eq!(
+            verify(&TicketKey::derive(b"other"), &ticket, "s1", NOW),
+            Err(ViewRefusal::TicketInvalid)
+        );
+        for at in 0..ticket.len() {
+            let mut bytes = ticket.clone().into_bytes();
+            bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+            let changed = String::from_utf8(bytes).unwrap();
+            if changed != ticket {
+                assert!(verify(&key(), &changed, "s1", NOW).is_err(), "{changed}");
+            }
+        }
+        assert_eq!(
+            verify(&key(), "", "s1", NOW),
+            Err(ViewRefusal::TicketInvalid)
+        );
+        assert_eq!(
+            verify(&key(), &"a".repeat(5000), "s1", NOW),
+            Err(ViewRefusal::TicketInvalid)
+        );
+    }
+
+    #[test]
+    fn brow_12_only_the_private_member_watches_during_the_interval() {
+        let record = SessionRecord {
+            actor: "agent".into(),
+            conversation: "research".into(),
+            worker: WorkerId { epoch: 1, seq: 2 },
+            token: OpToken(3),
+            networked: true,
+            owner: "a".into(),
+            live_view: None,
+        };
+        let mut state = SessionState {
+            private: false,
+            last_activity: NOW,
+            closing: None,
+        };
+        let ticket = |member: &str, conversation: &str| Ticket {
+            session: "s1".into(),
+            conversation: conversation.into(),
+            member: member.into(),
+            expires_at: NOW,
+        };
+        assert_eq!(
+            judge_view(Some((&record, &state)), &ticket("bob", "research"), None),
+            Ok(())
+        );
+        assert_eq!(
+            judge_view(Some((&record, &state)), &ticket("bob", "other"), None),
+            Err(ViewRefusal::NotFound)
+        );
+        assert_eq!(
+            judge_view(None, &ticket("bob", "research"), None),
+            Err(ViewRefusal::NotFound)
+        );
+        state.private = true;
+        assert_eq!(
+            judge_view(
+                Some((&record, &state)),
+                &ticket("bob", "research"),
+                Some("ann")
+            ),
+            Err(ViewRefusal::Private)
+        );
+        assert_eq!(
+            judge_view(
+                Some((&record, &state)),
+                &ticket("ann", "research"),
+                Some("ann")
+            ),
+            Ok(())
+        );
+        // Private with nobody named: nobody watches.
+        assert_eq!(
+            judge_view(Some((&record, &state)), &ticket("ann", "research"), None),
+            Err(ViewRefusal::Private)
+        );
+        state.private = false;
+        state.closing = Some(NOW);
+        assert_eq!(
+            judge_view(Some((&record, &state)), &ticket("ann", "research"), None),
+            Err(ViewRefusal::NotFound)
+        );
+    }
+}
