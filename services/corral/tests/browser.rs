@@ -626,3 +626,252 @@ async fn brow_09_an_open_mints_the_one_authoritys_credential_and_bad_turn_config
     let settled = stack.settled().await;
     assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
 }
+
+/// A page whose every click turns it the next of three colours.
+const COLOURS: &str = r#"<html><head><title>colours</title></head>
+<body style="margin:0;height:100vh;background:rgb(200,30,30)" onclick="
+  const next = {'rgb(200, 30, 30)': 'rgb(30, 200, 30)', 'rgb(30, 200, 30)': 'rgb(30, 30, 200)'};
+  document.body.style.background = next[getComputedStyle(document.body).backgroundColor] || 'rgb(200, 30, 30)';
+  document.title = 'clicked ' + (++window.clicks || (window.clicks = 1));
+"></body></html>"#;
+const RED: [u8; 3] = [200, 30, 30];
+const GREEN: [u8; 3] = [30, 200, 30];
+const BLUE: [u8; 3] = [30, 30, 200];
+
+/// Spellings of the adapter's `api/` namespace under the viewport: each is refused, whatever
+/// encoding or dot segments it hides behind (BROW-8).
+const API_SPELLINGS: [&str; 14] = [
+    "api/room",
+    "api/login",
+    "API/room/screen",
+    "api%2Froom",
+    "api%2froom",
+    "%61pi/room",
+    "./api/room",
+    "x/../api/room",
+    "x/..%2Fapi/room",
+    "api%252Froom",
+    "%252e%252e/api/room",
+    "a/b/../../api/",
+    "api;jsessionid=1/room",
+    "x%5C..%5Capi%5Croom",
+];
+
+async fn viewer_ticket(stack: &Stack, id: &str, owner: (&str, &str), member: &str) -> Value {
+    let (status, ticket) = stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/viewers"),
+            &json!({ "actor": owner.0, "conversation": owner.1, "member": member }),
+        )
+        .await
+        .expect("the API answers");
+    assert_eq!(status, 200, "{ticket}");
+    ticket
+}
+
+/// GET `path` on the API without the caller's credential (as a member's browser asks).
+async fn anonymous(stack: &Stack, path: &str) -> (u16, String) {
+    let (status, body) = corral_api::client::Client::new(&stack.api, "")
+        .unwrap()
+        .get(path)
+        .await
+        .expect("the API answers");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The live view end to end (BROW-2, BROW-8, BROW-9, BROW-10, BROW-11, BROW-12): coturn on
+/// loopback, a session on a real worker, and headless Chromium as each member's viewer loading the
+/// viewport page. The viewer connects through TURN only (the selected pair is relay-relay),
+/// shows the agent's page (its colour read back from the video), and its click, carried by the
+/// data channel into the display, changes the page. A second member's viewer is closed and cut
+/// off when the first marks private text, while the first keeps watching; the viewport serves
+/// its client and refuses every spelling of the adapter's `api/` paths and any bad ticket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over()
+{
+    use common::viewer::{STATE, Viewer, colour_at, near};
+    let test =
+        "brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some((ns, ip)) = site(test) else {
+        return;
+    };
+    let Some(stack) = Stack::start(test, &[], &[]) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("corral-site-{}", std::process::id()));
+    std::fs::write(dir.join("colours.html"), COLOURS).unwrap();
+    allow(&stack, &ip).await;
+    let ann = ("ann", "research");
+    let (status, opened) = open(
+        &stack,
+        "ann",
+        "research",
+        Some(&format!("http://{ip}/colours.html")),
+    )
+    .await;
+    assert_eq!(status, 200, "{opened}");
+    assert_eq!(
+        opened["navigated"]["result"]["title"], "colours",
+        "{opened}"
+    );
+    assert_eq!(opened["live_view"]["ice_transport_policy"], "relay");
+    let id = opened["session"].as_str().unwrap().to_owned();
+
+    // The viewport: the client is served with a valid ticket, and nothing else is.
+    let bob = viewer_ticket(&stack, &id, ann, "bob").await;
+    let ticket = bob["ticket"].as_str().unwrap();
+    let viewport = bob["viewport"].as_str().unwrap();
+    let (status, page) = anonymous(&stack, viewport).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("viewer.js?ticket="), "{page}");
+    let base = format!("/api/browser-sessions/{id}/viewport/");
+    let (status, script) = anonymous(&stack, &format!("{base}viewer.js?ticket={ticket}")).await;
+    assert_eq!(status, 200);
+    assert!(script.contains("RTCPeerConnection"), "the client's script");
+    for spelling in API_SPELLINGS {
+        let (status, body) = anonymous(&stack, &format!("{base}{spelling}?ticket={ticket}")).await;
+        assert!(
+            (status == 403 && body.contains("viewport_path_refused"))
+                || (status == 400 && body.contains("viewport_path_invalid")),
+            "{spelling}: {status} {body}"
+        );
+    }
+    let (status, body) = anonymous(&stack, &format!("{base}secrets.txt?ticket={ticket}")).await;
+    assert_eq!(status, 404, "{body}");
+    let forged = format!("{}A", &ticket[..ticket.len() - 1]);
+    for bad in [String::new(), forged, "garbage".to_owned()] {
+        let (status, body) = anonymous(&stack, &format!("{base}?ticket={bad}")).await;
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("viewer_ticket_invalid"), "{body}");
+    }
+    // Another conversation's caller cannot have a ticket for this session.
+    let (status, body) = stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/viewers"),
+            &json!({ "actor": "ann", "conversation": "elsewhere", "member": "bob" }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 404, "{body}");
+
+    // Bob watches: relay to relay through corral up's coturn, the agent's page on his screen.
+    let url = format!("{}{viewport}", stack.api);
+    let mut bob_view = tokio::task::block_in_place(|| Viewer::open(&url, 800, 500));
+    let state = tokio::task::block_in_place(|| {
+        bob_view.wait("bob connects through TURN", Duration::from_secs(20), |s| {
+            s["state"] == "connected" && s["frames"].as_u64() > Some(0)
+        })
+    });
+    assert_eq!(state["pair"], json!(["relay", "relay"]), "{state}");
+    assert_eq!(
+        state["width"], 1600,
+        "new sessions capture 1600x1000: {state}"
+    );
+    let centre = colour_at(0.5, 0.6);
+    tokio::task::block_in_place(|| {
+        bob_view.wait_for(
+            &centre,
+            "bob sees the red page",
+            Duration::from_secs(10),
+            |c| near(c, RED, 24),
+        )
+    });
+    // His click, through the data channel and XTest, changes the page the agent drives.
+    tokio::task::block_in_place(|| bob_view.click(400, 300));
+    tokio::task::block_in_place(|| {
+        bob_view.wait_for(
+            &centre,
+            "bob sees his click's green",
+            Duration::from_secs(10),
+            |c| near(c, GREEN, 24),
+        )
+    });
+    let (status, title) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "evaluate", "expression": "document.title" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{title}");
+    assert_eq!(title["result"]["value"], "\"clicked 1\"", "{title}");
+
+    // Carl watches too.
+    let carl = viewer_ticket(&stack, &id, ann, "carl").await;
+    let carl_url = format!("{}{}", stack.api, carl["viewport"].as_str().unwrap());
+    let mut carl_view = tokio::task::block_in_place(|| Viewer::open(&carl_url, 800, 500));
+    tokio::task::block_in_place(|| {
+        carl_view.wait_for(
+            &centre,
+            "carl sees the green page",
+            Duration::from_secs(20),
+            |c| near(c, GREEN, 24),
+        )
+    });
+
+    // Bob marks private text: Carl's relay is closed and his peer removed; Bob keeps watching.
+    let (status, private) = stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/private"),
+            &json!({ "actor": "ann", "conversation": "research", "private": true, "member": "bob" }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{private}");
+    assert_eq!(private["viewers_removed"], 1, "{private}");
+    let closed = tokio::task::block_in_place(|| {
+        carl_view.wait("carl's relay is closed", Duration::from_secs(10), |s| {
+            s["closed"] == "private_text"
+        })
+    });
+    let carl_frames = closed["frames"].as_u64().unwrap();
+    // A new viewer cannot start while the interval lasts.
+    let dave = viewer_ticket(&stack, &id, ann, "dave").await;
+    let (status, body) = anonymous(&stack, dave["viewport"].as_str().unwrap()).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("private_text"), "{body}");
+    let (status, refused) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert_eq!(status, 403, "{refused}");
+    // Bob's click still reaches the page, and he sees it; Carl's screen gets nothing more.
+    tokio::task::block_in_place(|| bob_view.click(400, 300));
+    tokio::task::block_in_place(|| {
+        bob_view.wait_for(&centre, "bob sees blue", Duration::from_secs(10), |c| {
+            near(c, BLUE, 24)
+        })
+    });
+    let after = tokio::task::block_in_place(|| carl_view.eval(STATE));
+    assert_eq!(
+        after["frames"].as_u64(),
+        Some(carl_frames),
+        "carl decoded frames after his peer was removed: {after}"
+    );
+    let carl_colour = tokio::task::block_in_place(|| carl_view.eval(&centre));
+    assert!(
+        !near(&carl_colour, BLUE, 60),
+        "carl saw the private page: {carl_colour:?}"
+    );
+
+    let (status, ended) = stack
+        .caller
+        .post(
+            &format!("/v1/browser_sessions/{id}/private"),
+            &json!({ "actor": "ann", "conversation": "research", "private": false }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{ended}");
+    let (status, closed) = close(&stack, &id, ann).await;
+    assert_eq!(status, 200, "{closed}");
+    // Closing ends the relay: the viewport and its signaling are gone with the session.
+    let (status, _) = anonymous(&stack, viewport).await;
+    assert_eq!(status, 404);
+    drop((bob_view, carl_view, ns));
+    let settled = stack.settled().await;
+    assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
+}

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use corral_core::browser::media::{Capture, bitrate};
 use openh264::encoder::{
-    BitRate, Encoder, EncoderConfig, FrameRate, FrameType, RateControlMode, UsageType,
+    BitRate, Encoder, EncoderConfig, FrameRate, FrameType, RateControlMode, UsageType, VuiConfig,
 };
 use openh264::formats::{BgraSliceU8, YUVBuffer};
 use openh264::{OpenH264API, Timestamp};
@@ -48,7 +48,10 @@ impl H264 {
             // Held to the bitrate by dropping a frame rather than blurring text; a dropped frame
             // comes back empty.
             .rate_control_mode(RateControlMode::Bitrate)
-            .skip_frames(true);
+            .skip_frames(true)
+            // What the conversion below produces (limited-range BT.601), said in the stream: a
+            // decoder otherwise assumes BT.709 for HD sizes and shifts the page's colours.
+            .vui(VuiConfig::bt601());
         let encoder = Encoder::with_api_config(OpenH264API::from_source(), config)
             .map_err(|e| format!("OpenH264: {e}"))?;
         let (width, height) = (capture.width as usize, capture.height as usize);

@@ -6,6 +6,7 @@ use corral_store::valkey_server::ValkeyServer;
 
 pub mod stack;
 pub mod turn_client;
+pub mod viewer;
 
 /// Root (the worker's jail needs it) and a started Valkey server, or `None` after skipping the
 /// test `test`.
