@@ -62,6 +62,16 @@ pub enum Message {
         /// Down (true) or up.
         down: bool,
     },
+    /// The viewer's pane: `width` x `height` CSS pixels at `ratio` device pixels per CSS pixel.
+    /// The driver's pane sets the screen's mode (BROW-5).
+    Pane {
+        /// CSS pixels.
+        width: f64,
+        /// CSS pixels.
+        height: f64,
+        /// `window.devicePixelRatio`.
+        ratio: f64,
+    },
 }
 
 /// What the display is told.
@@ -92,6 +102,9 @@ pub enum Injection {
         /// Press (true) or release.
         down: bool,
     },
+    /// The viewer's pane as a capture (`super::media::capture_for_pane`): the screen's mode when
+    /// this viewer drives (BROW-5). Not an input event: the adapter sets the mode.
+    Pane(Capture),
 }
 
 /// Why an input message reaches nothing.
@@ -105,6 +118,8 @@ pub enum InputRefusal {
     UnknownKey,
     /// Over the member's budget: dropped (`input_dropped`).
     Dropped,
+    /// A pane size that is not a positive finite number (`resize_invalid`).
+    Pane,
 }
 
 impl InputRefusal {
@@ -116,6 +131,7 @@ impl InputRefusal {
             Self::OutOfRange => "input_out_of_range",
             Self::UnknownKey => "input_unknown_key",
             Self::Dropped => "input_dropped",
+            Self::Pane => super::media::ResizeRefusal::NotANumber.code(),
         }
     }
 }
@@ -127,6 +143,7 @@ impl fmt::Display for InputRefusal {
             Self::OutOfRange => f.write_str("a position is a fraction of the picture, 0 to 1"),
             Self::UnknownKey => f.write_str("no such key or button"),
             Self::Dropped => f.write_str("too many input events: dropped"),
+            Self::Pane => write!(f, "{}", super::media::ResizeRefusal::NotANumber),
         }
     }
 }
@@ -246,6 +263,13 @@ pub fn map(text: &[u8], capture: Capture) -> Result<Vec<Injection>, InputRefusal
             let keysym = keysym(&code).ok_or(InputRefusal::UnknownKey)?;
             vec![Injection::Key { keysym, down }]
         }
+        Message::Pane {
+            width,
+            height,
+            ratio,
+        } => vec![Injection::Pane(
+            super::media::capture_for_pane(width, height, ratio).map_err(|_| InputRefusal::Pane)?,
+        )],
     })
 }
 
@@ -290,6 +314,44 @@ mod tests {
     use super::*;
 
     const C: Capture = Capture::NEW_SESSION;
+
+    #[test]
+    fn brow_05_a_pane_message_is_its_capture_clamped_and_even_and_a_bad_one_is_refused() {
+        let one = |text: &str| map(text.as_bytes(), C);
+        assert_eq!(
+            one(r#"{"t":"pane","width":1001,"height":667,"ratio":1.5}"#),
+            Ok(vec![Injection::Pane(Capture {
+                width: 1502,
+                height: 1000
+            })])
+        );
+        // Zero, odd and enormous sizes are clamped and made even, never refused.
+        assert_eq!(
+            one(r#"{"t":"pane","width":0,"height":0,"ratio":1}"#),
+            Ok(vec![Injection::Pane(Capture::bounded(0, 0))])
+        );
+        assert_eq!(
+            one(r#"{"t":"pane","width":1e12,"height":333,"ratio":1}"#),
+            Ok(vec![Injection::Pane(Capture::bounded(u32::MAX, 332))])
+        );
+        for bad in [
+            r#"{"t":"pane","width":-5,"height":600,"ratio":1}"#,
+            r#"{"t":"pane","width":800,"height":600,"ratio":0}"#,
+            r#"{"t":"pane","width":"800","height":600,"ratio":1}"#,
+        ] {
+            let refused = one(bad).unwrap_err();
+            assert!(
+                matches!(refused, InputRefusal::Pane | InputRefusal::Invalid(_)),
+                "{bad}: {refused:?}"
+            );
+        }
+        assert_eq!(
+            one(r#"{"t":"pane","width":-5,"height":600,"ratio":1}"#)
+                .unwrap_err()
+                .code(),
+            "resize_invalid"
+        );
+    }
 
     #[test]
     fn brow_10_positions_are_fractions_of_the_picture_mapped_to_device_pixels() {

@@ -688,8 +688,8 @@ async fn anonymous(stack: &Stack, path: &str) -> (u16, String) {
 /// off when the first marks private text, while the first keeps watching; the viewport serves
 /// its client and refuses every spelling of the adapter's `api/` paths and any bad ticket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over()
-{
+async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over()
+ {
     use common::viewer::{STATE, Viewer, colour_at, near};
     let test =
         "brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over";
@@ -742,7 +742,8 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
     }
     let (status, body) = anonymous(&stack, &format!("{base}secrets.txt?ticket={ticket}")).await;
     assert_eq!(status, 404, "{body}");
-    let forged = format!("{}A", &ticket[..ticket.len() - 1]);
+    let last = if ticket.ends_with('A') { 'B' } else { 'A' };
+    let forged = format!("{}{last}", &ticket[..ticket.len() - 1]);
     for bad in [String::new(), forged, "garbage".to_owned()] {
         let (status, body) = anonymous(&stack, &format!("{base}?ticket={bad}")).await;
         assert_eq!(status, 401, "{body}");
@@ -761,7 +762,7 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
 
     // Bob watches: relay to relay through corral up's coturn, the agent's page on his screen.
     let url = format!("{}{viewport}", stack.api);
-    let mut bob_view = tokio::task::block_in_place(|| Viewer::open(&url, 800, 500));
+    let mut bob_view = tokio::task::block_in_place(|| Viewer::open(&url, 1600, 1000));
     let state = tokio::task::block_in_place(|| {
         bob_view.wait("bob connects through TURN", Duration::from_secs(20), |s| {
             s["state"] == "connected" && s["frames"].as_u64() > Some(0)
@@ -782,7 +783,7 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
         )
     });
     // His click, through the data channel and XTest, changes the page the agent drives.
-    tokio::task::block_in_place(|| bob_view.click(400, 300));
+    tokio::task::block_in_place(|| bob_view.click(800, 600));
     tokio::task::block_in_place(|| {
         bob_view.wait_for(
             &centre,
@@ -804,7 +805,7 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
     // Carl watches too.
     let carl = viewer_ticket(&stack, &id, ann, "carl").await;
     let carl_url = format!("{}{}", stack.api, carl["viewport"].as_str().unwrap());
-    let mut carl_view = tokio::task::block_in_place(|| Viewer::open(&carl_url, 800, 500));
+    let mut carl_view = tokio::task::block_in_place(|| Viewer::open(&carl_url, 1600, 1000));
     tokio::task::block_in_place(|| {
         carl_view.wait_for(
             &centre,
@@ -839,7 +840,7 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
     let (status, refused) = act(&stack, &id, ann, json!({ "action": "text" })).await;
     assert_eq!(status, 403, "{refused}");
     // Bob's click still reaches the page, and he sees it; Carl's screen gets nothing more.
-    tokio::task::block_in_place(|| bob_view.click(400, 300));
+    tokio::task::block_in_place(|| bob_view.click(800, 600));
     tokio::task::block_in_place(|| {
         bob_view.wait_for(&centre, "bob sees blue", Duration::from_secs(10), |c| {
             near(c, BLUE, 24)
@@ -866,6 +867,54 @@ async fn brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_t
         .await
         .unwrap();
     assert_eq!(status, 200, "{ended}");
+    // BROW-5: the driver's pane (Bob's, who took over) sets the desktop: 1001x667 CSS pixels at
+    // a ratio of 1.5 become a 1502x1000 screen, Chromium's window follows, and the picture keeps
+    // its aspect in his pane.
+    tokio::task::block_in_place(|| bob_view.metrics(1001, 667, 1.5));
+    tokio::task::block_in_place(|| {
+        bob_view.wait(
+            "the picture follows bob's pane",
+            Duration::from_secs(10),
+            |s| s["width"] == 1502,
+        )
+    });
+    let geometry =
+        "JSON.stringify([screen.width, screen.height, window.outerWidth, window.outerHeight])";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, sizes) = act(
+            &stack,
+            &id,
+            ann,
+            json!({ "action": "evaluate", "expression": geometry }),
+        )
+        .await;
+        assert_eq!(status, 200, "{sizes}");
+        if sizes["result"]["value"] == "\"[1502,1000,1502,1000]\"" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Chromium's window did not follow the mode: {sizes}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Bad pane sizes reach nothing: the screen keeps its mode.
+    let sent = tokio::task::block_in_place(|| {
+        bob_view.eval("(() => { for (const p of [{t:'pane',width:-1,height:5,ratio:1},{t:'pane',width:NaN,height:5,ratio:1},{t:'what'}]) window.corralViewer.channel.send(JSON.stringify(p)); return true; })()")
+    });
+    assert_eq!(sent, true);
+    let (_, sizes) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "evaluate", "expression": geometry }),
+    )
+    .await;
+    assert_eq!(
+        sizes["result"]["value"], "\"[1502,1000,1502,1000]\"",
+        "{sizes}"
+    );
     let (status, closed) = close(&stack, &id, ann).await;
     assert_eq!(status, 200, "{closed}");
     // Closing ends the relay: the viewport and its signaling are gone with the session.

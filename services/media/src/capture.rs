@@ -3,7 +3,7 @@
 use std::os::fd::AsFd as _;
 use std::time::Duration;
 
-use corral_core::browser::media::Capture;
+use corral_core::browser::media::{Capture, MAX_HEIGHT, MAX_WIDTH};
 use std::os::unix::fs::FileExt as _;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -17,6 +17,11 @@ use x11rb::protocol::xproto::{
     ChangeWindowAttributesAux, ConnectionExt as _, EventMask, ImageFormat,
 };
 use x11rb::rust_connection::RustConnection;
+
+#[allow(clippy::cast_possible_truncation)]
+const MAX_SIDE_WIDTH: u16 = MAX_WIDTH as u16;
+#[allow(clippy::cast_possible_truncation)]
+const MAX_SIDE_HEIGHT: u16 = MAX_HEIGHT as u16;
 
 /// A memfd attached to the server as a shared-memory segment.
 struct Shared {
@@ -105,7 +110,11 @@ impl Display {
         if (version.major_version, version.minor_version) < (1, 2) {
             return None;
         }
-        let bytes = u64::from(self.width) * u64::from(self.height) * 4;
+        // As large as the screen can become (a mode change may grow it up to the size the display
+        // started at); the file is sparse until the server writes into it.
+        let bytes = u64::from(self.width.max(MAX_SIDE_WIDTH))
+            * u64::from(self.height.max(MAX_SIDE_HEIGHT))
+            * 4;
         let fd = memfd_create("corral-capture", MFdFlags::MFD_CLOEXEC).ok()?;
         let file = std::fs::File::from(fd);
         file.set_len(bytes).ok()?;
@@ -211,92 +220,13 @@ impl Display {
     /// # Errors
     /// The server refused the size (larger than it started), or the connection failed.
     pub fn set_mode(&mut self, capture: Capture) -> Result<(), String> {
-        let (width, height) = (
-            u16::try_from(capture.width).map_err(|e| e.to_string())?,
-            u16::try_from(capture.height).map_err(|e| e.to_string())?,
-        );
-        let c = &self.connection;
-        let resources = c
-            .randr_get_screen_resources_current(self.root)
-            .map_err(|e| failed("RandR")(&e))?
-            .reply()
-            .map_err(|e| failed("RandR")(&e))?;
-        let (Some(&crtc), Some(&output)) = (resources.crtcs.first(), resources.outputs.first())
-        else {
-            return Err("the display has no CRTC or output to set a mode on".to_owned());
-        };
-        let name = format!("corral-{width}x{height}");
-        // The modes' names are one string, each mode's `name_len` bytes in turn.
-        let mut at = 0usize;
-        let existing = resources.modes.iter().find_map(|mode| {
-            let end = at + usize::from(mode.name_len);
-            let text = resources.names.get(at..end);
-            at = end;
-            (text == Some(name.as_bytes())).then_some(mode.id)
-        });
-        let mode = match existing {
-            Some(mode) => mode,
-            None => {
-                let info = randr::ModeInfo {
-                    id: 0,
-                    width,
-                    height,
-                    dot_clock: 0,
-                    hsync_start: 0,
-                    hsync_end: 0,
-                    htotal: width,
-                    hskew: 0,
-                    vsync_start: 0,
-                    vsync_end: 0,
-                    vtotal: height,
-                    name_len: u16::try_from(name.len()).map_err(|e| e.to_string())?,
-                    mode_flags: randr::ModeFlag::from(0u32),
-                };
-                let mode = c
-                    .randr_create_mode(self.root, info, name.as_bytes())
-                    .map_err(|e| failed("create the mode")(&e))?
-                    .reply()
-                    .map_err(|e| failed("create the mode")(&e))?
-                    .mode;
-                c.randr_add_output_mode(output, mode)
-                    .map_err(|e| failed("add the mode")(&e))?
-                    .check()
-                    .map_err(|e| failed("add the mode")(&e))?;
-                mode
-            }
-        };
-        // The screen cannot shrink under an active CRTC: off, resize, on with the new mode.
-        let crtc_set = |mode: u32, outputs: &[u32]| {
-            c.randr_set_crtc_config(
-                crtc,
-                x11rb::CURRENT_TIME,
-                resources.config_timestamp,
-                0,
-                0,
-                mode,
-                randr::Rotation::ROTATE0,
-                outputs,
-            )
-            .map_err(|e| failed("set the CRTC")(&e))?
-            .reply()
-            .map_err(|e| failed("set the CRTC")(&e))
-        };
-        crtc_set(x11rb::NONE, &[])?;
-        // At 96 dots per inch.
-        let millimetres = |pixels: u16| u32::from(pixels) * 254 / 960;
-        c.randr_set_screen_size(
-            self.root,
-            width,
-            height,
-            millimetres(width),
-            millimetres(height),
-        )
-        .map_err(|e| failed("set the screen size")(&e))?
-        .check()
-        .map_err(|e| failed("set the screen size")(&e))?;
-        crtc_set(mode, &[output])?;
-        self.width = width;
-        self.height = height;
+        set_mode_on(&self.connection, self.root, capture)?;
+        // Both fit in u16: `set_mode_on` refused anything else.
+        #[allow(clippy::cast_possible_truncation)]
+        {
+            self.width = capture.width as u16;
+            self.height = capture.height as u16;
+        }
         self.changed = true;
         Ok(())
     }
@@ -370,4 +300,97 @@ impl Display {
         }
         Ok(image.data)
     }
+}
+
+/// Sets the screen of `root` on `c` to `capture`'s size through RandR (see [`Display::set_mode`]).
+fn set_mode_on(c: &RustConnection, root: u32, capture: Capture) -> Result<(), String> {
+    let (width, height) = (
+        u16::try_from(capture.width).map_err(|e| e.to_string())?,
+        u16::try_from(capture.height).map_err(|e| e.to_string())?,
+    );
+    let resources = c
+        .randr_get_screen_resources_current(root)
+        .map_err(|e| failed("RandR")(&e))?
+        .reply()
+        .map_err(|e| failed("RandR")(&e))?;
+    let (Some(&crtc), Some(&output)) = (resources.crtcs.first(), resources.outputs.first()) else {
+        return Err("the display has no CRTC or output to set a mode on".to_owned());
+    };
+    let name = format!("corral-{width}x{height}");
+    // The modes' names are one string, each mode's `name_len` bytes in turn.
+    let mut at = 0usize;
+    let existing = resources.modes.iter().find_map(|mode| {
+        let end = at + usize::from(mode.name_len);
+        let text = resources.names.get(at..end);
+        at = end;
+        (text == Some(name.as_bytes())).then_some(mode.id)
+    });
+    let mode = match existing {
+        Some(mode) => mode,
+        None => {
+            let info = randr::ModeInfo {
+                id: 0,
+                width,
+                height,
+                dot_clock: 0,
+                hsync_start: 0,
+                hsync_end: 0,
+                htotal: width,
+                hskew: 0,
+                vsync_start: 0,
+                vsync_end: 0,
+                vtotal: height,
+                name_len: u16::try_from(name.len()).map_err(|e| e.to_string())?,
+                mode_flags: randr::ModeFlag::from(0u32),
+            };
+            let mode = c
+                .randr_create_mode(root, info, name.as_bytes())
+                .map_err(|e| failed("create the mode")(&e))?
+                .reply()
+                .map_err(|e| failed("create the mode")(&e))?
+                .mode;
+            c.randr_add_output_mode(output, mode)
+                .map_err(|e| failed("add the mode")(&e))?
+                .check()
+                .map_err(|e| failed("add the mode")(&e))?;
+            mode
+        }
+    };
+    // The screen cannot shrink under an active CRTC: off, resize, on with the new mode.
+    let crtc_set = |mode: u32, outputs: &[u32]| {
+        c.randr_set_crtc_config(
+            crtc,
+            x11rb::CURRENT_TIME,
+            resources.config_timestamp,
+            0,
+            0,
+            mode,
+            randr::Rotation::ROTATE0,
+            outputs,
+        )
+        .map_err(|e| failed("set the CRTC")(&e))?
+        .reply()
+        .map_err(|e| failed("set the CRTC")(&e))
+    };
+    crtc_set(x11rb::NONE, &[])?;
+    // At 96 dots per inch.
+    let millimetres = |pixels: u16| u32::from(pixels) * 254 / 960;
+    c.randr_set_screen_size(root, width, height, millimetres(width), millimetres(height))
+        .map_err(|e| failed("set the screen size")(&e))?
+        .check()
+        .map_err(|e| failed("set the screen size")(&e))?;
+    crtc_set(mode, &[output])?;
+    Ok(())
+}
+
+/// Sets the display `name`'s (a name or its socket's path) screen to `capture` through RandR and
+/// disconnects: what a session's start does before its window manager and browser come up, so
+/// that they start at the capture's size (BROW-5, BROW-11).
+///
+/// # Errors
+/// The display cannot be reached, or refused the size.
+pub fn set_screen_mode(name: &str, capture: Capture) -> Result<(), String> {
+    let (connection, screen) = crate::open_display(name)?;
+    let root = connection.setup().roots[screen].root;
+    set_mode_on(&connection, root, capture)
 }

@@ -102,6 +102,9 @@ impl Injector {
                 };
                 fake(kind, keycode, 0, 0)?;
             }
+            Injection::Pane(_) => {
+                return Err("a pane's size is the adapter's to apply, not an input event".into());
+            }
         }
         // A round trip: when this returns the server has performed the injection, so what any
         // other client asks next already sees it.

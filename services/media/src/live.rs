@@ -23,7 +23,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use corral_core::browser::input::{self, InputBudget};
+use corral_core::browser::input::{self, Injection, InputBudget};
 use corral_core::browser::media::Capture;
 use corral_core::time::UnixMillis;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -117,6 +117,8 @@ pub struct Stats {
     pub refused: HashMap<&'static str, u64>,
     /// Peers removed for a private interval.
     pub removed: u64,
+    /// Screen mode changes made.
+    pub resized: u64,
 }
 
 enum Command {
@@ -156,6 +158,8 @@ struct Peer {
     connected: bool,
     keyframe: bool,
     budget: InputBudget,
+    /// The capture its pane asks for, once it said.
+    pane: Option<Capture>,
 }
 
 struct Adapter {
@@ -168,6 +172,9 @@ struct Adapter {
     encoder: H264,
     capture: Capture,
     peers: Vec<Peer>,
+    /// The viewer whose pane sets the screen's mode (BROW-5): the last to send a pointer or key
+    /// event, or before anyone has, the first to report its pane.
+    driver: Option<String>,
     private: Option<String>,
     /// The address of each permission, with when it was last asked for.
     permissions: HashMap<IpAddr, Instant>,
@@ -312,6 +319,7 @@ pub fn start(settings: &Settings) -> Result<Handle, String> {
         encoder,
         capture,
         peers: Vec::new(),
+        driver: None,
         private: None,
         permissions: HashMap::new(),
         asked: HashMap::new(),
@@ -525,15 +533,7 @@ impl Adapter {
                 let _ = reply.send(removed);
             }
             Command::Resize { capture, reply } => {
-                let result = self.display.set_mode(capture).and_then(|()| {
-                    self.encoder = H264::new(capture, FRAME_RATE)?;
-                    self.capture = capture;
-                    for peer in &mut self.peers {
-                        peer.keyframe = true;
-                    }
-                    Ok(())
-                });
-                let _ = reply.send(result);
+                let _ = reply.send(self.resize(capture));
             }
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats.clone());
@@ -581,6 +581,7 @@ impl Adapter {
             connected: false,
             keyframe: true,
             budget: InputBudget::new(now_millis()),
+            pane: None,
         });
         Ok(answer.to_sdp_string())
     }
@@ -752,25 +753,65 @@ impl Adapter {
             }
             Event::KeyframeRequest(_) => peer.keyframe = true,
             Event::ChannelData(data) => {
-                let now = now_millis();
                 let judged = peer
                     .budget
-                    .spend(now)
+                    .spend(now_millis())
                     .and_then(|()| input::map(&data.data, self.capture));
                 match judged {
-                    Ok(injections) => {
-                        for injection in injections {
-                            if self.injector.inject(injection).is_ok() {
-                                self.stats.injected += 1;
-                            }
-                        }
-                    }
+                    Ok(injections) => self.perform(index, injections),
                     Err(refusal) => *self.stats.refused.entry(refusal.code()).or_default() += 1,
                 }
             }
             _ => {}
         }
         false
+    }
+
+    /// Performs what one of peer `index`'s messages was judged to be.
+    fn perform(&mut self, index: usize, injections: Vec<Injection>) {
+        let viewer = self.peers[index].viewer.clone();
+        for injection in injections {
+            if let Injection::Pane(capture) = injection {
+                self.peers[index].pane = Some(capture);
+                if self.driver.is_none() {
+                    self.driver = Some(viewer.clone());
+                }
+            } else {
+                // Taking over the keyboard or the pointer makes this viewer the driver.
+                self.driver = Some(viewer.clone());
+                if self.injector.inject(injection).is_ok() {
+                    self.stats.injected += 1;
+                }
+            }
+        }
+        self.follow_driver();
+    }
+
+    /// Sets the screen's mode to the driver's pane, when it says one other than the current.
+    fn follow_driver(&mut self) {
+        let pane = self
+            .peers
+            .iter()
+            .find(|peer| Some(&peer.viewer) == self.driver.as_ref())
+            .and_then(|peer| peer.pane);
+        let Some(capture) = pane.filter(|pane| *pane != self.capture) else {
+            return;
+        };
+        if self.resize(capture).is_err() {
+            *self.stats.refused.entry("resize_failed").or_default() += 1;
+        }
+    }
+
+    /// The screen's mode, the encoder and a keyframe for every viewer, at `capture`.
+    fn resize(&mut self, capture: Capture) -> Result<(), String> {
+        self.display.set_mode(capture)?;
+        self.encoder = H264::new(capture, FRAME_RATE)?;
+        self.capture = capture;
+        self.stats.resized += 1;
+        for peer in &mut self.peers {
+            peer.keyframe = true;
+        }
+        Ok(())
     }
 
     fn frame(&mut self, keyframe: bool) {

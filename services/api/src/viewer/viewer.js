@@ -68,6 +68,7 @@
     pc.addTransceiver("video", { direction: "recvonly" });
     const channel = pc.createDataChannel("input", { ordered: true });
     view.channel = channel;
+    channel.onopen = () => pane();
     pc.ontrack = (event) => {
       video.srcObject = event.streams[0] || new MediaStream([event.track]);
       video.play().catch(() => {});
@@ -114,6 +115,18 @@
     }
     return { x, y };
   }
+
+  // The pane in CSS pixels and the device pixel ratio: the driver's sets the desktop's size, so
+  // that its pixels are the member's (BROW-5). Sent when the channel opens and as the pane
+  // changes, at most every 200 ms.
+  let paneTimer = null;
+  function pane() {
+    send({ t: "pane", width: video.clientWidth, height: video.clientHeight, ratio: window.devicePixelRatio || 1 });
+  }
+  new ResizeObserver(() => {
+    clearTimeout(paneTimer);
+    paneTimer = setTimeout(pane, 200);
+  }).observe(video);
 
   const buttons = { 0: 1, 1: 2, 2: 3 };
   video.addEventListener("pointermove", (event) => {

@@ -4,6 +4,7 @@
 #   {"eval": "<expression>"}            -> {"ok": <value>}    (awaits a promise)
 #   {"screenshot": true}                -> {"ok": "<base64 png>"}
 #   {"click": [x, y]}                   -> {"ok": true}       (a real mouse click in the page)
+#   {"metrics": [w, h, ratio]}          -> {"ok": true}       (the window's CSS size and pixel ratio)
 # Standard library only.
 import ctypes
 import fcntl
@@ -101,6 +102,10 @@ def main():
                         answer = {"ok": result["result"].get("value")}
                 elif "screenshot" in command:
                     answer = {"ok": cdp.send("Page.captureScreenshot", {"format": "png"})["data"]}
+                elif "metrics" in command:
+                    w, h, ratio = command["metrics"]
+                    cdp.send("Emulation.setDeviceMetricsOverride", {"width": w, "height": h, "deviceScaleFactor": ratio, "mobile": False})
+                    answer = {"ok": True}
                 elif "click" in command:
                     x, y = command["click"]
                     for kind in ("mousePressed", "mouseReleased"):

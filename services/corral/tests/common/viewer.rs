@@ -98,6 +98,11 @@ impl Viewer {
         self.ask(&json!({ "eval": expression }))
     }
 
+    /// Makes the window `width`x`height` CSS pixels at `ratio` device pixels each.
+    pub fn metrics(&mut self, width: u32, height: u32, ratio: f64) {
+        self.ask(&json!({ "metrics": [width, height, ratio] }));
+    }
+
     /// A real mouse click at (`x`, `y`) CSS pixels of the viewer's window.
     pub fn click(&mut self, x: u32, y: u32) {
         self.ask(&json!({ "click": [x, y] }));

@@ -147,6 +147,16 @@ class Cdp:
 
 
 PHASES = {}
+OPENBOX_RC = """<?xml version="1.0" encoding="UTF-8"?>
+<openbox_config xmlns="http://openbox.org/3.4/rc">
+  <applications>
+    <application class="*">
+      <decor>no</decor>
+      <maximized>true</maximized>
+    </application>
+  </applications>
+</openbox_config>
+"""
 
 
 def start():
@@ -162,11 +172,24 @@ def start():
     }
     os.makedirs(PARAMS["runtime_dir"], mode=0o700, exist_ok=True)
     socket = "/tmp/.X11-unix/X%d" % PARAMS["display"]
-    spawn([PROGRAMS["xvfb"], display, "-screen", "0", "%dx%dx24" % (width, height),
-           "-nolisten", "tcp", "-noreset", "+extension", "XTEST"], env)
+    # The display starts as large as a capture can be, so that a mode change can grow it as well
+    # as shrink it; the worker then sets its mode to the capture through RandR, the live view's
+    # way (BROW-5), before the window manager and Chromium come up at that size.
+    screen_width, screen_height = PARAMS["screen"]
+    spawn([PROGRAMS["xvfb"], display, "-screen", "0", "%dx%dx24" % (screen_width, screen_height),
+           "-nolisten", "tcp", "-noreset", "+extension", "XTEST", "+extension", "RANDR"], env)
     wait_for(lambda: os.path.exists(socket), 10, "the X display")
+    say({"display": True})
+    if sys.stdin.readline().strip() != "go":
+        raise Failure("runtime_start_failed", "the worker did not set the screen's mode")
     PHASES["display"] = time.monotonic()
-    spawn([PROGRAMS["openbox"]], env)
+    # Every window maximized and undecorated: Chromium's window is the screen, and follows the
+    # screen's mode when it changes (BROW-5).
+    rc = os.path.join(PARAMS["home"], "openbox-rc.xml")
+    os.makedirs(PARAMS["home"], exist_ok=True)
+    with open(rc, "w") as config:
+        config.write(OPENBOX_RC)
+    spawn([PROGRAMS["openbox"], "--config-file", rc], env)
     spawn([PROGRAMS["pulseaudio"], "--daemonize=no", "--exit-idle-time=-1", "--disallow-exit",
            "-n", "--load=module-null-sink sink_name=corral", "--load=module-native-protocol-unix"], env)
     # The profile's preferences: no search provider and no prediction (its preconnects), no
@@ -239,6 +262,8 @@ def start():
         "--proxy-bypass-list=<-loopback>",
         "--window-position=0,0",
         "--window-size=%d,%d" % (width, height),
+        # Maximized, the window follows the screen's mode as the member's pane changes it.
+        "--start-maximized",
         "--force-device-scale-factor=1",
         "about:blank",
     ]

@@ -227,6 +227,7 @@ impl Worker {
             "display": DISPLAY,
             "width": capture.width,
             "height": capture.height,
+            "screen": [browser::media::MAX_WIDTH, browser::media::MAX_HEIGHT],
             "home": "/tmp/home",
             "runtime_dir": "/tmp/runtime",
             "profile": "/tmp/profile",
@@ -264,8 +265,31 @@ impl Worker {
         let stdin = stdin.ok_or("the bridge's stdin is missing")?;
         let mut pending = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(browser::OPEN_MAX_SECONDS);
-        let line = read_line(&mut started.stdout, &mut pending, deadline)?;
-        let ready: Value = serde_json::from_str(&line).map_err(|_| "the bridge said nothing")?;
+        let mut line = read_line(&mut started.stdout, &mut pending, deadline)?;
+        // The display is up at its largest: its mode becomes the capture (BROW-5, BROW-11), then
+        // the bridge starts the window manager and Chromium at that size.
+        if line.starts_with("{\"display\"") {
+            let socket = dirs.scratch().join(format!("tmp/.X11-unix/X{DISPLAY}"));
+            corral_media::capture::set_screen_mode(&socket.to_string_lossy(), capture)
+                .map_err(|e| format!("the screen's mode: {e}"))?;
+            let mut stdin = stdin;
+            stdin
+                .write_all(b"go\n")
+                .map_err(|e| format!("the bridge is gone: {e}"))?;
+            line = read_line(&mut started.stdout, &mut pending, deadline)?;
+            return Self::finish_open(&line, started, stdin, pending);
+        }
+        Err(format!("the runtime did not start: {line}"))
+    }
+
+    /// Reads the bridge's ready line.
+    fn finish_open(
+        line: &str,
+        started: Started,
+        stdin: ChildStdin,
+        pending: Vec<u8>,
+    ) -> Result<Opened, String> {
+        let ready: Value = serde_json::from_str(line).map_err(|_| "the bridge said nothing")?;
         if ready["ready"] != true {
             return Err(format!("the runtime did not start: {}", ready["error"]));
         }
