@@ -13,6 +13,8 @@ pub struct Up {
     child: Child,
     /// The caller's client.
     pub client: Client,
+    /// The API's base URL (`http://host:port`).
+    pub api: String,
 }
 
 impl Up {
@@ -46,7 +48,7 @@ impl Up {
             .expect("corral up became ready");
         let token = std::fs::read_to_string(state.join("api-token")).expect("token");
         let client = Client::new(&api, token.trim()).expect("client");
-        Self { child, client }
+        Self { child, client, api }
     }
 }
 
@@ -133,6 +135,36 @@ where
 pub fn p50(mut samples: Vec<Duration>) -> Duration {
     samples.sort_unstable();
     samples[(samples.len() - 1) / 2]
+}
+
+/// The `q` quantile of `samples` (nearest rank).
+///
+/// # Panics
+/// With no samples.
+#[must_use]
+pub fn quantile(samples: &[Duration], q: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// Prints `what`'s p50 and p95 in milliseconds, and returns them.
+///
+/// # Panics
+/// With no samples.
+pub fn summary(what: &str, samples: &[Duration]) -> (f64, f64) {
+    let (p50, p95) = (ms(quantile(samples, 0.5)), ms(quantile(samples, 0.95)));
+    println!(
+        "{what}: p50 {p50:.1} ms, p95 {p95:.1} ms over {}",
+        samples.len()
+    );
+    (p50, p95)
 }
 
 /// Milliseconds, for printing.

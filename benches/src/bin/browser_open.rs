@@ -16,7 +16,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_benches::up::{Up, ms};
+use corral_benches::up::{Up, summary};
 use corral_testkit::registries::TempDir;
 use serde_json::json;
 
@@ -35,28 +35,6 @@ fn main() {
             measure(&corral, runs, pause).await;
         },
     );
-}
-
-/// The `q` quantile of `samples` (nearest rank).
-fn quantile(samples: &[Duration], q: f64) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
-fn summary(what: &str, samples: &[Duration]) -> (f64, f64) {
-    let (p50, p95) = (ms(quantile(samples, 0.5)), ms(quantile(samples, 0.95)));
-    println!(
-        "{what}: p50 {p50:.1} ms, p95 {p95:.1} ms over {}",
-        samples.len()
-    );
-    (p50, p95)
 }
 
 async fn measure(corral: &str, runs: usize, pause: Duration) {

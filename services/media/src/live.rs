@@ -181,6 +181,9 @@ struct Adapter {
     /// What each TURN request in flight was for, to ask again after a stale nonce.
     asked: HashMap<[u8; 12], Asked>,
     refreshed: Instant,
+    /// The last frame was dropped by the rate control: the screen is captured again at the next
+    /// frame time even if nothing changes meanwhile, so a viewer never keeps a stale picture.
+    stale: bool,
     started: Instant,
     next_frame: Instant,
     stats: Stats,
@@ -324,6 +327,7 @@ pub fn start(settings: &Settings) -> Result<Handle, String> {
         permissions: HashMap::new(),
         asked: HashMap::new(),
         refreshed: now,
+        stale: false,
         started: now,
         next_frame: now,
         stats: Stats::default(),
@@ -478,7 +482,7 @@ impl Adapter {
             };
             let wanted = self.peers.iter().any(|p| p.connected && p.video.is_some());
             let keyframe = self.peers.iter().any(|p| p.connected && p.keyframe);
-            if wanted && (changed || keyframe) {
+            if wanted && (changed || keyframe || self.stale) {
                 if now >= self.next_frame {
                     self.frame(keyframe);
                     self.next_frame = now + Duration::from_secs(1) / FRAME_RATE;
@@ -827,7 +831,8 @@ impl Adapter {
         self.stats.times.capture += times.capture;
         self.stats.times.convert += times.convert;
         self.stats.times.encode += times.encode;
-        if encoded.data.is_empty() {
+        self.stale = encoded.data.is_empty();
+        if self.stale {
             self.stats.skipped += 1;
             return;
         }

@@ -22,6 +22,7 @@
     pc: null,
     channel: null,
     sent: 0,
+    firstFrameAt: null,
   };
   window.corralViewer = view;
 
@@ -72,6 +73,10 @@
     pc.ontrack = (event) => {
       video.srcObject = event.streams[0] || new MediaStream([event.track]);
       video.play().catch(() => {});
+      // When the first frame was shown (wall clock, milliseconds), for whoever measures.
+      if (video.requestVideoFrameCallback) {
+        video.requestVideoFrameCallback(() => { view.firstFrameAt = Date.now(); });
+      }
     };
     pc.onconnectionstatechange = () => say(pc.connectionState);
     const gathered = new Promise((resolve) => {

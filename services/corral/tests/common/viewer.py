@@ -4,6 +4,7 @@
 #   {"eval": "<expression>"}            -> {"ok": <value>}    (awaits a promise)
 #   {"screenshot": true}                -> {"ok": "<base64 png>"}
 #   {"click": [x, y]}                   -> {"ok": true}       (a real mouse click in the page)
+#   {"navigate": "<url>"}               -> {"ok": true}
 #   {"metrics": [w, h, ratio]}          -> {"ok": true}       (the window's CSS size and pixel ratio)
 # Standard library only.
 import ctypes
@@ -102,6 +103,9 @@ def main():
                         answer = {"ok": result["result"].get("value")}
                 elif "screenshot" in command:
                     answer = {"ok": cdp.send("Page.captureScreenshot", {"format": "png"})["data"]}
+                elif "navigate" in command:
+                    cdp.send("Page.navigate", {"url": command["navigate"]})
+                    answer = {"ok": True}
                 elif "metrics" in command:
                     w, h, ratio = command["metrics"]
                     cdp.send("Emulation.setDeviceMetricsOverride", {"width": w, "height": h, "deviceScaleFactor": ratio, "mobile": False})

@@ -59,9 +59,9 @@ impl Viewer {
     /// When Chromium does not start.
     #[must_use]
     pub fn open(url: &str, width: u32, height: u32) -> Viewer {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/viewer.py");
         let mut child = Command::new("python3")
-            .arg(script)
+            .arg("-c")
+            .arg(include_str!("viewer.py"))
             .arg(url)
             .arg(format!("{width}x{height}"))
             .stdin(Stdio::piped())
@@ -96,6 +96,11 @@ impl Viewer {
     /// The value of `expression` in the page (a promise is awaited).
     pub fn eval(&mut self, expression: &str) -> Value {
         self.ask(&json!({ "eval": expression }))
+    }
+
+    /// Loads `url` in the same window (no new Chromium).
+    pub fn navigate(&mut self, url: &str) {
+        self.ask(&json!({ "navigate": url }));
     }
 
     /// Makes the window `width`x`height` CSS pixels at `ratio` device pixels each.
