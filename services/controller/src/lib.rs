@@ -29,6 +29,7 @@ use corral_store::ValkeyStore;
 pub mod claim;
 pub mod kube;
 pub mod local;
+pub mod network_policy;
 
 /// Where workers come from: processes on this machine, pods, or platform claims.
 pub trait Backend: Send + Sync {

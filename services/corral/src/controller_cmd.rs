@@ -65,6 +65,62 @@ const USAGE: &str = "usage: corral controller --valkey URL [--pool NAME] [--peri
 [--runtime-class NAME] [--credential-secret NAME] [--sandbox-template NAME] [--warm-pool NAME] \
 [--worker-url-template http://HOST:PORT]";
 
+const POLICY_USAGE: &str = "usage: corral controller network-policy --proxy IP:PORT --turn IP:PORT \
+--broker IP:PORT [--namespace NS] [--pool NAME]";
+
+/// `corral controller network-policy`: prints the ISO-5 NetworkPolicy of a pool's worker pods
+/// (JSON, for `kubectl apply -f -`): egress to the proxy, the TURN authority over UDP and TCP
+/// and the broker only; ingress from this system's own pods only.
+fn network_policy(args: &[String]) -> ExitCode {
+    use corral_controller::network_policy::{WorkerNetwork, worker_network_policy};
+    let (mut namespace, mut pool) = (String::from("corral"), String::from("default"));
+    let (mut proxy, mut turn, mut broker) = (None, None, None);
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next();
+        let address =
+            |value: Option<&String>| value.and_then(|v| v.parse::<std::net::SocketAddr>().ok());
+        match flag.as_str() {
+            "--namespace" if value.is_some() => namespace = value.cloned().unwrap_or_default(),
+            "--pool" if value.is_some() => pool = value.cloned().unwrap_or_default(),
+            "--proxy" => proxy = address(value),
+            "--turn" => turn = address(value),
+            "--broker" => broker = address(value),
+            _ => {
+                eprintln!(
+                    "corral controller network-policy: unknown or incomplete flag {flag}\n{POLICY_USAGE}"
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let (Some(proxy), Some(turn), Some(broker)) = (proxy, turn, broker) else {
+        eprintln!(
+            "corral controller network-policy: --proxy, --turn and --broker are each one IP:PORT\n{POLICY_USAGE}"
+        );
+        return ExitCode::from(2);
+    };
+    let policy = worker_network_policy(
+        &namespace,
+        &pool,
+        &WorkerNetwork {
+            proxy,
+            turn,
+            broker,
+        },
+    );
+    match serde_json::to_string_pretty(&policy) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("corral controller network-policy: {error}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut parsed = Args {
         valkey: String::new(),
@@ -178,6 +234,9 @@ pub fn worker_credential(state_dir: &Path) -> Result<String, String> {
 }
 
 pub fn run(args: &[String]) -> ExitCode {
+    if args.first().map(String::as_str) == Some("network-policy") {
+        return network_policy(&args[1..]);
+    }
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
         return ExitCode::SUCCESS;
