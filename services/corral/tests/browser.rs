@@ -915,6 +915,67 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
         sizes["result"]["value"], "\"[1502,1000,1502,1000]\"",
         "{sizes}"
     );
+    // Bad signaling gets a bounded answer: not JSON, an SDP that is not one, an offer whose only
+    // candidate is a host address (relay only), each with its code, and the relay stays open.
+    let signal = bob["signal"].as_str().unwrap();
+    let probe = format!(
+        r#"(async () => {{
+  const ws = new WebSocket(location.origin.replace('http', 'ws') + '{signal}');
+  const next = () => new Promise((resolve) => {{ ws.onmessage = (e) => resolve(JSON.parse(e.data)); }});
+  let message = next();
+  await new Promise((resolve) => {{ ws.onopen = resolve; }});
+  const config = await message;
+  const codes = [config.t, config.ice_transport_policy];
+  for (const text of ['not json', JSON.stringify({{ t: 'offer', sdp: 'garbage' }}),
+      JSON.stringify({{ t: 'offer', sdp: 'v=0\r\no=- 1 2 IN IP4 127.0.0.1\r\ns=-\r\nt=0 0\r\na=candidate:1 1 udp 2122260223 192.168.1.5 50000 typ host\r\n' }}),
+      JSON.stringify({{ t: 'hello' }})]) {{
+    message = next();
+    ws.send(text);
+    codes.push((await message).code);
+  }}
+  codes.push(ws.readyState);
+  ws.close();
+  return codes;
+}})()"#
+    );
+    let codes = tokio::task::block_in_place(|| bob_view.eval(&probe));
+    assert_eq!(
+        codes,
+        json!([
+            "config",
+            "relay",
+            "signal_invalid",
+            "sdp_invalid",
+            "sdp_invalid",
+            "signal_invalid",
+            1
+        ]),
+        "{codes}"
+    );
+    // A flood of input is bounded (the excess dropped), and the adapter keeps serving: Bob's next
+    // click still changes the page, and he sees it.
+    let flooded = tokio::task::block_in_place(|| {
+        bob_view.eval("(() => { const c = window.corralViewer.channel; for (let i = 0; i < 3000; i++) c.send(JSON.stringify({t: 'move', x: (i % 100) / 100, y: 0.5})); for (const bad of ['{', '{\"t\":\"move\",\"x\":7,\"y\":0}', '{\"t\":\"key\",\"code\":\"NoSuchKey\",\"down\":true}']) c.send(bad); return c.readyState; })()")
+    });
+    assert_eq!(flooded, "open");
+    // The budget refills at 240 events a second, so a click right after the flood may be dropped:
+    // click until one lands (the page then turns from blue to red).
+    let landed = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            bob_view.click(800, 600);
+            let tried = Instant::now();
+            while tried.elapsed() < Duration::from_secs(1) {
+                let colour = bob_view.eval(&centre);
+                if near(&colour, RED, 48) {
+                    return true;
+                }
+                assert!(near(&colour, BLUE, 48), "neither blue nor red: {colour}");
+            }
+        }
+        false
+    });
+    assert!(landed, "no click reached the page after the flood");
     let (status, closed) = close(&stack, &id, ann).await;
     assert_eq!(status, 200, "{closed}");
     // Closing ends the relay: the viewport and its signaling are gone with the session.
