@@ -26,12 +26,13 @@ fn runtime_or_skip(test: &str) -> bool {
         && corral_testkit::programs_or_skip(test, &[("coturn", "/usr/bin/turnserver")])
 }
 
-/// A namespace serving `FORM` at `http://<ip>/form.html`.
+/// A namespace serving `FORM` at `http://<ip>/form.html` and `COLOURS` at `/colours.html`.
 fn site(test: &str) -> Option<(netns::Netns, String)> {
     let mut ns = netns::netns_or_skip(test)?;
     let dir = std::env::temp_dir().join(format!("corral-site-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("form.html"), FORM).unwrap();
+    std::fs::write(dir.join("colours.html"), COLOURS).unwrap();
     let ip = ns.ns_ip.to_string();
     ns.serve_directory(&dir).unwrap();
     Some((ns, ip))
@@ -691,8 +692,7 @@ async fn anonymous(stack: &Stack, path: &str) -> (u16, String) {
 async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over()
  {
     use common::viewer::{STATE, Viewer, colour_at, near};
-    let test =
-        "brow_02_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over";
+    let test = "brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_through_turn_and_take_over";
     if !runtime_or_skip(test) {
         return;
     }
@@ -702,8 +702,6 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     let Some(stack) = Stack::start(test, &[], &[]) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("corral-site-{}", std::process::id()));
-    std::fs::write(dir.join("colours.html"), COLOURS).unwrap();
     allow(&stack, &ip).await;
     let ann = ("ann", "research");
     let (status, opened) = open(
