@@ -68,6 +68,40 @@ const CLICK_TO_PHOTON: &str = r"(async () => {
   });
 })()";
 
+/// The process whose environment names `CORRAL_WORKER_ID=<worker>` (a local worker).
+fn worker_pid(worker: &str) -> Option<u32> {
+    let marker = format!("CORRAL_WORKER_ID={worker}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            environ
+                .split(|b| *b == 0)
+                .any(|var| var == marker.as_bytes())
+                .then_some(pid)
+        })
+}
+
+/// A process's CPU time so far (user and system, all its threads), from `/proc/<pid>/stat`.
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: state is the 3rd, utime the 14th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+}
+
 fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -191,6 +225,25 @@ async fn measure(args: &Args, clicks: usize, seconds: u64) {
             assert!(took >= 0.0, "a click never showed");
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             samples.push(Duration::from_micros((took * 1000.0) as u64));
+        }
+        if i == args.runs {
+            // The last session, still and watched: what its worker spends while nothing changes
+            // (the adapter's thread and its WebRTC timers included).
+            let worker = opened["worker"].as_str().unwrap_or_default();
+            if let Some(pid) = worker_pid(worker) {
+                let before = process_cpu(pid);
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_secs(seconds)).await;
+                let spent = process_cpu(pid).saturating_sub(before);
+                let frames = tokio::task::block_in_place(|| view.eval(STATE))["frames"].clone();
+                println!(
+                    "the worker while the watched page is still, for {seconds} s: CPU {:.1} ms ({:.3} % of one core), frames decoded so far {frames}",
+                    spent.as_secs_f64() * 1000.0,
+                    spent.as_secs_f64() * 100.0 / started.elapsed().as_secs_f64()
+                );
+            } else {
+                println!("the worker's process was not found: no idle figure");
+            }
         }
         close(&up, &id, &conversation).await;
         if i > 0 {

@@ -250,6 +250,15 @@ pub fn mint(
     }
 }
 
+/// Whether a session's `credential` is replaced at `now` (BROW-9): once a quarter of its
+/// lifetime (`ttl_seconds`) or less is left. The TURN server refuses an expired credential's
+/// refreshes, so the worker allocates a new relay with the new credential and the viewers
+/// reconnect through it before the old one lapses.
+#[must_use]
+pub fn needs_renewal(credential: &TurnCredential, now: UnixMillis, ttl_seconds: u64) -> bool {
+    credential.expires_at.0.saturating_sub(now.0) <= ttl_seconds.saturating_mul(1_000) / 4
+}
+
 /// base64(HMAC-SHA1(secret, username)): what the server recomputes.
 #[must_use]
 pub fn password(secret: &[u8], username: &str) -> String {
@@ -307,6 +316,25 @@ mod tests {
     use super::*;
 
     const SECRET: &[u8] = b"a shared secret of some length";
+
+    #[test]
+    fn brow_09_a_credential_is_renewed_in_the_last_quarter_of_its_life() {
+        let authority = TurnAuthority::parse(Some("turn:127.0.0.1:3478")).unwrap();
+        let minted = mint(&authority, SECRET, "s1", UnixMillis(1_000_000), 3_600);
+        assert_eq!(minted.expires_at, UnixMillis(1_000_000 + 3_600_000));
+        assert!(!needs_renewal(&minted, UnixMillis(1_000_000), 3_600));
+        assert!(!needs_renewal(
+            &minted,
+            UnixMillis(1_000_000 + 2_699_999),
+            3_600
+        ));
+        assert!(needs_renewal(
+            &minted,
+            UnixMillis(1_000_000 + 2_700_000),
+            3_600
+        ));
+        assert!(needs_renewal(&minted, UnixMillis(u64::MAX), 3_600));
+    }
 
     #[test]
     fn brow_09_the_one_authority_is_parsed_strictly() {

@@ -60,6 +60,70 @@ pub struct Ticket {
     pub expires_at: UnixMillis,
 }
 
+/// The code of a refusal because another member's interval is private (BROW-12).
+pub const PRIVATE_TEXT: &str = "private_text";
+/// The largest signaling message (an offer with its candidates), in bytes.
+pub const SIGNAL_MAX_BYTES: usize = 64 * 1024;
+/// Viewers of one session at once.
+pub const VIEWERS_MAX: usize = 8;
+
+/// Why the worker's adapter gives an offer no answer; each has a stable code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OfferRefusal {
+    /// Not an SDP offer, too long, or with no relayed candidate (`sdp_invalid`).
+    Invalid(String),
+    /// Another member's interval is private (`private_text`).
+    Private,
+    /// [`VIEWERS_MAX`] viewers are watching (`viewers_full`).
+    Full,
+    /// The live view has stopped (`live_view_stopped`).
+    Stopped,
+}
+
+impl OfferRefusal {
+    /// The stable code.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "sdp_invalid",
+            Self::Private => PRIVATE_TEXT,
+            Self::Full => "viewers_full",
+            Self::Stopped => "live_view_stopped",
+        }
+    }
+}
+
+impl fmt::Display for OfferRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Invalid(why) => write!(f, "the offer is not usable: {why}"),
+            Self::Private => f.write_str("another member's interval is private"),
+            Self::Full => write!(f, "{VIEWERS_MAX} viewers are watching already"),
+            Self::Stopped => f.write_str("the live view has stopped"),
+        }
+    }
+}
+
+/// Why the signaling relay answers a message with an error; each has a stable code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignalRefusal {
+    /// Not a signaling message the relay knows (`signal_invalid`).
+    Invalid,
+    /// The worker's live view did not answer (`live_view_unreachable`).
+    Unreachable,
+}
+
+impl SignalRefusal {
+    /// The stable code.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Invalid => "signal_invalid",
+            Self::Unreachable => "live_view_unreachable",
+        }
+    }
+}
+
 /// Why a viewer is turned away; each has a stable code.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ViewRefusal {
@@ -81,7 +145,7 @@ impl ViewRefusal {
             Self::TicketInvalid => "viewer_ticket_invalid",
             Self::TicketExpired => "viewer_ticket_expired",
             Self::NotFound => "session_not_found",
-            Self::Private => "private_text",
+            Self::Private => PRIVATE_TEXT,
         }
     }
 

@@ -35,7 +35,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use corral_contract::CallError;
 use corral_contract::messages::{BrowserNavigated, BrowserOpenRequest, LiveViewOrder};
-use corral_core::browser::turn::TurnRefusal;
+use corral_core::browser::turn::{self, TurnRefusal};
 use corral_core::browser::{
     Action, ActionError, Call, CallRefusal, SessionRecord, SessionState, close_abandoned, is_idle,
     judge_call,
@@ -546,7 +546,7 @@ pub async fn private(
         Err(error) => {
             return refused(
                 StatusCode::BAD_GATEWAY,
-                "live_view_unreachable",
+                corral_core::browser::viewer::SignalRefusal::Unreachable.code(),
                 format!(
                     "the interval is marked, but the worker's live view did not answer: {error}"
                 ),
@@ -727,6 +727,48 @@ async fn sweep(state: Weak<AppState>) {
         };
         reap_idle(&state).await;
         check_held(&state).await;
+        renew_live_views(&state).await;
+    }
+}
+
+/// Renews the TURN credential of each live view whose lease this replica holds, in the last
+/// quarter of its life (BROW-9, `turn::needs_renewal`): the worker allocates a new relay with the
+/// new credential first, then the record carries it, and each viewer's signaling relay hands it
+/// to its page, which reconnects through the new relay before the old credential lapses.
+async fn renew_live_views(state: &AppState) {
+    let (Ok(sessions), Ok(now)) = (
+        state.store.browser_sessions().await,
+        state.store.now().await,
+    ) else {
+        return;
+    };
+    let ttl = state.settings.turn.credential_ttl_seconds;
+    for (id, mut record, session) in sessions {
+        let due = record
+            .live_view
+            .as_ref()
+            .is_some_and(|credential| turn::needs_renewal(credential, now, ttl));
+        if record.owner != state.browser.replica || session.closing.is_some() || !due {
+            continue;
+        }
+        let Ok((credential, address)) = crate::live_view::credential(state, &id, now).await else {
+            continue;
+        };
+        let order = LiveViewOrder {
+            turn: address,
+            username: credential.username.clone(),
+            password: credential.password.clone(),
+        };
+        if state
+            .workers
+            .browser_turn(record.worker, &order)
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        record.live_view = Some(credential);
+        let _ = state.store.replace_browser_record(&id, &record).await;
     }
 }
 

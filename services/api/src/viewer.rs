@@ -27,7 +27,10 @@ use axum::http::{StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use corral_contract::CallError;
 use corral_contract::messages::BrowserSignalRequest;
-use corral_core::browser::viewer::{self, Ticket, TicketKey, ViewRefusal};
+use corral_core::browser::turn::TurnCredential;
+use corral_core::browser::viewer::{
+    self, OfferRefusal, SIGNAL_MAX_BYTES, SignalRefusal, Ticket, TicketKey, ViewRefusal,
+};
 use corral_core::browser::viewport::{self, ViewportRefusal};
 use corral_core::browser::{Call, SessionRecord};
 use corral_core::ids::first_invalid_identity;
@@ -40,8 +43,6 @@ use crate::browser::{SessionCall, refused, session_call, unavailable};
 
 /// How often a signaling relay looks at the session's record again.
 pub const RECHECK: Duration = Duration::from_millis(250);
-/// The largest signaling message read (an offer with its candidates).
-pub const MESSAGE_MAX_BYTES: usize = 64 * 1024;
 /// The viewport's prefix; the session id and `/viewport/` follow.
 pub const VIEWPORT_PREFIX: &str = "/api/browser-sessions/";
 
@@ -235,8 +236,8 @@ pub async fn signal(
         Err(response) => return response,
     };
     upgrade
-        .max_message_size(MESSAGE_MAX_BYTES)
-        .max_frame_size(MESSAGE_MAX_BYTES)
+        .max_message_size(SIGNAL_MAX_BYTES)
+        .max_frame_size(SIGNAL_MAX_BYTES)
         .on_upgrade(move |socket| relay(state, id, ticket, record, socket))
 }
 
@@ -278,21 +279,24 @@ async fn relay(
     let Some(credential) = &record.live_view else {
         close(
             &mut socket,
-            "live_view_stopped",
+            OfferRefusal::Stopped.code(),
             "this session has no live view".into(),
         )
         .await;
         return;
     };
-    let config = json!({
-        "t": "config",
-        "ice_servers": [credential.ice_server()],
-        "ice_transport_policy": "relay",
-        "member": ticket.member,
-    });
-    if !send(&mut socket, &config).await {
+    let config = |credential: &TurnCredential| {
+        json!({
+            "t": "config",
+            "ice_servers": [credential.ice_server()],
+            "ice_transport_policy": "relay",
+            "member": ticket.member,
+        })
+    };
+    if !send(&mut socket, &config(credential)).await {
         return;
     }
+    let mut sent = credential.clone();
     let viewer = format!(
         "{}/{}",
         ticket.member,
@@ -306,13 +310,13 @@ async fn relay(
                     Some(Ok(Message::Text(text))) => text,
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(_)) => {
-                        let _ = send(&mut socket, &json!({ "t": "error", "code": "signal_invalid", "message": "signaling messages are JSON text" })).await;
+                        let _ = send(&mut socket, &json!({ "t": "error", "code": SignalRefusal::Invalid.code(), "message": "signaling messages are JSON text" })).await;
                         continue;
                     }
                     Some(Err(_)) | None => return,
                 };
                 let answer = match serde_json::from_str::<Signal>(&text) {
-                    Err(e) => json!({ "t": "error", "code": "signal_invalid", "message": e.to_string() }),
+                    Err(e) => json!({ "t": "error", "code": SignalRefusal::Invalid.code(), "message": e.to_string() }),
                     Ok(Signal::Offer { sdp }) => {
                         if let Err(response) = judge(&state, &id, &ticket).await {
                             let code = refusal_code(response).await;
@@ -327,10 +331,21 @@ async fn relay(
                 }
             }
             _ = recheck.tick() => {
-                if let Err(response) = judge(&state, &id, &ticket).await {
-                    let code = refusal_code(response).await;
-                    close(&mut socket, &code, "the live view is not available to this viewer now".into()).await;
-                    return;
+                match judge(&state, &id, &ticket).await {
+                    Err(response) => {
+                        let code = refusal_code(response).await;
+                        close(&mut socket, &code, "the live view is not available to this viewer now".into()).await;
+                        return;
+                    }
+                    // A renewed credential: the page reconnects through the worker's new relay.
+                    Ok((current, ())) => {
+                        if let Some(renewed) = current.live_view.filter(|c| *c != sent) {
+                            if !send(&mut socket, &config(&renewed)).await {
+                                return;
+                            }
+                            sent = renewed;
+                        }
+                    }
                 }
             }
         }
@@ -345,7 +360,11 @@ async fn refusal_code(response: Response) -> String {
     serde_json::from_slice::<Value>(&body)
         .ok()
         .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| "live_view_refused".to_owned())
+        .unwrap_or_else(|| {
+            corral_contract::ErrorCode::LiveViewRefused
+                .code()
+                .to_owned()
+        })
 }
 
 async fn offer(
@@ -369,7 +388,7 @@ async fn offer(
         }),
         Err(error) => json!({
             "t": "error",
-            "code": "live_view_unreachable",
+            "code": SignalRefusal::Unreachable.code(),
             "message": error.to_string(),
         }),
     }

@@ -19,11 +19,12 @@ use crate::locate::Locator;
 use crate::messages::{
     BrowserActReply, BrowserCloseReply, BrowserCloseRequest, BrowserOpenReply, BrowserOpenRequest,
     BrowserPrivateReply, BrowserPrivateRequest, BrowserSignalReply, BrowserSignalRequest,
-    ExecuteReply, ExecuteRequest, HealthReply, ResetReply, ResetRequest,
+    BrowserTurnReply, ExecuteReply, ExecuteRequest, HealthReply, LiveViewOrder, ResetReply,
+    ResetRequest,
 };
 use crate::routes::{
-    BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, BROWSER_PRIVATE, BROWSER_SIGNAL, EXECUTE, HEALTH,
-    RESET, WORKER_ID_HEADER,
+    BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, BROWSER_PRIVATE, BROWSER_SIGNAL, BROWSER_TURN,
+    EXECUTE, HEALTH, RESET, WORKER_ID_HEADER,
 };
 
 /// How long a reset may take before it counts as unanswered (unproven).
@@ -196,6 +197,26 @@ impl WorkerClient {
         self.call(
             worker,
             BROWSER_SIGNAL,
+            Some(body),
+            RESET_TIMEOUT,
+            SMALL_REPLY_MAX_BYTES,
+        )
+        .await
+    }
+
+    /// Gives `worker`'s live view its session's renewed TURN credential (BROW-9).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn browser_turn(
+        &self,
+        worker: WorkerId,
+        order: &LiveViewOrder,
+    ) -> Result<BrowserTurnReply, CallError> {
+        let body = serde_json::to_vec(order).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        self.call(
+            worker,
+            BROWSER_TURN,
             Some(body),
             RESET_TIMEOUT,
             SMALL_REPLY_MAX_BYTES,

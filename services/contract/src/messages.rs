@@ -432,6 +432,13 @@ pub struct BrowserSignalReply {
     pub sdp: String,
 }
 
+/// The answer to a renewed [`LiveViewOrder`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserTurnReply {
+    /// The new relay's address.
+    pub relayed: std::net::SocketAddr,
+}
+
 /// `POST /v1/browser/private`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

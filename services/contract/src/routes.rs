@@ -29,6 +29,11 @@ pub const BROWSER_SIGNAL: &str = "/v1/browser/signal";
 /// live view (BROW-12): every other member's peer is removed; answered with a
 /// [`crate::messages::BrowserPrivateReply`].
 pub const BROWSER_PRIVATE: &str = "/v1/browser/private";
+/// `POST` a [`crate::messages::LiveViewOrder`]: the session's renewed TURN credential (BROW-9);
+/// the adapter allocates a new relay with it for the viewers that connect from now on, and keeps
+/// the old one while a viewer still uses it; answered with a
+/// [`crate::messages::BrowserTurnReply`].
+pub const BROWSER_TURN: &str = "/v1/browser/turn";
 
 /// The API's route a worker's supervisor posts a run's tool call to (KER-5): a
 /// [`crate::messages::ToolCall`] with the run's token as the bearer, answered with the platform's

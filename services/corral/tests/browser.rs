@@ -983,3 +983,91 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     let settled = stack.settled().await;
     assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());
 }
+
+/// BROW-9: a live view outlives its TURN credential. With credentials of a minute, the replica
+/// holding the session mints a new one in the credential's last quarter, the worker allocates a
+/// new relay with it, and the viewer's page is handed the new configuration and reconnects
+/// through it; after the first credential has expired (so coturn refuses anything of it), the
+/// viewer still watches relay to relay and its click still reaches the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_09_a_live_view_is_moved_to_a_renewed_credential_before_the_old_one_lapses() {
+    use common::viewer::{STATE, Viewer, colour_at, near};
+    let test = "brow_09_a_live_view_is_moved_to_a_renewed_credential_before_the_old_one_lapses";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some((_ns, ip)) = site(test) else {
+        return;
+    };
+    let Some(stack) = Stack::start(test, &[("CORRAL_TURN_CREDENTIAL_TTL_SECONDS", "60")], &[])
+    else {
+        return;
+    };
+    allow(&stack, &ip).await;
+    let ann = ("ann", "renewal");
+    let url = format!("http://{ip}/colours.html");
+    let (status, opened) = open(&stack, "ann", "renewal", Some(&url)).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let first = opened["live_view"]["ice_servers"][0]["username"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let lapses_at = opened["live_view"]["expires_at_ms"].as_u64().unwrap();
+    let ticket = viewer_ticket(&stack, &id, ann, "bob").await;
+    let viewport = format!("{}{}", stack.api, ticket["viewport"].as_str().unwrap());
+    let mut view = tokio::task::block_in_place(|| Viewer::open(&viewport, 1600, 1000));
+    tokio::task::block_in_place(|| {
+        view.wait("bob connects", Duration::from_secs(20), |s| {
+            s["state"] == "connected" && s["frames"].as_u64() > Some(0)
+        })
+    });
+    assert_eq!(
+        tokio::task::block_in_place(|| view.eval("window.corralViewer.username")),
+        first
+    );
+    // The renewal comes in the last quarter of the minute (the sweep runs every 10 s).
+    let renewed = tokio::task::block_in_place(|| {
+        view.wait_for(
+            "JSON.stringify([window.corralViewer.renewed, window.corralViewer.username])",
+            "the viewer is handed a renewed credential",
+            Duration::from_secs(70),
+            |v| v.as_str().is_some_and(|v| v.starts_with("[1,")),
+        )
+    });
+    assert!(!renewed.as_str().unwrap().contains(&first), "{renewed}");
+    tokio::task::block_in_place(|| {
+        view.wait(
+            "bob reconnects through the new relay",
+            Duration::from_secs(20),
+            |s| s["state"] == "connected" && s["frames"].as_u64() > Some(0),
+        )
+    });
+    // Past the first credential's expiry, by the wall clock coturn judges it by.
+    let now = || {
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap()
+    };
+    while now() < lapses_at + 2_000 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let state = tokio::task::block_in_place(|| view.eval(STATE));
+    assert_eq!(state["pair"], json!(["relay", "relay"]), "{state}");
+    let centre = colour_at(0.5, 0.6);
+    tokio::task::block_in_place(|| view.click(800, 600));
+    tokio::task::block_in_place(|| {
+        view.wait_for(
+            &centre,
+            "bob's click shows after the old credential lapsed",
+            Duration::from_secs(10),
+            |c| near(c, GREEN, 48),
+        )
+    });
+    let (status, closed) = close(&stack, &id, ann).await;
+    assert_eq!(status, 200, "{closed}");
+}

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 
 use corral_core::browser::input::{self, Injection, InputBudget};
 use corral_core::browser::media::Capture;
+pub use corral_core::browser::viewer::OfferRefusal;
+use corral_core::browser::viewer::{SIGNAL_MAX_BYTES, VIEWERS_MAX};
 use corral_core::time::UnixMillis;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use str0m::change::SdpOffer;
@@ -45,10 +47,6 @@ pub const FRAME_RATE: u32 = 25;
 const ALLOCATE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long an offer waits for the adapter's answer.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Viewers at once.
-pub const VIEWERS_MAX: usize = 8;
-/// The longest offer read, in bytes.
-pub const OFFER_MAX_BYTES: usize = 64 * 1024;
 
 /// What the adapter needs to start.
 #[derive(Clone, Debug)]
@@ -61,43 +59,6 @@ pub struct Settings {
     pub username: String,
     /// Its password.
     pub password: String,
-}
-
-/// Why an offer got no answer; each has a stable code.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OfferRefusal {
-    /// Not an SDP offer str0m reads, too long, or with no relayed candidate (`sdp_invalid`).
-    Invalid(String),
-    /// Another member's interval is private (`private_text`).
-    Private,
-    /// [`VIEWERS_MAX`] viewers are watching (`viewers_full`).
-    Full,
-    /// The adapter has stopped (`live_view_stopped`).
-    Stopped,
-}
-
-impl OfferRefusal {
-    /// The stable code.
-    #[must_use]
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Invalid(_) => "sdp_invalid",
-            Self::Private => "private_text",
-            Self::Full => "viewers_full",
-            Self::Stopped => "live_view_stopped",
-        }
-    }
-}
-
-impl std::fmt::Display for OfferRefusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Invalid(why) => write!(f, "the offer is not usable: {why}"),
-            Self::Private => f.write_str("another member's interval is private"),
-            Self::Full => write!(f, "{VIEWERS_MAX} viewers are watching already"),
-            Self::Stopped => f.write_str("the live view has stopped"),
-        }
-    }
 }
 
 /// What the adapter has done, for the benchmark and the close's report.
@@ -139,6 +100,11 @@ enum Command {
     Stats {
         reply: mpsc::Sender<Stats>,
     },
+    Renew {
+        username: String,
+        password: String,
+        reply: mpsc::Sender<Result<SocketAddr, String>>,
+    },
 }
 
 /// The caller's side of a running adapter. Dropping it stops the adapter.
@@ -160,13 +126,29 @@ struct Peer {
     budget: InputBudget,
     /// The capture its pane asks for, once it said.
     pane: Option<Capture>,
+    /// The relayed address of the allocation it connects through.
+    relayed: SocketAddr,
 }
 
-struct Adapter {
+/// One allocation on the TURN authority, with the socket it was made from.
+struct Relay {
     socket: UdpSocket,
     local: SocketAddr,
     relayed: SocketAddr,
     turn: Client,
+    /// The address of each permission, with when it was last asked for.
+    permissions: HashMap<IpAddr, Instant>,
+    /// What each TURN request in flight was for, to ask again after a stale nonce.
+    asked: HashMap<[u8; 12], Asked>,
+    refreshed: Instant,
+}
+
+struct Adapter {
+    /// The TURN authority.
+    server: SocketAddr,
+    /// The allocations: the last is the one new viewers get; an earlier one (made with a
+    /// credential since renewed) stays while a viewer still uses it.
+    relays: Vec<Relay>,
     display: Display,
     injector: Injector,
     encoder: H264,
@@ -176,11 +158,6 @@ struct Adapter {
     /// event, or before anyone has, the first to report its pane.
     driver: Option<String>,
     private: Option<String>,
-    /// The address of each permission, with when it was last asked for.
-    permissions: HashMap<IpAddr, Instant>,
-    /// What each TURN request in flight was for, to ask again after a stale nonce.
-    asked: HashMap<[u8; 12], Asked>,
-    refreshed: Instant,
     /// The last frame was dropped by the rate control: the screen is captured again at the next
     /// frame time even if nothing changes meanwhile, so a viewer never keeps a stale picture.
     stale: bool,
@@ -260,15 +237,12 @@ fn allocate(socket: &UdpSocket, turn: &mut Client) -> Result<SocketAddr, String>
                     answer: Answer::Allocated { relayed, .. },
                     ..
                 } => return Ok(relayed),
+                // The first 401 is the challenge; a 438 is a stale nonce. A 401 to the
+                // authenticated request is the credential refused, below.
                 Incoming::Answer {
-                    answer:
-                        Answer::Error {
-                            code: 401 | 438,
-                            realm,
-                            nonce,
-                        },
+                    answer: Answer::Error { code, realm, nonce },
                     ..
-                } if !challenged || nonce.is_some() => {
+                } if (code == 401 && !challenged) || code == 438 => {
                     challenged = true;
                     turn.challenged(realm, nonce);
                     break;
@@ -295,28 +269,15 @@ pub fn start(settings: &Settings) -> Result<Handle, String> {
     let (width, height) = display.size();
     let capture = Capture::bounded(u32::from(width), u32::from(height));
     let encoder = H264::new(capture, FRAME_RATE)?;
-    let unspecified: IpAddr = if settings.turn.is_ipv4() {
-        std::net::Ipv4Addr::UNSPECIFIED.into()
-    } else {
-        std::net::Ipv6Addr::UNSPECIFIED.into()
-    };
-    let socket = UdpSocket::bind((unspecified, 0)).map_err(|e| format!("a UDP socket: {e}"))?;
-    socket
-        .connect(settings.turn)
-        .map_err(|e| format!("reach the TURN server {}: {e}", settings.turn))?;
-    let local = socket.local_addr().map_err(|e| e.to_string())?;
-    let mut turn = Client::new(&settings.username, &settings.password);
-    let relayed = allocate(&socket, &mut turn)?;
-    socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let relay = Relay::open(settings.turn, &settings.username, &settings.password)?;
+    let relayed = relay.relayed;
     let (commands, received) = mpsc::channel();
     let (wake, woken) = UnixStream::pair().map_err(|e| e.to_string())?;
     woken.set_nonblocking(true).map_err(|e| e.to_string())?;
     let now = Instant::now();
     let mut adapter = Adapter {
-        socket,
-        local,
-        relayed,
-        turn,
+        server: settings.turn,
+        relays: vec![relay],
         display,
         injector,
         encoder,
@@ -324,9 +285,6 @@ pub fn start(settings: &Settings) -> Result<Handle, String> {
         peers: Vec::new(),
         driver: None,
         private: None,
-        permissions: HashMap::new(),
-        asked: HashMap::new(),
-        refreshed: now,
         stale: false,
         started: now,
         next_frame: now,
@@ -348,6 +306,126 @@ pub fn start(settings: &Settings) -> Result<Handle, String> {
     })
 }
 
+impl Relay {
+    /// A socket towards `server` and an allocation on it with `username` and `password`.
+    fn open(server: SocketAddr, username: &str, password: &str) -> Result<Relay, String> {
+        let unspecified: IpAddr = if server.is_ipv4() {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let socket = UdpSocket::bind((unspecified, 0)).map_err(|e| format!("a UDP socket: {e}"))?;
+        socket
+            .connect(server)
+            .map_err(|e| format!("reach the TURN server {server}: {e}"))?;
+        let local = socket.local_addr().map_err(|e| e.to_string())?;
+        let mut turn = Client::new(username, password);
+        let relayed = allocate(&socket, &mut turn)?;
+        socket.set_nonblocking(true).map_err(|e| e.to_string())?;
+        Ok(Relay {
+            socket,
+            local,
+            relayed,
+            turn,
+            permissions: HashMap::new(),
+            asked: HashMap::new(),
+            refreshed: Instant::now(),
+        })
+    }
+
+    /// Asks for a permission for `peer`'s address unless one was asked for recently.
+    fn permit(&mut self, peer: SocketAddr, now: Instant) {
+        let fresh = self.permissions.get(&peer.ip()).is_some_and(|at| {
+            now.duration_since(*at) < Duration::from_secs(turn::PERMISSION_RENEW_SECONDS)
+        });
+        if fresh {
+            return;
+        }
+        let id = transaction();
+        let packet = self.turn.create_permission(id, peer);
+        self.asked.insert(id, Asked::Permission(peer));
+        let _ = self.socket.send(&packet);
+        self.permissions.insert(peer.ip(), now);
+    }
+
+    /// Keeps the allocation and its permissions alive.
+    fn maintain(&mut self, now: Instant) {
+        if now.duration_since(self.refreshed)
+            >= Duration::from_secs(u64::from(turn::ALLOCATION_LIFETIME_SECONDS / 2))
+        {
+            self.refreshed = now;
+            let id = transaction();
+            let packet = self.turn.refresh(id, turn::ALLOCATION_LIFETIME_SECONDS);
+            self.asked.insert(id, Asked::Refresh);
+            let _ = self.socket.send(&packet);
+        }
+        let stale: Vec<IpAddr> = self
+            .permissions
+            .iter()
+            .filter(|(_, at)| {
+                now.duration_since(**at) >= Duration::from_secs(turn::PERMISSION_RENEW_SECONDS)
+            })
+            .map(|(ip, _)| *ip)
+            .collect();
+        for ip in stale {
+            self.permissions.remove(&ip);
+            self.permit(SocketAddr::new(ip, 0), now);
+        }
+    }
+
+    /// Reads every packet waiting: answers are handled here, peers' data is returned.
+    fn receive_all(&mut self) -> Vec<(SocketAddr, Vec<u8>)> {
+        let mut received = Vec::new();
+        let mut buffer = vec![0u8; 2048];
+        loop {
+            let n = match self.socket.recv(&mut buffer) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => return received,
+            };
+            match self.turn.receive(&buffer[..n]) {
+                Incoming::Data { peer, data } => received.push((peer, data)),
+                Incoming::Answer {
+                    transaction,
+                    answer,
+                } => {
+                    let asked = self.asked.remove(&transaction);
+                    // Only a stale nonce is asked again: a 401 to a request that was already
+                    // authenticated is a refusal (an expired credential), and asking again would
+                    // only be refused again.
+                    if let (
+                        Answer::Error {
+                            code: 438,
+                            realm,
+                            nonce,
+                        },
+                        Some(asked),
+                    ) = (answer, asked)
+                    {
+                        self.turn.challenged(realm, nonce);
+                        let id = self::transaction();
+                        let packet = match asked {
+                            Asked::Refresh => {
+                                self.turn.refresh(id, turn::ALLOCATION_LIFETIME_SECONDS)
+                            }
+                            Asked::Permission(peer) => self.turn.create_permission(id, peer),
+                        };
+                        self.asked.insert(id, asked);
+                        let _ = self.socket.send(&packet);
+                    }
+                }
+                Incoming::Other => {}
+            }
+        }
+    }
+
+    /// Ends the allocation (a zero-lifetime Refresh), so the relay does not outlive its use.
+    fn release(&mut self) {
+        let packet = self.turn.refresh(transaction(), 0);
+        let _ = self.socket.send(&packet);
+    }
+}
+
 impl Handle {
     fn ask<T>(
         &self,
@@ -365,9 +443,9 @@ impl Handle {
     /// # Errors
     /// [`OfferRefusal`].
     pub fn offer(&self, viewer: &str, member: &str, sdp: &str) -> Result<String, OfferRefusal> {
-        if sdp.len() > OFFER_MAX_BYTES {
+        if sdp.len() > SIGNAL_MAX_BYTES {
             return Err(OfferRefusal::Invalid(format!(
-                "over {OFFER_MAX_BYTES} bytes"
+                "over {SIGNAL_MAX_BYTES} bytes"
             )));
         }
         let command = |reply| Command::Offer {
@@ -396,6 +474,21 @@ impl Handle {
     /// The display refused the size.
     pub fn resize(&self, capture: Capture) -> Result<(), String> {
         self.ask(|reply| Command::Resize { capture, reply }, ANSWER_TIMEOUT)
+            .unwrap_or_else(|| Err("the live view has stopped".to_owned()))
+    }
+
+    /// Allocates a new relay with the session's renewed credential (BROW-9): viewers that
+    /// connect from now on use it; the old one stays while a viewer still does.
+    ///
+    /// # Errors
+    /// The TURN server refused or did not answer; the old relay is kept.
+    pub fn renew(&self, username: &str, password: &str) -> Result<SocketAddr, String> {
+        let command = |reply| Command::Renew {
+            username: username.to_owned(),
+            password: password.to_owned(),
+            reply,
+        };
+        self.ask(command, ANSWER_TIMEOUT)
             .unwrap_or_else(|| Err("the live view has stopped".to_owned()))
     }
 
@@ -493,21 +586,39 @@ impl Adapter {
             }
             let wait = deadline.saturating_duration_since(Instant::now());
             let millis = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
-            let mut fds = [
-                PollFd::new(self.socket.as_fd(), PollFlags::POLLIN),
-                PollFd::new(self.display.as_fd(), PollFlags::POLLIN),
-                PollFd::new(woken.as_fd(), PollFlags::POLLIN),
-            ];
+            let mut fds: Vec<PollFd> = self
+                .relays
+                .iter()
+                .map(|relay| PollFd::new(relay.socket.as_fd(), PollFlags::POLLIN))
+                .collect();
+            fds.push(PollFd::new(self.display.as_fd(), PollFlags::POLLIN));
+            fds.push(PollFd::new(woken.as_fd(), PollFlags::POLLIN));
             if poll(&mut fds, PollTimeout::from(millis)).is_err() {
                 std::thread::yield_now();
             }
         }
     }
 
-    /// Ends the allocation (a zero-lifetime Refresh), so the relay does not outlive the session.
+    /// Ends every allocation, so no relay outlives the session.
     fn release(&mut self) {
-        let packet = self.turn.refresh(transaction(), 0);
-        let _ = self.socket.send(&packet);
+        for relay in &mut self.relays {
+            relay.release();
+        }
+    }
+
+    /// Ends the allocations no viewer uses any more, but the newest.
+    fn retire(&mut self) {
+        let newest = self.relays.len().saturating_sub(1);
+        let peers = &self.peers;
+        let mut index = 0;
+        self.relays.retain_mut(|relay| {
+            let keep = index == newest || peers.iter().any(|p| p.relayed == relay.relayed);
+            index += 1;
+            if !keep {
+                relay.release();
+            }
+            keep
+        });
     }
 
     fn command(&mut self, command: Command) {
@@ -533,6 +644,7 @@ impl Adapter {
                     });
                 }
                 self.stats.removed += removed.len() as u64;
+                self.retire();
                 self.private = member;
                 let _ = reply.send(removed);
             }
@@ -541,6 +653,19 @@ impl Adapter {
             }
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats.clone());
+            }
+            Command::Renew {
+                username,
+                password,
+                reply,
+            } => {
+                let opened = Relay::open(self.server, &username, &password);
+                let _ = reply.send(opened.map(|relay| {
+                    let relayed = relay.relayed;
+                    self.relays.push(relay);
+                    self.retire();
+                    relayed
+                }));
             }
         }
     }
@@ -567,7 +692,10 @@ impl Adapter {
             SdpOffer::from_sdp_string(&kept).map_err(|e| OfferRefusal::Invalid(e.to_string()))?;
         let now = Instant::now();
         let mut rtc = Rtc::builder().clear_codecs().enable_h264(true).build(now);
-        let candidate = Candidate::relayed(self.relayed, self.local, "udp")
+        let Some(relay) = self.relays.last_mut() else {
+            return Err(OfferRefusal::Stopped);
+        };
+        let candidate = Candidate::relayed(relay.relayed, relay.local, "udp")
             .map_err(|e| OfferRefusal::Invalid(e.to_string()))?;
         rtc.add_local_candidate(candidate);
         let answer = rtc
@@ -575,8 +703,9 @@ impl Adapter {
             .accept_offer(offer)
             .map_err(|e| OfferRefusal::Invalid(e.to_string()))?;
         for peer in remote {
-            self.permit(peer, now);
+            relay.permit(peer, now);
         }
+        let relayed = relay.relayed;
         self.peers.push(Peer {
             viewer,
             member,
@@ -586,92 +715,30 @@ impl Adapter {
             keyframe: true,
             budget: InputBudget::new(now_millis()),
             pane: None,
+            relayed,
         });
+        self.retire();
         Ok(answer.to_sdp_string())
     }
 
-    /// Asks for a permission for `peer`'s address unless one was asked for recently.
-    fn permit(&mut self, peer: SocketAddr, now: Instant) {
-        let fresh = self.permissions.get(&peer.ip()).is_some_and(|at| {
-            now.duration_since(*at) < Duration::from_secs(turn::PERMISSION_RENEW_SECONDS)
-        });
-        if fresh {
-            return;
-        }
-        let id = transaction();
-        let packet = self.turn.create_permission(id, peer);
-        self.asked.insert(id, Asked::Permission(peer));
-        let _ = self.socket.send(&packet);
-        self.permissions.insert(peer.ip(), now);
-    }
-
-    /// Keeps the allocation and the permissions alive.
+    /// Keeps every allocation and its permissions alive.
     fn maintain(&mut self, now: Instant) {
-        if now.duration_since(self.refreshed)
-            >= Duration::from_secs(u64::from(turn::ALLOCATION_LIFETIME_SECONDS / 2))
-        {
-            self.refreshed = now;
-            let id = transaction();
-            let packet = self.turn.refresh(id, turn::ALLOCATION_LIFETIME_SECONDS);
-            self.asked.insert(id, Asked::Refresh);
-            let _ = self.socket.send(&packet);
-        }
-        let stale: Vec<IpAddr> = self
-            .permissions
-            .iter()
-            .filter(|(_, at)| {
-                now.duration_since(**at) >= Duration::from_secs(turn::PERMISSION_RENEW_SECONDS)
-            })
-            .map(|(ip, _)| *ip)
-            .collect();
-        for ip in stale {
-            self.permissions.remove(&ip);
-            self.permit(SocketAddr::new(ip, 0), now);
+        for relay in &mut self.relays {
+            relay.maintain(now);
         }
     }
 
+    /// Reads what every allocation received, and gives peers their packets.
     fn receive_all(&mut self) {
-        let mut buffer = vec![0u8; 2048];
-        loop {
-            let n = match self.socket.recv(&mut buffer) {
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => return,
-            };
-            match self.turn.receive(&buffer[..n]) {
-                Incoming::Data { peer, data } => self.deliver(peer, &data),
-                Incoming::Answer {
-                    transaction,
-                    answer,
-                } => {
-                    let asked = self.asked.remove(&transaction);
-                    if let (
-                        Answer::Error {
-                            code: 401 | 438,
-                            realm,
-                            nonce,
-                        },
-                        Some(asked),
-                    ) = (answer, asked)
-                    {
-                        self.turn.challenged(realm, nonce);
-                        let id = self::transaction();
-                        let packet = match asked {
-                            Asked::Refresh => {
-                                self.turn.refresh(id, turn::ALLOCATION_LIFETIME_SECONDS)
-                            }
-                            Asked::Permission(peer) => self.turn.create_permission(id, peer),
-                        };
-                        self.asked.insert(id, asked);
-                        let _ = self.socket.send(&packet);
-                    }
-                }
-                Incoming::Other => {}
+        for index in 0..self.relays.len() {
+            let relayed = self.relays[index].relayed;
+            for (peer, data) in self.relays[index].receive_all() {
+                self.deliver(relayed, peer, &data);
             }
         }
     }
 
-    fn deliver(&mut self, peer: SocketAddr, data: &[u8]) {
+    fn deliver(&mut self, relayed: SocketAddr, peer: SocketAddr, data: &[u8]) {
         let Ok(contents) = data.try_into() else {
             return;
         };
@@ -680,7 +747,7 @@ impl Adapter {
             Receive {
                 proto: Protocol::Udp,
                 source: peer,
-                destination: self.relayed,
+                destination: relayed,
                 contents,
             },
         );
@@ -710,7 +777,12 @@ impl Adapter {
                     Output::Transmit(transmit) => {
                         let packet =
                             Client::send(transaction(), transmit.destination, &transmit.contents);
-                        let _ = self.socket.send(&packet);
+                        // Through the allocation the packet is from (its ICE base).
+                        if let Some(relay) =
+                            self.relays.iter().find(|r| r.relayed == transmit.source)
+                        {
+                            let _ = relay.socket.send(&packet);
+                        }
                     }
                     Output::Event(event) => {
                         if self.event(index, event) {
@@ -721,8 +793,12 @@ impl Adapter {
                 }
             }
         }
+        let any_gone = !gone.is_empty();
         for index in gone.into_iter().rev() {
             self.peers.remove(index);
+        }
+        if any_gone {
+            self.retire();
         }
         earliest
     }

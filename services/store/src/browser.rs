@@ -240,6 +240,23 @@ impl ValkeyStore {
         .map(|set| set == 1)
     }
 
+    /// Replaces live session `id`'s record (its renewed TURN credential, BROW-9); false when it is
+    /// gone or closing.
+    pub async fn replace_browser_record(
+        &self,
+        id: &str,
+        record: &SessionRecord,
+    ) -> Result<bool, Unavailable> {
+        let record = serde_json::to_string(record).map_err(|_| Unavailable)?;
+        self.script(
+            SET_LIVE_SCRIPT,
+            vec![self.browser_key(id)],
+            vec![RECORD.to_owned(), record],
+        )
+        .await
+        .map(|set| set == 1)
+    }
+
     /// Session `id` as [`ValkeyStore::browser_session`] reads it, with the member whose private
     /// interval it is, if any: what a viewer is judged by (BROW-12).
     pub async fn browser_session_viewed(

@@ -64,8 +64,8 @@ use corral_contract::error::{ErrorBody, ErrorCode, ErrorDetail};
 use corral_contract::limits::execute_body_max_bytes;
 use corral_contract::messages::{
     BrowserCloseRequest, BrowserOpenRequest, BrowserPrivateReply, BrowserPrivateRequest,
-    BrowserSignalReply, BrowserSignalRequest, EvidenceReport, ExecuteReply, ExecuteRequest,
-    HealthReply, ResetReply, ResetRequest, WorkspaceReturn,
+    BrowserSignalReply, BrowserSignalRequest, BrowserTurnReply, EvidenceReport, ExecuteReply,
+    ExecuteRequest, HealthReply, LiveViewOrder, ResetReply, ResetRequest, WorkspaceReturn,
 };
 use corral_contract::{credential, routes};
 use corral_core::bounds::ExecutionBounds;
@@ -380,6 +380,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route(routes::BROWSER_CLOSE, post(browser_close))
         .route(routes::BROWSER_SIGNAL, post(browser_signal))
         .route(routes::BROWSER_PRIVATE, post(browser_private))
+        .route(routes::BROWSER_TURN, post(browser_turn))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(body_max))
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
@@ -601,6 +602,31 @@ async fn browser_signal(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
     match answered {
         Ok(Ok(sdp)) => axum::Json(BrowserSignalReply { sdp }).into_response(),
         Ok(Err(refusal)) => live_view_refused(refusal.code(), refusal.to_string()),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e.to_string())),
+    }
+}
+
+/// `POST /v1/browser/turn` (BROW-9): the session's renewed TURN credential; the adapter allocates
+/// a new relay with it.
+async fn browser_turn(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let order: LiveViewOrder = match serde_json::from_slice(&body) {
+        Ok(order) => order,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    let renewed = tokio::task::spawn_blocking(move || {
+        let live = state.live_view();
+        let Some(handle) = live.as_ref() else {
+            return Err(corral_media::live::OfferRefusal::Stopped.to_string());
+        };
+        handle.renew(&order.username, &order.password)
+    })
+    .await;
+    match renewed {
+        Ok(Ok(relayed)) => axum::Json(BrowserTurnReply { relayed }).into_response(),
+        Ok(Err(why)) => live_view_refused(
+            corral_core::browser::turn::TurnRefusal::Unreachable(String::new()).code(),
+            why,
+        ),
         Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e.to_string())),
     }
 }

@@ -23,6 +23,8 @@
     channel: null,
     sent: 0,
     firstFrameAt: null,
+    username: null,
+    renewed: 0,
   };
   window.corralViewer = view;
 
@@ -41,6 +43,12 @@
       return;
     }
     if (message.t === "config") {
+      // A renewed credential comes as a new config: connect again through the new relay.
+      if (view.pc) {
+        view.pc.close();
+        view.renewed += 1;
+      }
+      view.username = message.ice_servers[0] && message.ice_servers[0].username;
       await start(message);
     } else if (message.t === "answer") {
       await view.pc.setRemoteDescription({ type: "answer", sdp: message.sdp });
