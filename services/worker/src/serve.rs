@@ -585,24 +585,36 @@ fn live_view_refused(reason: &str, message: String) -> Response {
     )
 }
 
+/// Runs `call` on the open session's live view, off the async threads: `None` when there is
+/// none; an error when the call panicked.
+async fn on_live_view<T: Send + 'static>(
+    state: Arc<AppState>,
+    call: impl FnOnce(&corral_media::live::Handle) -> T + Send + 'static,
+) -> Result<Option<T>, String> {
+    tokio::task::spawn_blocking(move || state.live_view().as_ref().map(call))
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn live_view_stopped() -> Response {
+    let stopped = corral_media::live::OfferRefusal::Stopped;
+    live_view_refused(stopped.code(), stopped.to_string())
+}
+
 /// `POST /v1/browser/signal` (BROW-2): a viewer's offer, answered by the live view's adapter.
 async fn browser_signal(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let request: BrowserSignalRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
-    let answered = tokio::task::spawn_blocking(move || {
-        let live = state.live_view();
-        let Some(handle) = live.as_ref() else {
-            return Err(corral_media::live::OfferRefusal::Stopped);
-        };
+    let answered = on_live_view(state, move |handle| {
         handle.offer(&request.viewer, &request.member, &request.sdp)
-    })
-    .await;
-    match answered {
-        Ok(Ok(sdp)) => axum::Json(BrowserSignalReply { sdp }).into_response(),
-        Ok(Err(refusal)) => live_view_refused(refusal.code(), refusal.to_string()),
-        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e.to_string())),
+    });
+    match answered.await {
+        Ok(Some(Ok(sdp))) => axum::Json(BrowserSignalReply { sdp }).into_response(),
+        Ok(Some(Err(refusal))) => live_view_refused(refusal.code(), refusal.to_string()),
+        Ok(None) => live_view_stopped(),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
     }
 }
 
@@ -613,21 +625,17 @@ async fn browser_turn(State(state): State<Arc<AppState>>, body: Bytes) -> Respon
         Ok(order) => order,
         Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
-    let renewed = tokio::task::spawn_blocking(move || {
-        let live = state.live_view();
-        let Some(handle) = live.as_ref() else {
-            return Err(corral_media::live::OfferRefusal::Stopped.to_string());
-        };
+    let renewed = on_live_view(state, move |handle| {
         handle.renew(&order.username, &order.password)
-    })
-    .await;
-    match renewed {
-        Ok(Ok(relayed)) => axum::Json(BrowserTurnReply { relayed }).into_response(),
-        Ok(Err(why)) => live_view_refused(
+    });
+    match renewed.await {
+        Ok(Some(Ok(relayed))) => axum::Json(BrowserTurnReply { relayed }).into_response(),
+        Ok(Some(Err(why))) => live_view_refused(
             corral_core::browser::turn::TurnRefusal::Unreachable(String::new()).code(),
             why,
         ),
-        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e.to_string())),
+        Ok(None) => live_view_stopped(),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
     }
 }
 
@@ -637,15 +645,16 @@ async fn browser_private(State(state): State<Arc<AppState>>, body: Bytes) -> Res
         Ok(request) => request,
         Err(e) => return refusal(ErrorBody::of_json(&e)),
     };
-    let removed = tokio::task::spawn_blocking(move || {
-        let live = state.live_view();
-        live.as_ref()
-            .map(|handle| handle.private(request.member.as_deref()))
-            .unwrap_or_default()
-    })
-    .await
-    .unwrap_or_default();
-    axum::Json(BrowserPrivateReply { removed }).into_response()
+    let removed = on_live_view(state, move |handle| {
+        handle.private(request.member.as_deref())
+    });
+    match removed.await {
+        Ok(removed) => axum::Json(BrowserPrivateReply {
+            removed: removed.unwrap_or_default(),
+        })
+        .into_response(),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
+    }
 }
 
 /// `POST /v1/browser/act` (BROW-10).
