@@ -62,6 +62,17 @@ pub struct Ticket {
 
 /// The code of a refusal because another member's interval is private (BROW-12).
 pub const PRIVATE_TEXT: &str = "private_text";
+/// How often a viewer whose member is using the pointer or keyboard says so on its signaling
+/// relay (which counts it as the session's activity, BROW-6): a quarter of the idle limit, between
+/// one second and a minute, so that a member at work keeps the session from being reaped.
+#[must_use]
+pub fn activity_every_ms(idle_seconds: u64) -> u64 {
+    idle_seconds
+        .saturating_mul(1_000)
+        .div_euclid(4)
+        .clamp(1_000, 60_000)
+}
+
 /// The largest signaling message (an offer with its candidates), in bytes.
 pub const SIGNAL_MAX_BYTES: usize = 64 * 1024;
 /// Viewers of one session at once.
@@ -309,6 +320,17 @@ mod tests {
             verify(&key(), &"a".repeat(5000), "s1", NOW),
             Err(ViewRefusal::TicketInvalid)
         );
+    }
+
+    #[test]
+    fn brow_06_a_member_at_work_says_so_well_within_the_idle_limit() {
+        assert_eq!(activity_every_ms(900), 60_000);
+        assert_eq!(activity_every_ms(60), 15_000);
+        assert_eq!(activity_every_ms(4), 1_000);
+        assert_eq!(activity_every_ms(1), 1_000);
+        for idle in [1, 4, 60, 900, 86_400] {
+            assert!(activity_every_ms(idle) <= (idle * 1_000).max(1_000));
+        }
     }
 
     #[test]

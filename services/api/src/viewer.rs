@@ -247,6 +247,8 @@ pub async fn signal(
 enum Signal {
     /// An SDP offer, its ICE gathering complete (its candidates in it).
     Offer { sdp: String },
+    /// The member is using the pointer or keyboard: the session is not idle (BROW-6).
+    Activity {},
 }
 
 async fn send(socket: &mut WebSocket, message: &Value) -> bool {
@@ -291,6 +293,7 @@ async fn relay(
             "ice_servers": [credential.ice_server()],
             "ice_transport_policy": "relay",
             "member": ticket.member,
+            "activity_every_ms": viewer::activity_every_ms(state.settings.browser_idle_seconds),
         })
     };
     if !send(&mut socket, &config(credential)).await {
@@ -324,6 +327,15 @@ async fn relay(
                             return;
                         }
                         offer(&state, &record, &viewer, &ticket.member, sdp).await
+                    }
+                    Ok(Signal::Activity {}) => {
+                        // Counted only while the member may watch; nothing is answered.
+                        if judge(&state, &id, &ticket).await.is_ok()
+                            && let Ok(now) = state.store.now().await
+                        {
+                            let _ = state.store.touch_browser_session(&id, now).await;
+                        }
+                        continue;
                     }
                 };
                 if !send(&mut socket, &answer).await {

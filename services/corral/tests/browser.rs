@@ -1071,3 +1071,58 @@ async fn brow_09_a_live_view_is_moved_to_a_renewed_credential_before_the_old_one
     let (status, closed) = close(&stack, &id, ann).await;
     assert_eq!(status, 200, "{closed}");
 }
+
+/// BROW-6: a member using the live view keeps the session from being reaped as idle, and it is
+/// reaped once they stop. With an idle limit of 4 s, a viewer that clicks now and then keeps the
+/// session open well past the limit with no call of the agent's; when the clicks stop, the sweep
+/// closes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn brow_06_a_member_at_work_in_the_live_view_keeps_the_session_from_the_idle_reap() {
+    use common::viewer::Viewer;
+    let test = "brow_06_a_member_at_work_in_the_live_view_keeps_the_session_from_the_idle_reap";
+    if !runtime_or_skip(test) {
+        return;
+    }
+    let Some(stack) = Stack::start(test, &[("CORRAL_BROWSER_IDLE_SECONDS", "4")], &[]) else {
+        return;
+    };
+    let ann = ("ann", "at-work");
+    let (status, opened) = open(&stack, "ann", "at-work", None).await;
+    assert_eq!(status, 200, "{opened}");
+    let id = opened["session"].as_str().unwrap().to_owned();
+    let ticket = viewer_ticket(&stack, &id, ann, "bob").await;
+    let viewport = format!("{}{}", stack.api, ticket["viewport"].as_str().unwrap());
+    let mut view = tokio::task::block_in_place(|| Viewer::open(&viewport, 1600, 1000));
+    tokio::task::block_in_place(|| {
+        view.wait("bob connects", Duration::from_secs(20), |s| {
+            s["state"] == "connected" && s["frames"].as_u64() > Some(0)
+        })
+    });
+    // Twice the idle limit of clicking, and no call of the agent's.
+    let working = Instant::now();
+    while working.elapsed() < Duration::from_secs(8) {
+        tokio::task::block_in_place(|| view.click(800, 500));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let said = tokio::task::block_in_place(|| view.eval("window.corralViewer.activity"));
+    assert!(
+        said.as_u64() >= Some(4),
+        "the viewer said it was at work {said} times"
+    );
+    let (status, alive) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+    assert_eq!(
+        status, 200,
+        "the session was reaped while a member used it: {alive}"
+    );
+    // The member stops; the session goes idle and is reaped.
+    let stopped = Instant::now();
+    loop {
+        let (status, _) = act(&stack, &id, ann, json!({ "action": "text" })).await;
+        if status == 404 {
+            break;
+        }
+        // Each call is the agent's activity too: ask rarely, and only to see the reap.
+        assert!(stopped.elapsed() < Duration::from_secs(30), "never reaped");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}

@@ -25,6 +25,7 @@
     firstFrameAt: null,
     username: null,
     renewed: 0,
+    activity: 0,
   };
   window.corralViewer = view;
 
@@ -49,6 +50,7 @@
         view.renewed += 1;
       }
       view.username = message.ice_servers[0] && message.ice_servers[0].username;
+      activityEvery = message.activity_every_ms || activityEvery;
       await start(message);
     } else if (message.t === "answer") {
       await view.pc.setRemoteDescription({ type: "answer", sdp: message.sdp });
@@ -103,10 +105,19 @@
     say("offered");
   }
 
-  function send(message) {
+  // Input says on the signaling relay, now and then, that the member is at work, so that the
+  // session is not reaped as idle while a member uses it.
+  let activityEvery = 60000;
+  let activityAt = 0;
+  function send(message, input = true) {
     if (view.channel && view.channel.readyState === "open") {
       view.channel.send(JSON.stringify(message));
       view.sent += 1;
+      if (input && Date.now() - activityAt >= activityEvery && socket.readyState === WebSocket.OPEN) {
+        activityAt = Date.now();
+        socket.send(JSON.stringify({ t: "activity" }));
+        view.activity += 1;
+      }
     }
   }
 
@@ -134,7 +145,7 @@
   // changes, at most every 200 ms.
   let paneTimer = null;
   function pane() {
-    send({ t: "pane", width: video.clientWidth, height: video.clientHeight, ratio: window.devicePixelRatio || 1 });
+    send({ t: "pane", width: video.clientWidth, height: video.clientHeight, ratio: window.devicePixelRatio || 1 }, false);
   }
   new ResizeObserver(() => {
     clearTimeout(paneTimer);
