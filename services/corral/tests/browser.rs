@@ -543,7 +543,8 @@ async fn brow_09_an_open_mints_the_one_authoritys_credential_and_bad_turn_config
         "coturn refused the minted credential"
     );
     // …and refuses it forged.
-    let forged = format!("x{}", &password[1..]);
+    let other = if password.starts_with('x') { 'y' } else { 'x' };
+    let forged = format!("{other}{}", &password[1..]);
     assert_ne!(forged, password);
     assert_eq!(
         allocate(server, username, &forged),
@@ -964,11 +965,11 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
             bob_view.click(800, 600);
             let tried = Instant::now();
             while tried.elapsed() < Duration::from_secs(1) {
-                let colour = bob_view.eval(&centre);
-                if near(&colour, RED, 48) {
+                // Only red ends it: a click that lands turns the page from blue to red (a
+                // picture caught mid-change is looked at again).
+                if near(&bob_view.eval(&centre), RED, 48) {
                     return true;
                 }
-                assert!(near(&colour, BLUE, 48), "neither blue nor red: {colour}");
             }
         }
         false
