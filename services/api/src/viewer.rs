@@ -126,16 +126,12 @@ async fn authorize(
     let now = state.store.now().await.map_err(|e| *unavailable(e))?;
     let ticket = viewer::verify(&key(state), ticket.unwrap_or_default(), id, now)
         .map_err(|refusal| view_refused(&refusal))?;
-    let (record, _) = judge(state, id, &ticket).await?;
+    let record = judge(state, id, &ticket).await?;
     Ok((ticket, record))
 }
 
 /// The stored session judged for `ticket` (`viewer::judge_view`).
-async fn judge(
-    state: &AppState,
-    id: &str,
-    ticket: &Ticket,
-) -> Result<(SessionRecord, ()), Response> {
+async fn judge(state: &AppState, id: &str, ticket: &Ticket) -> Result<SessionRecord, Response> {
     let stored = state
         .store
         .browser_session_viewed(id)
@@ -148,7 +144,7 @@ async fn judge(
     )
     .map_err(|refusal| view_refused(&refusal))?;
     let (record, _, _) = stored.ok_or_else(|| view_refused(&ViewRefusal::NotFound))?;
-    Ok((record, ()))
+    Ok(record)
 }
 
 /// The query of a viewer's request.
@@ -350,7 +346,7 @@ async fn relay(
                         return;
                     }
                     // A renewed credential: the page reconnects through the worker's new relay.
-                    Ok((current, ())) => {
+                    Ok(current) => {
                         if let Some(renewed) = current.live_view.filter(|c| *c != sent) {
                             if !send(&mut socket, &config(&renewed)).await {
                                 return;

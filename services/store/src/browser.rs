@@ -158,34 +158,10 @@ impl ValkeyStore {
         &self,
         id: &str,
     ) -> Result<Option<(SessionRecord, SessionState)>, Unavailable> {
-        let hash: BTreeMap<String, String> = self
-            .client
-            .hgetall(self.browser_key(id))
-            .await
-            .map_err(|_| Unavailable)?;
-        if hash.is_empty() {
-            return Ok(None);
-        }
-        let record = hash
-            .get(RECORD)
-            .and_then(|r| serde_json::from_str(r).ok())
-            .ok_or(Unavailable)?;
-        let last_activity = hash
-            .get(LAST_ACTIVITY)
-            .and_then(|t| t.parse().ok())
-            .map(UnixMillis)
-            .ok_or(Unavailable)?;
-        Ok(Some((
-            record,
-            SessionState {
-                private: hash.get(PRIVATE).is_some_and(|p| p == "1"),
-                last_activity,
-                closing: match hash.get(CLOSING) {
-                    Some(since) => Some(UnixMillis(since.parse().map_err(|_| Unavailable)?)),
-                    None => None,
-                },
-            },
-        )))
+        Ok(self
+            .browser_session_viewed(id)
+            .await?
+            .map(|(record, state, _)| (record, state)))
     }
 
     /// Every open session of the pool, by id.
@@ -257,21 +233,39 @@ impl ValkeyStore {
         .map(|set| set == 1)
     }
 
-    /// Session `id` as [`ValkeyStore::browser_session`] reads it, with the member whose private
-    /// interval it is, if any: what a viewer is judged by (BROW-12).
+    /// Session `id` with the member whose private interval it is, if any: what a viewer is
+    /// judged by (BROW-12); one read of the session's hash.
     pub async fn browser_session_viewed(
         &self,
         id: &str,
     ) -> Result<Option<(SessionRecord, SessionState, Option<String>)>, Unavailable> {
-        let Some((record, state)) = self.browser_session(id).await? else {
-            return Ok(None);
-        };
-        let member: Option<String> = self
+        let hash: BTreeMap<String, String> = self
             .client
-            .hget(self.browser_key(id), PRIVATE_MEMBER)
+            .hgetall(self.browser_key(id))
             .await
             .map_err(|_| Unavailable)?;
-        Ok(Some((record, state, member.filter(|m| !m.is_empty()))))
+        if hash.is_empty() {
+            return Ok(None);
+        }
+        let record = hash
+            .get(RECORD)
+            .and_then(|r| serde_json::from_str(r).ok())
+            .ok_or(Unavailable)?;
+        let last_activity = hash
+            .get(LAST_ACTIVITY)
+            .and_then(|t| t.parse().ok())
+            .map(UnixMillis)
+            .ok_or(Unavailable)?;
+        let state = SessionState {
+            private: hash.get(PRIVATE).is_some_and(|p| p == "1"),
+            last_activity,
+            closing: match hash.get(CLOSING) {
+                Some(since) => Some(UnixMillis(since.parse().map_err(|_| Unavailable)?)),
+                None => None,
+            },
+        };
+        let member = hash.get(PRIVATE_MEMBER).filter(|m| !m.is_empty()).cloned();
+        Ok(Some((record, state, member)))
     }
 
     /// Claims the close of session `id` at `now`: true for exactly one claimant.

@@ -54,6 +54,11 @@ const REPLY_LINE_MAX: usize = browser::SCREENSHOT_MAX_BYTES / 3 * 4 + 64 * 1024;
 /// How long the bridge may take to stop everything when told to close.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// The session display's socket seen from the worker: in the jail's `/tmp`, its scratch space.
+fn display_socket(dirs: &crate::workspace::RunDirs) -> std::path::PathBuf {
+    dirs.scratch().join(format!("tmp/.X11-unix/X{DISPLAY}"))
+}
+
 /// A session's bounds: a headed browser needs more than a run of code (processes count threads).
 fn session_bounds(configured: &ExecutionBounds) -> ExecutionBounds {
     ExecutionBounds {
@@ -136,7 +141,7 @@ impl Worker {
     #[must_use]
     pub fn session_display(&self) -> Option<std::path::PathBuf> {
         let dirs = self.session.as_ref()?.run.dirs.as_ref()?;
-        Some(dirs.scratch().join(format!("tmp/.X11-unix/X{DISPLAY}")))
+        Some(display_socket(dirs))
     }
 
     /// Whether a browser session holds this worker.
@@ -269,7 +274,7 @@ impl Worker {
         // The display is up at its largest: its mode becomes the capture (BROW-5, BROW-11), then
         // the bridge starts the window manager and Chromium at that size.
         if line.starts_with("{\"display\"") {
-            let socket = dirs.scratch().join(format!("tmp/.X11-unix/X{DISPLAY}"));
+            let socket = display_socket(&dirs);
             corral_media::capture::set_screen_mode(&socket.to_string_lossy(), capture)
                 .map_err(|e| format!("the screen's mode: {e}"))?;
             let mut stdin = stdin;
