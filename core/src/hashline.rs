@@ -34,53 +34,7 @@ pub const VIEW_LINES_MAX: u32 = 2000;
 /// xxHash32 (seed 0) of `bytes`.
 #[must_use]
 pub fn xxh32(bytes: &[u8]) -> u32 {
-    const P1: u32 = 0x9E37_79B1;
-    const P2: u32 = 0x85EB_CA77;
-    const P3: u32 = 0xC2B2_AE3D;
-    const P4: u32 = 0x27D4_EB2F;
-    const P5: u32 = 0x1656_67B1;
-    let word = |at: &[u8]| u32::from_le_bytes([at[0], at[1], at[2], at[3]]);
-    let round = |acc: u32, lane: u32| {
-        acc.wrapping_add(lane.wrapping_mul(P2))
-            .rotate_left(13)
-            .wrapping_mul(P1)
-    };
-    let mut rest = bytes;
-    let mut hash = if bytes.len() >= 16 {
-        let mut v = [P1.wrapping_add(P2), P2, 0, 0u32.wrapping_sub(P1)];
-        while rest.len() >= 16 {
-            for (i, lane) in v.iter_mut().enumerate() {
-                *lane = round(*lane, word(&rest[i * 4..]));
-            }
-            rest = &rest[16..];
-        }
-        v[0].rotate_left(1)
-            .wrapping_add(v[1].rotate_left(7))
-            .wrapping_add(v[2].rotate_left(12))
-            .wrapping_add(v[3].rotate_left(18))
-    } else {
-        P5
-    };
-    // The input's length modulo 2^32, as the algorithm specifies.
-    hash = hash.wrapping_add(bytes.len() as u32);
-    while rest.len() >= 4 {
-        hash = hash
-            .wrapping_add(word(rest).wrapping_mul(P3))
-            .rotate_left(17)
-            .wrapping_mul(P4);
-        rest = &rest[4..];
-    }
-    for byte in rest {
-        hash = hash
-            .wrapping_add(u32::from(*byte).wrapping_mul(P5))
-            .rotate_left(11)
-            .wrapping_mul(P1);
-    }
-    hash ^= hash >> 15;
-    hash = hash.wrapping_mul(P2);
-    hash ^= hash >> 13;
-    hash = hash.wrapping_mul(P3);
-    hash ^ (hash >> 16)
+    xxhash_rust::xxh32::xxh32(bytes, 0)
 }
 
 /// The tag of a normalized text: the low 16 bits of its xxHash32, as four lowercase hex digits.

@@ -27,6 +27,14 @@ const ALLOWED: &[(&str, &str)] = &[
         "the live view's TURN REST credential, HMAC-SHA1 as the TURN server checks it (docs/decisions/0023)",
     ),
     (
+        "ipnet",
+        "the egress CIDR type and its containment, no_std on core::net (docs/decisions/0028)",
+    ),
+    (
+        "pep440_rs",
+        "whether a run's pinned Python version is a PEP 440 version (docs/decisions/0028)",
+    ),
+    (
         "serde",
         "derives the pool document's encoding for the coordination store (docs/decisions/0004)",
     ),
@@ -41,6 +49,10 @@ const ALLOWED: &[(&str, &str)] = &[
     (
         "sha2",
         "the hash under HKDF and ed25519, and the broker tokens' HMAC (docs/decisions/0014)",
+    ),
+    (
+        "xxhash-rust",
+        "xxHash32 of a file's text, whose low 16 bits are its Hashline tag (docs/decisions/0017, 0028)",
     ),
     ("zeroize", "wipes key material"),
 ];

@@ -30,6 +30,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
 /// When the special-purpose tables were last compared with the IANA registries.
 pub const REGISTRY_SNAPSHOT: &str = "2026-12-02";
 /// The "Last Updated" date of the IPv6 registry copy the tables follow.
@@ -90,10 +92,13 @@ pub enum CidrError {
 }
 
 /// An IP prefix with no bits set below its length.
+///
+/// The prefix and its containment are `ipnet`'s; what this type adds is the invariant (host bits
+/// clear) and the strict text form ([`Cidr::parse`]). It orders as `ipnet` does: IPv4 before
+/// IPv6, then by address, then by length.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cidr {
-    addr: IpAddr,
-    prefix_len: u8,
+    net: IpNet,
 }
 
 /// The longest CIDR text we read: an IPv6 address (45) plus `/128`.
@@ -103,11 +108,14 @@ impl Cidr {
     /// An IPv4 prefix, checked at compile time when used in a constant.
     const fn v4(a: u8, b: u8, c: u8, d: u8, prefix_len: u8) -> Cidr {
         let addr = Ipv4Addr::new(a, b, c, d);
-        assert!(prefix_len <= 32);
-        assert!(addr.to_bits() & !mask_v4(prefix_len) == 0);
+        let net = Ipv4Net::new_assert(addr, prefix_len);
+        // The bits below the prefix, shifted to the top, are zero (`None`: the prefix is /32).
+        assert!(matches!(
+            addr.to_bits().checked_shl(prefix_len as u32),
+            None | Some(0)
+        ));
         Cidr {
-            addr: IpAddr::V4(addr),
-            prefix_len,
+            net: IpNet::V4(net),
         }
     }
 
@@ -115,34 +123,23 @@ impl Cidr {
     const fn v6(segments: [u16; 8], prefix_len: u8) -> Cidr {
         let [a, b, c, d, e, f, g, h] = segments;
         let addr = Ipv6Addr::new(a, b, c, d, e, f, g, h);
-        assert!(prefix_len <= 128);
-        assert!(addr.to_bits() & !mask_v6(prefix_len) == 0);
+        let net = Ipv6Net::new_assert(addr, prefix_len);
+        assert!(matches!(
+            addr.to_bits().checked_shl(prefix_len as u32),
+            None | Some(0)
+        ));
         Cidr {
-            addr: IpAddr::V6(addr),
-            prefix_len,
+            net: IpNet::V6(net),
         }
     }
 
     /// A prefix from an address and a length; refuses set host bits and over-long lengths.
     pub fn new(addr: IpAddr, prefix_len: u8) -> Result<Cidr, CidrError> {
-        let host_bits_clear = match addr {
-            IpAddr::V4(v4) => {
-                if prefix_len > 32 {
-                    return Err(CidrError::BadPrefixLength);
-                }
-                v4.to_bits() & !mask_v4(prefix_len) == 0
-            }
-            IpAddr::V6(v6) => {
-                if prefix_len > 128 {
-                    return Err(CidrError::BadPrefixLength);
-                }
-                v6.to_bits() & !mask_v6(prefix_len) == 0
-            }
-        };
-        if !host_bits_clear {
+        let net = IpNet::new(addr, prefix_len).map_err(|_| CidrError::BadPrefixLength)?;
+        if net.network() != addr {
             return Err(CidrError::HostBitsSet);
         }
-        Ok(Cidr { addr, prefix_len })
+        Ok(Cidr { net })
     }
 
     /// Parses `address/length`: a canonical dotted-quad IPv4 or an IPv6 address (no brackets, no
@@ -173,34 +170,26 @@ impl Cidr {
     /// The network address.
     #[must_use]
     pub fn addr(&self) -> IpAddr {
-        self.addr
+        self.net.addr()
     }
 
     /// The prefix length in bits.
     #[must_use]
     pub fn prefix_len(&self) -> u8 {
-        self.prefix_len
+        self.net.prefix_len()
     }
 
     /// Whether `ip` is inside this prefix. Families never mix: an IPv4 prefix holds no IPv6
     /// address, not even an IPv4-mapped one.
     #[must_use]
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                ip.to_bits() & mask_v4(self.prefix_len) == net.to_bits()
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                ip.to_bits() & mask_v6(self.prefix_len) == net.to_bits()
-            }
-            (IpAddr::V4(_), IpAddr::V6(_)) | (IpAddr::V6(_), IpAddr::V4(_)) => false,
-        }
+        self.net.contains(&ip)
     }
 
     /// Whether every address of `other` is inside this prefix.
     #[must_use]
     pub fn contains_cidr(&self, other: &Cidr) -> bool {
-        other.prefix_len >= self.prefix_len && self.contains(other.addr)
+        self.net.contains(&other.net)
     }
 
     /// Whether the two prefixes share any address.
@@ -223,23 +212,8 @@ impl Cidr {
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix_len)
-    }
-}
-
-const fn mask_v4(prefix_len: u8) -> u32 {
-    if prefix_len == 0 {
-        0
-    } else {
-        u32::MAX << (32 - prefix_len as u32)
-    }
-}
-
-const fn mask_v6(prefix_len: u8) -> u128 {
-    if prefix_len == 0 {
-        0
-    } else {
-        u128::MAX << (128 - prefix_len as u32)
+        // `address/length`, as `ipnet` writes it.
+        fmt::Display::fmt(&self.net, f)
     }
 }
 
@@ -450,7 +424,7 @@ pub fn classify(ip: IpAddr) -> Classification {
         let better = match best {
             None => true,
             Some(current) => {
-                let key = |r: &SpecialRow| (r.class.strictness(), r.block.prefix_len);
+                let key = |r: &SpecialRow| (r.class.strictness(), r.block.prefix_len());
                 key(candidate) > key(current)
             }
         };
@@ -694,6 +668,100 @@ mod tests {
             "172.0.0.0/8",
         ] {
             assert!(!Cidr::parse(text).unwrap().is_private(), "{text}");
+        }
+    }
+
+    #[test]
+    fn containment_at_the_edges() {
+        let cidr = |text: &str| Cidr::parse(text).unwrap();
+        let all_v4 = cidr("0.0.0.0/0");
+        assert!(all_v4.contains(ip("0.0.0.0")) && all_v4.contains(ip("255.255.255.255")));
+        assert!(all_v4.contains_cidr(&cidr("10.0.0.0/8")));
+        assert!(!all_v4.contains_cidr(&cidr("::/0")));
+        let host = cidr("192.0.2.7/32");
+        assert!(host.contains(ip("192.0.2.7")) && !host.contains(ip("192.0.2.6")));
+        assert!(host.contains_cidr(&host));
+        let host_v6 = cidr("2001:db8::1/128");
+        assert!(host_v6.contains(ip("2001:db8::1")) && !host_v6.contains(ip("2001:db8::")));
+        assert!(!cidr("10.0.0.0/9").contains_cidr(&cidr("10.0.0.0/8")));
+        assert!(cidr("10.0.0.0/8").contains_cidr(&cidr("10.128.0.0/9")));
+        assert!(cidr("10.0.0.0/8").overlaps(&cidr("10.128.0.0/9")));
+        assert!(!cidr("10.0.0.0/9").overlaps(&cidr("10.128.0.0/9")));
+        assert_eq!(
+            Cidr::new(ip("10.0.0.0"), 33),
+            Err(CidrError::BadPrefixLength)
+        );
+        assert_eq!(Cidr::new(ip("::"), 129), Err(CidrError::BadPrefixLength));
+        assert_eq!(Cidr::new(ip("::1"), 127), Err(CidrError::HostBitsSet));
+        assert_eq!(Cidr::new(ip("::1"), 128).unwrap().to_string(), "::1/128");
+    }
+
+    /// The private CIDRs are a `BTreeSet<Cidr>` whose order reaches a grant's encoding: IPv4
+    /// first, then by address, then by length.
+    #[test]
+    fn cidrs_order_by_family_address_then_length() {
+        let mut cidrs: Vec<Cidr> = [
+            "fd00::/8",
+            "10.0.0.0/16",
+            "fc00::/7",
+            "10.0.0.0/8",
+            "9.0.0.0/8",
+        ]
+        .iter()
+        .map(|text| Cidr::parse(text).unwrap())
+        .collect();
+        cidrs.sort();
+        let sorted: Vec<String> = cidrs.iter().map(Cidr::to_string).collect();
+        assert_eq!(
+            sorted,
+            [
+                "9.0.0.0/8",
+                "10.0.0.0/8",
+                "10.0.0.0/16",
+                "fc00::/7",
+                "fd00::/8"
+            ]
+        );
+    }
+
+    proptest::proptest! {
+        /// Containment is the mask comparison: an address is inside when its top `prefix_len`
+        /// bits are the network's, for every length including 0 and the full width.
+        #[test]
+        fn contains_is_the_mask_comparison(
+            net_bits in proptest::prelude::any::<u128>(),
+            probe_bits in proptest::prelude::any::<u128>(),
+            len in 0u8..=128,
+            share in 0u8..=128,
+        ) {
+            let mask_v6 = |len: u8| u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            let mask_v4 = |len: u8| u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            // A probe that shares the first `share` bits with the network, so both sides of
+            // the boundary are exercised.
+            let probe_v6 = (net_bits & mask_v6(share)) | (probe_bits & !mask_v6(share));
+            let net_v6 = Ipv6Addr::from_bits(net_bits & mask_v6(len));
+            let cidr = Cidr::new(IpAddr::V6(net_v6), len).unwrap();
+            let probe = IpAddr::V6(Ipv6Addr::from_bits(probe_v6));
+            proptest::prop_assert_eq!(
+                cidr.contains(probe),
+                probe_v6 & mask_v6(len) == net_v6.to_bits()
+            );
+            let (len, share) = (len % 33, share % 33);
+            let (net_bits, probe_bits) = (net_bits as u32, probe_bits as u32);
+            let probe_v4 = (net_bits & mask_v4(share)) | (probe_bits & !mask_v4(share));
+            let net_v4 = Ipv4Addr::from_bits(net_bits & mask_v4(len));
+            let cidr = Cidr::new(IpAddr::V4(net_v4), len).unwrap();
+            let probe = IpAddr::V4(Ipv4Addr::from_bits(probe_v4));
+            proptest::prop_assert_eq!(
+                cidr.contains(probe),
+                probe_v4 & mask_v4(len) == net_v4.to_bits()
+            );
+            let wider_net = Ipv4Addr::from_bits(net_bits & mask_v4(share));
+            let wider = Cidr::new(IpAddr::V4(wider_net), share).unwrap();
+            proptest::prop_assert_eq!(
+                wider.contains_cidr(&cidr),
+                share <= len && wider.contains(IpAddr::V4(net_v4))
+            );
         }
     }
 

@@ -1,6 +1,11 @@
 //! What a run may ask to install (PKG-4): a distribution's name with an optional exact version,
 //! and nothing else. A URL, a path, an index, an installer flag, an environment marker or a range
 //! is refused with a sentence that says which, before anything runs.
+//!
+//! The grammar is PEP 508's narrowest form, `name[extra,...]==version`, read here by hand; whether
+//! the version is a PEP 440 version is `pep440_rs`'s to say. Why not `pep508_rs`: decision 0028.
+
+use std::str::FromStr;
 
 /// The longest requirement accepted, in bytes.
 pub const REQUIREMENT_MAX_BYTES: usize = 214;
@@ -114,13 +119,15 @@ fn is_name(text: &str) -> bool {
 }
 
 /// A PEP 440 version as a run may pin it: starts with a digit, then digits, letters, `.`, `!`,
-/// `+`, `-`, `_` (no wildcard, no operator).
+/// `+`, `-`, `_` (no wildcard, no operator, no leading `v`), and `pep440_rs` reads it as a
+/// version. The spelling given is kept: the baked stack compares versions as written.
 fn is_python_version(text: &str) -> bool {
     text.as_bytes().first().is_some_and(u8::is_ascii_digit)
         && text.len() <= 64
         && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'!' | b'+' | b'-' | b'_'))
+        && pep440_rs::Version::from_str(text).is_ok()
 }
 
 /// Parses one Python requirement (PKG-4).
@@ -338,6 +345,40 @@ mod tests {
         ] {
             assert!(parse_npm(bad).is_err(), "accepted {bad:?}");
         }
+    }
+
+    #[test]
+    fn pkg_04_a_pinned_version_is_a_pep_440_version_kept_as_written() {
+        for (given, kept) in [
+            ("pkg==1.0.0-beta", "1.0.0-beta"),
+            ("pkg==2.0rc1", "2.0rc1"),
+            ("pkg==1!2.0", "1!2.0"),
+            ("pkg==1.0.post1", "1.0.post1"),
+            ("pkg==1.0.dev3", "1.0.dev3"),
+            ("pkg==1.0+local.7", "1.0+local.7"),
+            ("pkg==1.0_post_1", "1.0_post_1"),
+            ("pkg==2024.10", "2024.10"),
+        ] {
+            let r = parse_python(given).unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(r.version.as_deref(), Some(kept), "{given}");
+        }
+        for bad in [
+            "pkg==1.0foo",
+            "pkg==1..0",
+            "pkg==1.0-",
+            "pkg==1.0+",
+            "pkg==1.0+a+b",
+            "pkg==1!",
+            "pkg==1.0.0-beta.1.x",
+        ] {
+            assert_eq!(
+                parse_python(bad),
+                Err("the version is not a PEP 440 version"),
+                "{bad}"
+            );
+        }
+        // PEP 440 reads a leading `v`; a run's pin does not have one.
+        assert!(parse_python("pkg==v1.0").is_err());
     }
 
     #[test]
