@@ -23,16 +23,34 @@ pub enum Language {
 }
 
 impl Language {
-    /// The language named `text` exactly (`python` or `node`); anything else is refused with
-    /// [`NotRun::UnsupportedLanguage`] before it runs (PKG-6).
+    /// Every language, in the order an answer names them.
+    pub const ALL: [Language; 2] = [Self::Python, Self::Node];
+
+    /// The language named `text`: its canonical name (`python`, `node`) or one of the aliases an
+    /// agent commonly writes for it ([`Language::aliases`]), in any ASCII case. Anything else,
+    /// including `python2`, `typescript` and a name with spaces around it, is refused before it
+    /// runs (PKG-6) with what the agent needs to write instead.
     ///
     /// # Errors
-    /// [`NotRun::UnsupportedLanguage`] for any other name.
-    pub fn parse(text: &str) -> Result<Self, NotRun> {
-        match text {
-            "python" => Ok(Self::Python),
-            "node" => Ok(Self::Node),
-            _ => Err(NotRun::UnsupportedLanguage),
+    /// [`UnsupportedLanguage`] for any other name.
+    pub fn parse(text: &str) -> Result<Self, UnsupportedLanguage> {
+        Self::ALL
+            .into_iter()
+            .find(|language| {
+                language
+                    .aliases()
+                    .iter()
+                    .any(|alias| alias.eq_ignore_ascii_case(text))
+            })
+            .ok_or_else(|| UnsupportedLanguage::new(text))
+    }
+
+    /// The names that mean this language, its canonical name first.
+    #[must_use]
+    pub fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Self::Python => &["python", "python3", "py"],
+            Self::Node => &["node", "nodejs", "node.js", "javascript", "js"],
         }
     }
 
@@ -52,6 +70,71 @@ impl Language {
             Self::Python => "py",
             Self::Node => "js",
         }
+    }
+}
+
+/// The most characters of a refused language name an answer echoes back.
+pub const LANGUAGE_ECHO_MAX_CHARS: usize = 64;
+
+/// A language name the jail does not run, said so that an agent can write the right one: the
+/// name as asked (bounded to [`LANGUAGE_ECHO_MAX_CHARS`] and escaped, so that an invisible or
+/// enormous name is still readable), every supported language with its aliases, and a sentence.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UnsupportedLanguage {
+    /// Always [`NotRun::UnsupportedLanguage`].
+    pub code: NotRun,
+    /// The name asked for: at most [`LANGUAGE_ECHO_MAX_CHARS`] characters, escaped, with `…`
+    /// when it was longer.
+    pub language: String,
+    /// How many characters the name asked for has.
+    pub language_chars: usize,
+    /// The canonical names that run.
+    pub supported: Vec<&'static str>,
+    /// Every name accepted for each canonical one.
+    pub aliases: std::collections::BTreeMap<&'static str, &'static [&'static str]>,
+    /// What to do, for the agent.
+    pub message: String,
+}
+
+impl UnsupportedLanguage {
+    fn new(asked: &str) -> Self {
+        let language_chars = asked.chars().count();
+        let mut language: String = asked
+            .chars()
+            .take(LANGUAGE_ECHO_MAX_CHARS)
+            .flat_map(char::escape_debug)
+            .collect();
+        if language_chars > LANGUAGE_ECHO_MAX_CHARS {
+            language.push('…');
+        }
+        let supported: Vec<&'static str> = Language::ALL.iter().map(|l| l.as_str()).collect();
+        let aliases = Language::ALL
+            .iter()
+            .map(|l| (l.as_str(), l.aliases()))
+            .collect();
+        let what = if asked.is_empty() {
+            "no language was given".to_owned()
+        } else {
+            format!("the language \"{language}\" is not one Corral runs")
+        };
+        let message = format!(
+            "{what}: set \"language\" to \"python\" (Python 3; also python3, py) or \"node\" \
+             (Node.js; also nodejs, javascript, js)"
+        );
+        Self {
+            code: NotRun::UnsupportedLanguage,
+            language,
+            language_chars,
+            supported,
+            aliases,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for UnsupportedLanguage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 
@@ -228,17 +311,69 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pkg_06_only_python_and_node_run() {
-        assert_eq!(Language::parse("python"), Ok(Language::Python));
-        assert_eq!(Language::parse("node"), Ok(Language::Node));
-        for other in ["ruby", "Python", "python2", "", "bash", "node "] {
-            assert_eq!(
-                Language::parse(other),
-                Err(NotRun::UnsupportedLanguage),
-                "{other:?}"
+    fn pkg_06_only_python_and_node_run_under_their_names_and_aliases() {
+        for (name, language) in [
+            ("python", Language::Python),
+            ("Python", Language::Python),
+            ("python3", Language::Python),
+            ("PY", Language::Python),
+            ("node", Language::Node),
+            ("nodejs", Language::Node),
+            ("Node.js", Language::Node),
+            ("javascript", Language::Node),
+            ("JS", Language::Node),
+        ] {
+            assert_eq!(Language::parse(name), Ok(language), "{name:?}");
+        }
+        for other in [
+            "ruby",
+            "python2",
+            "",
+            "bash",
+            "node ",
+            " python",
+            "typescript",
+            "ts",
+        ] {
+            let refused = Language::parse(other).expect_err(other);
+            assert_eq!(refused.code, NotRun::UnsupportedLanguage, "{other:?}");
+            assert_eq!(refused.supported, ["python", "node"], "{other:?}");
+            assert!(
+                refused.message.contains("\"python\""),
+                "{}",
+                refused.message
             );
+            assert!(refused.message.contains("\"node\""), "{}", refused.message);
         }
         assert_eq!(NotRun::UnsupportedLanguage.code(), "unsupported_language");
+    }
+
+    #[test]
+    fn pkg_06_a_refused_language_is_named_bounded_and_escaped() {
+        let ruby = Language::parse("ruby").expect_err("ruby");
+        assert_eq!(ruby.language, "ruby");
+        assert!(ruby.message.contains("\"ruby\""), "{}", ruby.message);
+        let empty = Language::parse("").expect_err("empty");
+        assert!(
+            empty.message.starts_with("no language was given"),
+            "{}",
+            empty.message
+        );
+        let long = "x".repeat(10_000);
+        let refused = Language::parse(&long).expect_err("long");
+        assert_eq!(refused.language_chars, 10_000);
+        assert_eq!(
+            refused.language,
+            format!("{}…", "x".repeat(LANGUAGE_ECHO_MAX_CHARS))
+        );
+        assert!(refused.message.len() < 400, "{}", refused.message.len());
+        let hostile = Language::parse("ru\u{0}by\"\n\u{202e}").expect_err("hostile");
+        assert_eq!(hostile.language, "ru\\0by\\\"\\n\\u{202e}");
+        assert!(
+            !hostile.message.chars().any(char::is_control),
+            "{}",
+            hostile.message
+        );
     }
 
     #[test]

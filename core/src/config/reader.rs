@@ -94,12 +94,11 @@ impl<F: Fn(&str) -> Option<String>> Reader<F> {
         };
         let mut languages = Vec::new();
         for item in list_items(&text) {
-            let language = Language::parse(&item.to_ascii_lowercase()).map_err(|_| {
-                ConfigError::InvalidListItem {
-                    setting: WORKER_PREPARE_LANGUAGES,
-                    item: shown(item),
-                    expected: "python or node (a comma-separated list; set but empty: none)",
-                }
+            let language = Language::parse(item).map_err(|_| ConfigError::InvalidListItem {
+                setting: WORKER_PREPARE_LANGUAGES,
+                item: shown(item),
+                expected: "python or node, or an alias of one (a comma-separated list; set \
+                               but empty: none)",
             })?;
             if !languages.contains(&language) {
                 languages.push(language);

@@ -679,6 +679,11 @@ fn prepare_languages_parse_fail_closed() {
         vec![Language::Node, Language::Python]
     );
     assert_eq!(languages("node,node"), vec![Language::Node]);
+    // The aliases `run_code` accepts (decision 0026) mean the same here.
+    assert_eq!(
+        languages("py,JavaScript"),
+        vec![Language::Python, Language::Node]
+    );
     // Set but empty (or blank) is none; unset is the default.
     assert_eq!(languages(""), Vec::<Language>::new());
     assert_eq!(languages("  "), Vec::<Language>::new());
@@ -687,7 +692,7 @@ fn prepare_languages_parse_fail_closed() {
         ("python,ruby", "ruby"),
         ("python,,node", ""),
         ("node,", ""),
-        ("py", "py"),
+        ("python2", "python2"),
     ] {
         let error = refuse(&[("CORRAL_WORKER_PREPARE_LANGUAGES", bad)]);
         assert_eq!(error.code(), "config_invalid_list_item", "{bad}");

@@ -2,8 +2,10 @@
 //!
 //! [`admit`] takes the request as received and the deployment's settings, and answers one of:
 //! - [`Admission::Admitted`]: every field checked and typed, ready to lease a worker for;
-//! - [`Admission::NotRun`]: a `not_run` record, answered before any lease (PKG-6: an unsupported
-//!   language, a persistent cell that names the shared-resource contract);
+//! - [`Admission::NotRun`]: a `not_run` record, answered before any lease (PKG-6: a persistent
+//!   cell that names the shared-resource contract);
+//! - [`Admission::UnsupportedLanguage`]: a `not_run` record whose error names the language asked
+//!   for and the ones that run;
 //! - [`Admission::Refused`]: a malformed request, with a stable code and the field it names.
 //!
 //! The worker checks what reaches it again with the same functions (the language is a type on the
@@ -16,7 +18,7 @@ use crate::downloads::relative_path;
 use crate::egress::grant::PROVIDER_HINT_MAX;
 use crate::egress::target::NAME_MAX_BYTES;
 use crate::ids::{ActorId, ConversationId, MemberId, first_invalid_identity, identity_is_valid};
-use crate::jail::{Language, NotRun};
+use crate::jail::{Language, NotRun, UnsupportedLanguage};
 use crate::kernel::{Kernel, names_resource_contract};
 use crate::packages::resolve::{Available, DependencyFailure, Resolution, resolve};
 use crate::packages::stack::baked;
@@ -195,6 +197,9 @@ pub enum Admission {
     Refused(Refusal),
     /// Answered with a `not_run` record of its dependencies (PKG-6), before any lease.
     Dependencies(DependencyFailure),
+    /// Answered with a `not_run` record naming the language asked for and the ones that run
+    /// (PKG-6), before any lease.
+    UnsupportedLanguage(UnsupportedLanguage),
 }
 
 fn refused(
@@ -237,7 +242,7 @@ pub fn admit(request: RunCodeRequest, settings: &Settings, available: Available)
     };
     let language = match Language::parse(&request.language) {
         Ok(language) => language,
-        Err(reason) => return Admission::NotRun(reason),
+        Err(refused) => return Admission::UnsupportedLanguage(refused),
     };
     // A persistent kernel mounts no resources (KER-5). Whether its checkpoints can be sealed
     // (a field key) is the shell's to know: it answers `persistent_kernel_unavailable` without.
@@ -409,7 +414,7 @@ mod tests {
     }
 
     #[test]
-    fn iso_01_an_admitted_request_is_typed_and_bounded() {
+    fn an_admitted_request_is_parsed_typed_and_capped_by_the_settings() {
         let mut asked = request();
         asked.bounds.max_wall_seconds = Some(5);
         asked.declared_outputs = vec!["./out/report.pdf".into(), "out/report.pdf".into()];
@@ -430,10 +435,27 @@ mod tests {
     fn pkg_06_an_unsupported_language_is_not_run_before_a_lease() {
         let mut ruby = request();
         ruby.language = "ruby".into();
+        let Admission::UnsupportedLanguage(refused) = admit(ruby, &settings(), ANY) else {
+            panic!("ruby is not refused as an unsupported language");
+        };
         assert_eq!(
-            admit(ruby, &settings(), ANY),
-            Admission::NotRun(NotRun::UnsupportedLanguage)
+            (
+                refused.code,
+                refused.language.as_str(),
+                refused.supported.as_slice()
+            ),
+            (
+                NotRun::UnsupportedLanguage,
+                "ruby",
+                ["python", "node"].as_slice()
+            )
         );
+        let mut alias = request();
+        alias.language = "python3".into();
+        let Admission::Admitted(admitted) = admit(alias, &settings(), ANY) else {
+            panic!("python3 is not admitted");
+        };
+        assert_eq!(admitted.language, Language::Python);
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub fn document() -> Value {
                 "RunResult": { "type": "object", "properties": {
                     "run_id": { "type": "string" },
                     "outcome": { "enum": ["succeeded", "failed", "bound_exceeded", "not_run", "error"] },
-                    "error": { "type": ["object", "null"], "description": "When the outcome is error, or not_run for packages (dependency_request_invalid, dependency_install_failed with cause and packages): a stable code (output_invalid, declared_document_missing, workspace_conflict, workspace_storage_unavailable, workspace_not_packed, workspace_not_returned, worker_record_inconsistent), a message, and the paths, checks, reason or setting it is about" },
+                    "error": { "type": ["object", "null"], "description": "When the outcome is error, or not_run for packages (dependency_request_invalid, dependency_install_failed with cause and packages) or for a language (unsupported_language with the language asked for, bounded and escaped, its length in language_chars, the supported ones and their aliases): a stable code (output_invalid, declared_document_missing, workspace_conflict, workspace_storage_unavailable, workspace_not_packed, workspace_not_returned, worker_record_inconsistent), a message, and the paths, checks, reason or setting it is about" },
                     "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
                         "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
                         "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },

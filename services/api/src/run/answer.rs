@@ -4,7 +4,7 @@
 use axum::http::StatusCode;
 use corral_contract::{ErrorBody, ExecuteReply};
 use corral_core::bounds::OutputStream;
-use corral_core::jail::NotRun;
+use corral_core::jail::{NotRun, UnsupportedLanguage};
 use corral_core::packages::resolve::DependencyFailure;
 use corral_core::run::admission::{Refusal, RefusalCode};
 use corral_core::run::outcome::{Decided, ErrorCode};
@@ -117,6 +117,23 @@ pub fn not_run_before_lease(run_id: &str, reason: NotRun) -> Reply {
             "outcome": decided.outcome,
             "error": null,
             "model": model,
+            "member": decided.member(),
+        }),
+    )
+}
+
+/// A language the jail does not run (PKG-6): a `not_run` record whose error names the language
+/// asked for (bounded and escaped), the ones that run with their aliases, and what to write.
+pub fn unsupported_language(run_id: &str, refused: &UnsupportedLanguage) -> Reply {
+    let decided = Decided::not_run_before_lease(refused.code);
+    let empty = OutputStream::default();
+    (
+        StatusCode::OK,
+        json!({
+            "run_id": run_id,
+            "outcome": decided.outcome,
+            "error": refused,
+            "model": decided.model(&empty, &empty, &[], &[]),
             "member": decided.member(),
         }),
     )

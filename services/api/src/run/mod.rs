@@ -112,6 +112,10 @@ async fn attempt(
             state.metrics.run("not_run");
             return answer::dependencies_failed(&run_id, &failure, &[]);
         }
+        Admission::UnsupportedLanguage(refused) => {
+            state.metrics.run("not_run");
+            return answer::unsupported_language(&run_id, &refused);
+        }
     };
     // A persistent kernel's checkpoints are sealed under a key derived from the field key.
     if admitted.kernel == Kernel::Persistent && state.kernel_seal_root.is_none() {
