@@ -60,11 +60,7 @@ fn from_env(settings: &Settings) -> Result<(SocketAddr, ApiParts), String> {
 }
 
 /// `corral api`.
-pub fn run(args: &[String]) -> ExitCode {
-    if !args.is_empty() {
-        eprintln!("usage: corral api   (settings from the environment; see `corral help`)");
-        return ExitCode::from(2);
-    }
+pub fn run() -> ExitCode {
     let settings = match Settings::from_lookup(|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(error) => {

@@ -1,6 +1,6 @@
 //! `corral controller`: the reconciler that keeps the warm pool.
 //!
-//! `corral controller --valkey URL [--pool NAME] [--period-ms N] [--backend local|kube|agent-sandbox] …`
+//! `corral controller --valkey URL [OPTIONS]` (the flags are [`corral::cli::ReconcileArgs`]).
 //!
 //! - `local` (the default): worker processes on this machine, each `corral worker serve`
 //!   (`--state-dir DIR` holds their records). The workers' credential is read from
@@ -25,6 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use corral::cli::{
+    BackendKind, ControllerArgs, ControllerCommand, NetworkPolicyArgs, PoolPlacement, ReconcileArgs,
+};
 use corral_contract::{Locator, WorkerClient, credential};
 use corral_controller::claim::{AgentSandbox, AgentSandboxBackend, ClaimSettings};
 use corral_controller::kube::{KubeBackend, KubeSettings};
@@ -60,53 +63,18 @@ enum BackendArgs {
     },
 }
 
-const USAGE: &str = "usage: corral controller --valkey URL [--pool NAME] [--period-ms N] \
-[--backend local|kube|agent-sandbox] [--state-dir DIR] [--namespace NS] [--image REF] \
-[--runtime-class NAME] [--credential-secret NAME] [--sandbox-template NAME] [--warm-pool NAME] \
-[--worker-url-template http://HOST:PORT]";
-
-const POLICY_USAGE: &str = "usage: corral controller network-policy --proxy IP:PORT --turn IP:PORT \
---broker IP:PORT [--namespace NS] [--pool NAME]";
-
 /// `corral controller network-policy`: prints the ISO-5 NetworkPolicy of a pool's worker pods
 /// (JSON, for `kubectl apply -f -`): egress to the proxy, the TURN authority over UDP and TCP
 /// and the broker only; ingress from this system's own pods only.
-fn network_policy(args: &[String]) -> ExitCode {
+fn network_policy(args: &NetworkPolicyArgs) -> ExitCode {
     use corral_controller::network_policy::{WorkerNetwork, worker_network_policy};
-    let (mut namespace, mut pool) = (String::from("corral"), String::from("default"));
-    let (mut proxy, mut turn, mut broker) = (None, None, None);
-    let mut rest = args.iter();
-    while let Some(flag) = rest.next() {
-        let value = rest.next();
-        let address =
-            |value: Option<&String>| value.and_then(|v| v.parse::<std::net::SocketAddr>().ok());
-        match flag.as_str() {
-            "--namespace" if value.is_some() => namespace = value.cloned().unwrap_or_default(),
-            "--pool" if value.is_some() => pool = value.cloned().unwrap_or_default(),
-            "--proxy" => proxy = address(value),
-            "--turn" => turn = address(value),
-            "--broker" => broker = address(value),
-            _ => {
-                eprintln!(
-                    "corral controller network-policy: unknown or incomplete flag {flag}\n{POLICY_USAGE}"
-                );
-                return ExitCode::from(2);
-            }
-        }
-    }
-    let (Some(proxy), Some(turn), Some(broker)) = (proxy, turn, broker) else {
-        eprintln!(
-            "corral controller network-policy: --proxy, --turn and --broker are each one IP:PORT\n{POLICY_USAGE}"
-        );
-        return ExitCode::from(2);
-    };
     let policy = worker_network_policy(
-        &namespace,
-        &pool,
+        &args.placement.namespace,
+        &args.placement.pool,
         &WorkerNetwork {
-            proxy,
-            turn,
-            broker,
+            proxy: args.proxy,
+            turn: args.turn,
+            broker: args.broker,
         },
     );
     match serde_json::to_string_pretty(&policy) {
@@ -121,80 +89,58 @@ fn network_policy(args: &[String]) -> ExitCode {
     }
 }
 
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args {
-        valkey: String::new(),
-        pool: String::from("default"),
-        state_dir: PathBuf::from("/var/lib/corral/workers"),
-        period: Duration::from_millis(500),
-        backend: BackendArgs::Local,
-        worker_url_template: None,
-    };
-    let mut backend = String::from("local");
-    let (mut namespace, mut image, mut runtime_class, mut credential_secret) =
-        (String::from("corral"), None, None, None);
-    let (mut template, mut warm_pool) = (None, None);
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--valkey" => parsed.valkey = value()?,
-            "--pool" => parsed.pool = value()?,
-            "--state-dir" => parsed.state_dir = PathBuf::from(value()?),
-            "--period-ms" => {
-                let ms: u64 = value()?
-                    .parse()
-                    .map_err(|_| String::from("--period-ms: not a number"))?;
-                parsed.period = Duration::from_millis(ms.clamp(50, 60_000));
-            }
-            "--backend" => backend = value()?,
-            "--namespace" => namespace = value()?,
-            "--image" => image = Some(value()?),
-            "--runtime-class" => runtime_class = Some(value()?),
-            "--credential-secret" => credential_secret = Some(value()?),
-            "--sandbox-template" => template = Some(value()?),
-            "--warm-pool" => warm_pool = Some(value()?),
-            "--worker-url-template" => parsed.worker_url_template = Some(value()?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    if parsed.valkey.is_empty() {
-        return Err(String::from(
-            "--valkey URL is required (dynamic controller mode requires Valkey, POOL-11)",
-        ));
-    }
-    parsed.backend = match backend.as_str() {
-        "local" => BackendArgs::Local,
-        "kube" => BackendArgs::Kube {
-            namespace,
-            image: image.ok_or("--backend kube needs --image REF (the worker image, by digest)")?,
+impl Args {
+    /// What the parsed flags ask for. The parser has refused a missing `--valkey` and a backend
+    /// without what it needs already; these checks only keep that true for any caller.
+    fn from_flags(flags: ReconcileArgs) -> Result<Self, String> {
+        let ReconcileArgs {
+            valkey,
+            placement: PoolPlacement { pool, namespace },
+            period_ms,
+            backend,
+            state_dir,
+            image,
             runtime_class,
             credential_secret,
-        },
-        "agent-sandbox" => {
-            if parsed.worker_url_template.is_none() {
-                return Err(String::from(
-                    "--backend agent-sandbox needs --worker-url-template http://HOST:PORT with {id}",
-                ));
-            }
-            BackendArgs::AgentSandbox {
+            sandbox_template,
+            warm_pool,
+            worker_url_template,
+        } = flags;
+        let valkey = valkey
+            .filter(|url| !url.is_empty())
+            .ok_or("--valkey URL is required (dynamic controller mode requires Valkey, POOL-11)")?;
+        let backend = match backend {
+            BackendKind::Local => BackendArgs::Local,
+            BackendKind::Kube => BackendArgs::Kube {
                 namespace,
-                template: template
-                    .ok_or("--backend agent-sandbox needs --sandbox-template NAME")?,
-                warm_pool,
+                image: image
+                    .ok_or("--backend kube needs --image REF (the worker image, by digest)")?,
+                runtime_class,
+                credential_secret,
+            },
+            BackendKind::AgentSandbox => {
+                if worker_url_template.is_none() {
+                    return Err(String::from(
+                        "--backend agent-sandbox needs --worker-url-template http://HOST:PORT with {id}",
+                    ));
+                }
+                BackendArgs::AgentSandbox {
+                    namespace,
+                    template: sandbox_template
+                        .ok_or("--backend agent-sandbox needs --sandbox-template NAME")?,
+                    warm_pool,
+                }
             }
-        }
-        other => {
-            return Err(format!(
-                "--backend {other:?}: one of local, kube, agent-sandbox"
-            ));
-        }
-    };
-    Ok(parsed)
+        };
+        Ok(Self {
+            valkey,
+            pool,
+            state_dir,
+            period: Duration::from_millis(period_ms.clamp(50, 60_000)),
+            backend,
+            worker_url_template,
+        })
+    }
 }
 
 /// The `local` backend: one `corral worker serve` process per worker on a loopback port, each
@@ -233,18 +179,16 @@ pub fn worker_credential(state_dir: &Path) -> Result<String, String> {
     crate::stack::secret_file(&state_dir.join("worker-token"))
 }
 
-pub fn run(args: &[String]) -> ExitCode {
-    if args.first().map(String::as_str) == Some("network-policy") {
-        return network_policy(&args[1..]);
-    }
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let args = match parse(args) {
+/// `corral controller`.
+pub fn run(args: ControllerArgs) -> ExitCode {
+    let flags = match args.command {
+        Some(ControllerCommand::NetworkPolicy(policy)) => return network_policy(&policy),
+        None => args.reconcile,
+    };
+    let args = match Args::from_flags(flags) {
         Ok(args) => args,
         Err(error) => {
-            eprintln!("corral controller: {error}\n{USAGE}");
+            eprintln!("corral controller: {error}");
             return ExitCode::from(2);
         }
     };
@@ -409,13 +353,80 @@ async fn reconcile<B: Backend>(
 mod tests {
     use super::*;
 
+    use clap::Parser as _;
+    use corral::cli::{Cli, Command};
+
+    /// `corral controller ARGS`, as the binary parses it.
+    fn parse(args: &[&str]) -> Result<Args, String> {
+        let argv = ["corral", "controller"].iter().chain(args);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        let Command::Controller(controller) = cli.command else {
+            panic!("parsed as another command");
+        };
+        assert!(controller.command.is_none(), "parsed as a tool");
+        Args::from_flags(controller.reconcile)
+    }
+
     fn parsed(args: &[&str]) -> Result<Args, String> {
-        let args: Vec<String> = ["--valkey", "redis://127.0.0.1:1"]
+        let args: Vec<&str> = ["--valkey", "redis://127.0.0.1:1"]
             .iter()
             .chain(args)
-            .map(|s| (*s).to_owned())
+            .copied()
             .collect();
         parse(&args)
+    }
+
+    #[test]
+    fn network_policy_takes_its_three_addresses_and_no_valkey() {
+        let policy = |args: &[&str]| {
+            let argv = ["corral", "controller", "network-policy"]
+                .iter()
+                .chain(args);
+            match Cli::try_parse_from(argv).map(|cli| cli.command) {
+                Ok(Command::Controller(ControllerArgs {
+                    command: Some(ControllerCommand::NetworkPolicy(policy)),
+                    ..
+                })) => Ok(policy),
+                Ok(_) => panic!("parsed as another command"),
+                Err(error) => Err(error),
+            }
+        };
+        let addresses = [
+            "--proxy",
+            "10.0.0.1:3128",
+            "--turn",
+            "10.0.0.2:3478",
+            "--broker",
+            "10.0.0.3:8000",
+        ];
+        let parsed = policy(&addresses).expect("parses");
+        assert_eq!(
+            (
+                parsed.placement.namespace.as_str(),
+                parsed.placement.pool.as_str()
+            ),
+            ("corral", "default")
+        );
+        assert!(policy(&addresses[..4]).is_err(), "--broker is required");
+        assert!(policy(&["--proxy", "nowhere", "--turn", "10.0.0.2:3478"]).is_err());
+        let argv = [
+            "corral",
+            "controller",
+            "--valkey",
+            "redis://x",
+            "network-policy",
+        ];
+        assert!(
+            Cli::try_parse_from(argv).is_err(),
+            "flags or a tool, not both"
+        );
+    }
+
+    #[test]
+    fn the_period_is_kept_within_its_bounds() {
+        let period = |ms: &str| parsed(&["--period-ms", ms]).expect("parses").period;
+        assert_eq!(period("1"), Duration::from_millis(50));
+        assert_eq!(period("600000"), Duration::from_millis(60_000));
     }
 
     #[test]
@@ -497,6 +508,8 @@ mod tests {
         assert!(parsed(&["--backend", "nomad"]).is_err());
         assert!(parsed(&["--bogus"]).is_err());
         assert!(parse(&[]).is_err(), "Valkey is required (POOL-11)");
+        assert!(parsed(&["--period-ms", "soon"]).is_err());
+        assert!(parsed(&["--image"]).is_err(), "a flag without its value");
     }
 
     #[tokio::test]

@@ -1,6 +1,10 @@
-//! `corral`: one binary, one subcommand per service or operator tool.
+//! `corral`: one binary, one subcommand per service or operator tool. The command line is
+//! [`corral::cli`]; each subcommand's work is in its `*_cmd` module.
 
 use std::process::ExitCode;
+
+use clap::Parser as _;
+use corral::cli::{Cli, Command, EgressCommand};
 
 mod api_cmd;
 mod config_cmd;
@@ -12,24 +16,6 @@ mod stack;
 mod turn_server;
 mod up_cmd;
 
-const USAGE: &str = "usage: corral <command> [args]
-
-commands:
-  config check     parse every setting from the environment and print the result, or the error
-  config docs      print the table of every setting (name, default, requirement, meaning) in Markdown
-  jail run         run one file in a fresh jail and print the result as JSON (see `corral jail help`)
-  jail probe       print which isolation primitives this machine offers
-  egress decide    judge one egress target offline, as the proxy would (JSON on stdout)
-  egress-proxy     run the egress proxy (settings from the environment; see corral-egress-proxy)
-  worker serve     the worker's authenticated control API (see `corral worker help`)
-  controller       keep the warm pool with local worker processes (--valkey URL; see the crate docs)
-  up               the embedded default: Valkey, API, controller, warm pool, egress proxy (see `corral up --help`)
-  run FILE         run one file through the API and print the result (`corral run --help`)
-  api              the API service (settings from the environment)
-  resources        administer the embedded resource authority (`corral resources --help`)
-  help             this text
-";
-
 fn main() -> ExitCode {
     // Lossy, never a panic: a non-UTF-8 argument becomes U+FFFD, which every parser refuses
     // (a TARGET with it is denied as non-ASCII).
@@ -37,30 +23,31 @@ fn main() -> ExitCode {
         .skip(1)
         .map(|arg| arg.to_string_lossy().into_owned())
         .collect();
-    let Some(command) = args.first() else {
-        eprint!("{USAGE}");
-        return ExitCode::from(2);
-    };
-    let rest = &args[1..];
-    match command.as_str() {
-        "api" => api_cmd::run(rest),
-        "config" => config_cmd::run(rest),
-        "resources" => resources_cmd::run(rest),
-        "run" => run_cmd::run(rest),
-        "up" => up_cmd::run(rest),
-        "controller" => controller_cmd::run(rest),
+    // Before the parser: the jail's hidden stages this binary re-executes itself into, and
+    // `egress decide`, whose every refusal is its one JSON object on stdout.
+    match args.split_first() {
+        Some((command, rest)) if command == "jail" => {
+            if let Some(code) = corral_worker::cli::hidden_stage(rest) {
+                return code;
+            }
+        }
+        Some((command, [decide, rest @ ..])) if command == "egress" && decide == "decide" => {
+            return egress_cmd::decide(rest);
+        }
+        _ => {}
+    }
+    let cli = Cli::parse_from(std::iter::once("corral".to_owned()).chain(args));
+    match cli.command {
+        Command::Up(args) => up_cmd::run(args),
+        Command::Run(args) => run_cmd::run(args),
+        Command::Api => api_cmd::run(),
+        Command::Controller(args) => controller_cmd::run(args),
         // `["jail"]` re-executes this binary into the jail's hidden stages.
-        "jail" => corral_worker::cli::main(rest, &["jail"]),
-        "egress" => egress_cmd::run(rest),
-        "egress-proxy" => corral_egress_proxy::run::main_from_env(),
-        "worker" => corral_worker::serve::main(rest, &["jail"]),
-        "help" | "--help" | "-h" => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        other => {
-            eprintln!("corral: unknown command {other:?}\n\n{USAGE}");
-            ExitCode::from(2)
-        }
+        Command::Worker(command) => corral_worker::serve::run_command(command, &["jail"]),
+        Command::EgressProxy => corral_egress_proxy::run::main_from_env(),
+        Command::Egress(EgressCommand::Decide(args)) => egress_cmd::decide_parsed(args),
+        Command::Jail(command) => corral_worker::cli::run_command(command, &["jail"]),
+        Command::Resources(args) => resources_cmd::run(args),
+        Command::Config(command) => config_cmd::run(command),
     }
 }

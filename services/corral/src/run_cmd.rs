@@ -1,5 +1,5 @@
-//! `corral run FILE [--language L] [--actor A --conversation C] [--member M] [--json]`: one
-//! `run_code` through the API, printed for a person (or as the API's JSON). Exits 0 when the code
+//! `corral run FILE [OPTIONS]` (the flags are [`corral::cli::RunArgs`]): one `run_code` through
+//! the API, printed for a person (or as the API's JSON). Exits 0 when the code
 //! ran and succeeded, 1 when it ran and failed (or hit a bound), 3 when it was refused or not run,
 //! 2 for unusable arguments.
 //!
@@ -7,56 +7,14 @@
 //! `CORRAL_API_TOKEN`, else the file `CORRAL_API_TOKEN_FILE`, else `.corral/api-token` as
 //! `corral up` writes it.
 
+use std::path::Path;
 use std::process::ExitCode;
 
+use corral::cli::RunArgs;
 use corral_api::client::{Client, render};
 
-const USAGE: &str = "usage: corral run FILE [--language python|node] [--actor A --conversation C] [--member M] [--json]";
-
-struct Args {
-    file: String,
-    language: Option<String>,
-    actor: String,
-    conversation: String,
-    member: Option<String>,
-    json: bool,
-}
-
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args {
-        file: String::new(),
-        language: None,
-        actor: String::from("cli"),
-        conversation: String::from("cli"),
-        member: None,
-        json: false,
-    };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{arg} needs a value"))
-        };
-        match arg.as_str() {
-            "--language" => parsed.language = Some(value()?),
-            "--actor" => parsed.actor = value()?,
-            "--conversation" => parsed.conversation = value()?,
-            "--member" => parsed.member = Some(value()?),
-            "--json" => parsed.json = true,
-            flag if flag.starts_with("--") => return Err(format!("unknown flag {flag:?}")),
-            file if parsed.file.is_empty() => parsed.file = file.to_owned(),
-            extra => return Err(format!("one FILE only (also got {extra:?})")),
-        }
-    }
-    if parsed.file.is_empty() {
-        return Err(String::from("FILE is required"));
-    }
-    Ok(parsed)
-}
-
-fn language_of(file: &str) -> Option<&'static str> {
-    match std::path::Path::new(file).extension()?.to_str()? {
+fn language_of(file: &Path) -> Option<&'static str> {
+    match file.extension()?.to_str()? {
         "py" => Some("python"),
         "js" | "mjs" | "cjs" => Some("node"),
         _ => None,
@@ -76,22 +34,12 @@ fn credential() -> Result<String, String> {
 }
 
 /// `corral run`.
-pub fn run(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let args = match parse(args) {
-        Ok(args) => args,
-        Err(error) => {
-            eprintln!("corral run: {error}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+pub fn run(args: RunArgs) -> ExitCode {
+    let file = args.file.display().to_string();
     let code = match std::fs::read_to_string(&args.file) {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("corral run: {}: {error}", args.file);
+            eprintln!("corral run: {file}: {error}");
             return ExitCode::from(2);
         }
     };
@@ -100,10 +48,7 @@ pub fn run(args: &[String]) -> ExitCode {
         .clone()
         .or_else(|| language_of(&args.file).map(str::to_owned))
     else {
-        eprintln!(
-            "corral run: cannot tell the language of {}: pass --language python|node",
-            args.file
-        );
+        eprintln!("corral run: cannot tell the language of {file}: pass --language python|node");
         return ExitCode::from(2);
     };
     let token = match credential() {

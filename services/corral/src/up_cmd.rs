@@ -8,12 +8,11 @@
 //! (`--sample`), and serves until SIGINT or SIGTERM, when it stops everything it started: the API,
 //! the controller, every worker, the proxy and Valkey.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use corral::cli::UpArgs;
 use corral_api::client::Client;
 use corral_contract::{Locator, WorkerClient};
 use corral_controller::Backend as _;
@@ -23,16 +22,6 @@ use corral_core::store::Loaded;
 use corral_store::valkey_server::ValkeyServer;
 
 use crate::stack::{ApiParts, build, field_key_bytes, secret_file, stop_signal};
-
-const USAGE: &str =
-    "usage: corral up [--state-dir DIR] [--listen ADDR] [--valkey URL] [--sample] [--no-field-key]
-
-  --state-dir DIR  credentials, worker records, workspaces and logs (default ./.corral)
-  --listen ADDR    the API's address (default 127.0.0.1:8000; port 0 picks a free one)
-  --valkey URL     use this Valkey instead of starting one (also CORRAL_VALKEY_URL)
-  --sample         once ready, run a sample run_code and print its result
-  --no-field-key   mint no grants: every run proceeds with the network denied (EGR-8)
-";
 
 /// The sample `--sample` runs.
 const SAMPLE: &str = r#"import os, platform
@@ -48,65 +37,17 @@ print("workspace:", sorted(os.listdir(".")))
 /// How long the warm pool may take to come up.
 const WARM_TIMEOUT: Duration = Duration::from_secs(240);
 
-struct Args {
-    state_dir: PathBuf,
-    listen: SocketAddr,
-    valkey: Option<String>,
-    sample: bool,
-    no_field_key: bool,
-}
-
-fn parse(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args {
-        state_dir: PathBuf::from(".corral"),
-        listen: corral_api::DEFAULT_LISTEN,
-        valkey: std::env::var("CORRAL_VALKEY_URL")
-            .ok()
-            .filter(|v| !v.is_empty()),
-        sample: false,
-        no_field_key: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--state-dir" => parsed.state_dir = PathBuf::from(value()?),
-            "--listen" => {
-                let text = value()?;
-                parsed.listen = text
-                    .parse()
-                    .map_err(|_| format!("--listen {text:?}: not host:port"))?;
-            }
-            "--valkey" => parsed.valkey = Some(value()?),
-            "--sample" => parsed.sample = true,
-            "--no-field-key" => parsed.no_field_key = true,
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(parsed)
-}
-
 fn say(line: &str) {
     eprintln!("corral up: {line}");
 }
 
 /// `corral up`.
-pub fn run(args: &[String]) -> ExitCode {
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
+pub fn run(mut args: UpArgs) -> ExitCode {
+    if args.valkey.is_none() {
+        args.valkey = std::env::var("CORRAL_VALKEY_URL")
+            .ok()
+            .filter(|v| !v.is_empty());
     }
-    let args = match parse(args) {
-        Ok(args) => args,
-        Err(error) => {
-            eprintln!("corral up: {error}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
     let settings = match Settings::from_lookup(|name| std::env::var(name).ok()) {
         Ok(settings) => settings,
         Err(error) => {
@@ -169,7 +110,7 @@ fn free_port() -> Result<u16, String> {
         .map_err(|e| format!("no free port: {e}"))
 }
 
-async fn up(args: Args, mut settings: Settings, started: &mut Started) -> ExitCode {
+async fn up(args: UpArgs, mut settings: Settings, started: &mut Started) -> ExitCode {
     match try_up(args, &mut settings, started).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -179,7 +120,11 @@ async fn up(args: Args, mut settings: Settings, started: &mut Started) -> ExitCo
     }
 }
 
-async fn try_up(args: Args, settings: &mut Settings, started: &mut Started) -> Result<(), String> {
+async fn try_up(
+    args: UpArgs,
+    settings: &mut Settings,
+    started: &mut Started,
+) -> Result<(), String> {
     std::fs::create_dir_all(&args.state_dir)
         .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
     let state_dir = args

@@ -1,11 +1,7 @@
 //! `corral egress decide`: the proxy's decision, offline, for an operator asking "why was this
 //! refused?" (issue 3, item 4).
 //!
-//! ```text
-//! corral egress decide [--mode M] [--allowed-port P]… [--private-cidr C]… [--allowed-host H]…
-//!                      [--answer NAME=IP[,IP…]]… [--offline] [--via connect|http]
-//!                      [--host-header H]… TARGET
-//! ```
+//! The flags are [`DecideArgs`] (`corral egress decide --help` prints them):
 //!
 //! - The policy is resolved by the core exactly as the deployment's would be
 //!   ([`corral_core::egress::resolve`]), as if the proxy address and the field key were in place.
@@ -28,8 +24,10 @@
 //!   proxy would answer a denial with), `refused_address`, `target`, `via`, `dns`, `answer` and
 //!   `notes` where they apply.
 //! - Exit status: 0 allow, 1 deny, 2 only when the arguments themselves are unusable (unknown
-//!   flag, missing value, bad `--via`, malformed `--answer`, no or several TARGETs). A malformed
-//!   TARGET is a deny.
+//!   flag, missing value, bad `--via`, malformed `--answer`, no or several TARGETs), with
+//!   `{"error":"usage","message":…}` on stdout (the message carries the parser's suggestion) and
+//!   the parser's full refusal on stderr. A malformed TARGET is a deny, even one that begins
+//!   with `-`. `--help` prints the help and exits 0.
 
 use std::net::IpAddr;
 
@@ -43,69 +41,118 @@ use crate::refusal::{Refusal, ShellReason};
 /// How long an online lookup may take.
 pub const ONLINE_DNS_TIMEOUT_MS: u64 = 5_000;
 
-/// The usage text.
-pub const USAGE: &str =
-    "usage: corral egress decide [--mode M] [--allowed-port P]... [--private-cidr C]...
-                            [--allowed-host H]... [--answer NAME=IP[,IP...]]... [--offline]
-                            [--via connect|http] [--host-header H]... TARGET
+/// What `corral egress decide` does, in one line of its help.
+pub const ABOUT: &str =
+    "Judge one egress target offline, as the proxy would (one JSON object on stdout)";
 
-Judges TARGET (a CONNECT authority, or with --via http an absolute URL) exactly as the egress
-proxy would, and prints one JSON object. Exit 0 allow, 1 deny, 2 unusable arguments.
-  --mode M            configured mode (default public_internet; unknown spellings are isolated)
-  --allowed-port P    an allowed port (default 80 and 443)
-  --private-cidr C    a configured private CIDR
-  --allowed-host H    an exact allowlisted host (host_allowlist)
-  --answer NAME=IPS   the DNS answer for NAME; names not given are NXDOMAIN; implies --offline
-  --offline           resolve only from --answer; no query leaves the process
-  --via connect|http  how the client asks (default connect)
-  --host-header H     the request's Host header (http only; repeat for a repeated header)
-";
+/// What `corral egress decide` does, in its long help.
+pub const LONG_ABOUT: &str = "Judge one egress target offline, as the proxy would (one JSON \
+object on stdout)
+
+Judges TARGET (a CONNECT authority, or with --via http an absolute URL) exactly as the egress \
+proxy would, and prints one JSON object. Exit 0 allow, 1 deny, 2 unusable arguments (the object \
+is then {\"error\":\"usage\",\"message\":...}). A malformed TARGET is a deny.";
+
+/// The arguments of `corral egress decide`: one definition, parsed by [`run`] and shown in the
+/// `corral` binary's help.
+#[derive(clap::Args, Debug)]
+pub struct DecideArgs {
+    /// The configured mode (default public_internet; an unknown spelling is isolated)
+    #[arg(long, value_name = "M", allow_hyphen_values = true)]
+    mode: Option<String>,
+    /// An allowed port; repeat for more (default 80 and 443)
+    #[arg(long = "allowed-port", value_name = "P", allow_hyphen_values = true)]
+    ports: Vec<String>,
+    /// A configured private CIDR; repeat for more
+    #[arg(long = "private-cidr", value_name = "C", allow_hyphen_values = true)]
+    cidrs: Vec<String>,
+    /// An exact allowlisted host (host_allowlist); repeat for more
+    #[arg(long = "allowed-host", value_name = "H", allow_hyphen_values = true)]
+    hosts: Vec<String>,
+    /// The DNS answer for NAME (`NAME=` is an empty one, a repeat adds to it); names not given
+    /// are NXDOMAIN; implies --offline
+    #[arg(
+        long = "answer",
+        value_name = "NAME=IP[,IP...]",
+        value_parser = parse_answer,
+        allow_hyphen_values = true
+    )]
+    answers: Vec<Answer>,
+    /// Resolve only from --answer; no query leaves the process
+    #[arg(long, overrides_with = "offline")]
+    offline: bool,
+    /// How the client asks
+    #[arg(long, value_enum, value_name = "VIA", default_value_t = ViaFlag::Connect)]
+    via: ViaFlag,
+    /// The request's Host header (http only; repeat for a repeated header); without it the Host
+    /// check is skipped
+    #[arg(long = "host-header", value_name = "H", allow_hyphen_values = true)]
+    host_headers: Vec<String>,
+    /// A CONNECT authority, or with --via http an absolute URL; a malformed one is denied
+    #[arg(value_name = "TARGET")]
+    target: String,
+}
+
+/// `corral egress decide` on its own, as [`run`] parses it.
+#[derive(clap::Parser)]
+#[command(name = "decide", bin_name = "corral egress decide", version)]
+#[command(about = ABOUT, long_about = LONG_ABOUT)]
+struct DecideCli {
+    #[command(flatten)]
+    args: DecideArgs,
+}
+
+/// `--via`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ViaFlag {
+    /// `CONNECT host:port`
+    Connect,
+    /// A plain-HTTP request with an absolute-form URL
+    Http,
+}
+
+impl From<ViaFlag> for Via {
+    fn from(flag: ViaFlag) -> Self {
+        match flag {
+            ViaFlag::Connect => Via::Connect,
+            ViaFlag::Http => Via::Http,
+        }
+    }
+}
+
+/// One `--answer NAME=IP[,IP…]`.
+#[derive(Clone, Debug)]
+struct Answer {
+    name: String,
+    addresses: Vec<IpAddr>,
+}
 
 /// What the command prints and returns.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecideOutput {
     /// The process exit status: 0 allow, 1 deny, 2 usage.
     pub exit_code: u8,
-    /// Exactly one JSON object and a newline (or the usage text for `--help`).
+    /// Exactly one JSON object and a newline (or the help text for `--help`).
     pub stdout: String,
     /// Messages for a person.
     pub stderr: String,
 }
 
-/// The parsed arguments.
-#[derive(Debug, Default)]
-struct Args {
-    mode: Option<String>,
-    ports: Vec<String>,
-    cidrs: Vec<String>,
-    hosts: Vec<String>,
-    answers: AnswerTable,
-    offline: bool,
-    via: Option<Via>,
-    host_headers: Vec<String>,
-    targets: Vec<String>,
-    help: bool,
-}
-
 /// Runs `corral egress decide` with the arguments after `decide`.
 #[must_use]
 pub fn run(args: &[String]) -> DecideOutput {
-    let parsed = match parse_args(args) {
-        Ok(parsed) => parsed,
-        Err(message) => return usage_error(&message),
+    use clap::Parser as _;
+    let argv = std::iter::once("decide".to_owned()).chain(hyphen_targets_last(args));
+    let parsed = match DecideCli::try_parse_from(argv) {
+        Ok(cli) => cli.args,
+        Err(error) => return refused(&error),
     };
-    if parsed.help {
-        return DecideOutput {
-            exit_code: 0,
-            stdout: USAGE.to_owned(),
-            stderr: String::new(),
-        };
-    }
-    let target_text = match parsed.targets.as_slice() {
-        [one] => one.clone(),
-        [] => return usage_error("TARGET is missing"),
-        [_, _, ..] => return usage_error("more than one TARGET"),
-    };
+    run_parsed(&parsed)
+}
+
+/// Runs `corral egress decide` with arguments already parsed (by the `corral` binary's parser).
+#[must_use]
+pub fn run_parsed(parsed: &DecideArgs) -> DecideOutput {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -113,8 +160,12 @@ pub fn run(args: &[String]) -> DecideOutput {
         Ok(runtime) => runtime,
         Err(e) => return usage_error(&format!("cannot start the runtime: {e}")),
     };
-    let resolver = if parsed.offline {
-        CliResolver::Table(&parsed.answers)
+    let mut answers = AnswerTable::default();
+    for answer in &parsed.answers {
+        answers.add(&answer.name, &answer.addresses);
+    }
+    let resolver = if parsed.offline || !parsed.answers.is_empty() {
+        CliResolver::Table(&answers)
     } else {
         CliResolver::Online(runtime.block_on(async {
             HickoryResolve::new(
@@ -124,7 +175,76 @@ pub fn run(args: &[String]) -> DecideOutput {
             .map(Box::new)
         }))
     };
-    runtime.block_on(decide(&parsed, &target_text, &resolver))
+    runtime.block_on(decide(parsed, &resolver))
+}
+
+/// Moves every argument that begins with a single `-` and stands where TARGET may (such as
+/// `-x.example:443`, a malformed TARGET) behind `--`, so that it is judged and denied, as it
+/// always was, rather than refused as an unknown short flag. `-h` and `-V` stay flags.
+fn hyphen_targets_last(args: &[String]) -> Vec<String> {
+    use clap::CommandFactory as _;
+    let command = DecideCli::command();
+    let takes_value = |arg: &str| {
+        arg.strip_prefix("--").is_some_and(|long| {
+            command
+                .get_arguments()
+                .any(|a| a.get_long() == Some(long) && a.get_action().takes_values())
+        })
+    };
+    let (mut kept, mut targets) = (Vec::with_capacity(args.len() + 1), Vec::new());
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if arg == "--" {
+            targets.extend(rest.by_ref().cloned());
+            break;
+        }
+        let single_dash = arg.len() > 1 && arg.starts_with('-') && !arg.starts_with("--");
+        if single_dash && arg != "-h" && arg != "-V" {
+            targets.push(arg.clone());
+            continue;
+        }
+        kept.push(arg.clone());
+        if takes_value(arg)
+            && let Some(value) = rest.next()
+        {
+            kept.push(value.clone());
+        }
+    }
+    if !targets.is_empty() {
+        kept.push("--".to_owned());
+        kept.extend(targets);
+    }
+    kept
+}
+
+/// What a refusal by the parser prints: the help or the version on `--help` or `--version`
+/// (exit 0), otherwise the usage object with the parser's message and suggestion (exit 2).
+fn refused(error: &clap::Error) -> DecideOutput {
+    let text = error.render().to_string();
+    if error.exit_code() == 0 {
+        return DecideOutput {
+            exit_code: 0,
+            stdout: text,
+            stderr: String::new(),
+        };
+    }
+    // The lines before the usage: what is wrong, and the parser's tip when it has one.
+    let mut message = String::new();
+    for line in text
+        .lines()
+        .take_while(|line| !line.starts_with("Usage:") && !line.starts_with("For more"))
+        .map(|line| line.trim().trim_start_matches("error: "))
+        .filter(|line| !line.is_empty())
+    {
+        if !message.is_empty() {
+            message.push_str(if message.ends_with(':') { " " } else { "; " });
+        }
+        message.push_str(line);
+    }
+    DecideOutput {
+        stderr: text,
+        ..usage_error(&message)
+    }
 }
 
 /// The resolver the command uses: the `--answer` table, or the system's name servers.
@@ -143,7 +263,8 @@ impl Resolve for CliResolver<'_> {
     }
 }
 
-async fn decide(args: &Args, target_text: &str, resolver: &CliResolver<'_>) -> DecideOutput {
+async fn decide(args: &DecideArgs, resolver: &CliResolver<'_>) -> DecideOutput {
+    let target_text = args.target.as_str();
     let joined_ports = (!args.ports.is_empty()).then(|| args.ports.join(","));
     let joined_cidrs = (!args.cidrs.is_empty()).then(|| args.cidrs.join(","));
     let joined_hosts = (!args.hosts.is_empty()).then(|| args.hosts.join(","));
@@ -157,7 +278,7 @@ async fn decide(args: &Args, target_text: &str, resolver: &CliResolver<'_>) -> D
         proxy_address_present: true,
         field_key_present: true,
     });
-    let via = args.via.unwrap_or(Via::Connect);
+    let via = Via::from(args.via);
     let host_values: Vec<&str> = args.host_headers.iter().map(String::as_str).collect();
     let host_check =
         (via == Via::Http && !host_values.is_empty()).then_some(host_values.as_slice());
@@ -245,98 +366,17 @@ fn usage_error(message: &str) -> DecideOutput {
     DecideOutput {
         exit_code: 2,
         stdout,
-        stderr: format!("corral egress decide: {message}\n\n{USAGE}"),
+        stderr: format!("corral egress decide: {message}\n"),
     }
 }
 
-/// Flags that take a value.
-const VALUE_FLAGS: [&str; 7] = [
-    "--mode",
-    "--allowed-port",
-    "--private-cidr",
-    "--allowed-host",
-    "--answer",
-    "--via",
-    "--host-header",
-];
-
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let mut parsed = Args::default();
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if arg == "--" {
-            parsed.targets.extend(rest.by_ref().cloned());
-            break;
-        }
-        if arg == "--offline" {
-            parsed.offline = true;
-            continue;
-        }
-        if arg == "--help" || arg == "-h" {
-            parsed.help = true;
-            continue;
-        }
-        if !arg.starts_with("--") {
-            parsed.targets.push(arg.clone());
-            continue;
-        }
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) => (flag, Some(value.to_owned())),
-            None => (arg.as_str(), None),
-        };
-        if !VALUE_FLAGS.contains(&flag) {
-            return Err(format!("unknown flag {flag:?}"));
-        }
-        let value = match inline {
-            Some(value) => value,
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))?,
-        };
-        apply_flag(&mut parsed, flag, value)?;
-    }
-    Ok(parsed)
-}
-
-fn apply_flag(parsed: &mut Args, flag: &str, value: String) -> Result<(), String> {
-    match flag {
-        "--mode" => {
-            if parsed.mode.is_some() {
-                return Err("--mode given twice".to_owned());
-            }
-            parsed.mode = Some(value);
-        }
-        "--allowed-port" => parsed.ports.push(value),
-        "--private-cidr" => parsed.cidrs.push(value),
-        "--allowed-host" => parsed.hosts.push(value),
-        "--answer" => {
-            parse_answer(&mut parsed.answers, &value)?;
-            parsed.offline = true;
-        }
-        "--via" => {
-            if parsed.via.is_some() {
-                return Err("--via given twice".to_owned());
-            }
-            parsed.via = Some(match value.as_str() {
-                "connect" => Via::Connect,
-                "http" => Via::Http,
-                other => return Err(format!("--via must be connect or http, not {other:?}")),
-            });
-        }
-        "--host-header" => parsed.host_headers.push(value),
-        other => return Err(format!("unknown flag {other:?}")),
-    }
-    Ok(())
-}
-
-/// Parses `NAME=IP[,IP…]` into the table. `NAME=` is an empty answer.
-fn parse_answer(table: &mut AnswerTable, text: &str) -> Result<(), String> {
+/// Parses `NAME=IP[,IP…]`. `NAME=` is an empty answer.
+fn parse_answer(text: &str) -> Result<Answer, String> {
     let Some((name, list)) = text.split_once('=') else {
-        return Err(format!("--answer {text:?} is not NAME=IP[,IP...]"));
+        return Err(format!("{text:?} is not NAME=IP[,IP...]"));
     };
     if name.is_empty() {
-        return Err(format!("--answer {text:?} has no NAME"));
+        return Err(format!("{text:?} has no NAME"));
     }
     let mut addresses = Vec::new();
     if !list.trim().is_empty() {
@@ -347,12 +387,14 @@ fn parse_answer(table: &mut AnswerTable, text: &str) -> Result<(), String> {
                 .unwrap_or(item);
             let ip: IpAddr = bare
                 .parse()
-                .map_err(|_| format!("--answer {text:?}: {item:?} is not an IP address"))?;
+                .map_err(|_| format!("{item:?} is not an IP address"))?;
             addresses.push(ip);
         }
     }
-    table.add(name, &addresses);
-    Ok(())
+    Ok(Answer {
+        name: name.to_owned(),
+        addresses,
+    })
 }
 
 #[cfg(test)]
@@ -432,6 +474,69 @@ mod tests {
             assert_eq!(out.exit_code, 2, "{args:?}");
             assert_eq!(field(&out, "error"), Some("usage"));
         }
+    }
+
+    #[test]
+    fn help_and_version_print_text_and_exit_0() {
+        for args in [
+            &["--help"][..],
+            &["-h"],
+            &["--offline", "--help"],
+            &["--version"],
+        ] {
+            let out = decide(args);
+            assert_eq!(out.exit_code, 0, "{args:?}: {out:?}");
+            assert!(!out.stdout.is_empty() && out.stderr.is_empty(), "{out:?}");
+        }
+        let help = decide(&["--help"]).stdout;
+        assert!(help.contains("Usage: corral egress decide"), "{help}");
+        assert!(help.contains("--allowed-port"), "{help}");
+    }
+
+    #[test]
+    fn an_unknown_flag_is_refused_with_a_suggestion_in_the_usage_object() {
+        let out = decide(&["--allowed-prot", "443", "a:1"]);
+        assert_eq!(out.exit_code, 2);
+        assert_eq!(out.stdout.matches('\n').count(), 1, "{out:?}");
+        assert_eq!(field(&out, "error"), Some("usage"));
+        let message = field(&out, "message").unwrap_or_default();
+        assert!(message.contains("--allowed-port"), "{message}");
+        assert!(out.stderr.contains("--allowed-port"), "{}", out.stderr);
+        let out = decide(&["--via"]);
+        assert_eq!((out.exit_code, field(&out, "error")), (2, Some("usage")));
+    }
+
+    #[test]
+    fn values_and_targets_that_begin_with_a_dash_are_taken_as_before() {
+        let out = decide(&["--offline", "-x.example:443"]);
+        assert_eq!(out.exit_code, 1, "{out:?}");
+        assert_eq!(field(&out, "reason"), Some("authority_bad_name"));
+        let out = decide(&["-x.example:443", "--offline"]);
+        assert_eq!(field(&out, "reason"), Some("authority_bad_name"));
+        let out = decide(&["-x.example:443", "a.example:443"]);
+        assert_eq!(out.exit_code, 2, "two TARGETs: {out:?}");
+        for header in ["-a.example", "--", "--offline"] {
+            let out = decide(&[
+                "--via",
+                "http",
+                "--host-header",
+                header,
+                "--answer",
+                "a.example=93.184.216.34",
+                "http://a.example/",
+            ]);
+            // The header is taken as given (and refused as a header), never as a flag.
+            assert_eq!(out.exit_code, 1, "{header}: {out:?}");
+            let reason = field(&out, "reason").unwrap_or_default();
+            assert!(reason.starts_with("host_header_"), "{header}: {out:?}");
+        }
+        let out = decide(&["--mode", "-x", "--offline", "8.8.8.8:443"]);
+        assert_eq!(field(&out, "configured_mode"), Some("-x"), "{out:?}");
+        let out = decide(&["--offline", "--offline", "8.8.8.8:443"]);
+        assert_eq!(
+            out.exit_code, 0,
+            "a repeated --offline is still --offline: {out:?}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::{Parser, Subcommand};
 use corral_core::config::Settings;
 use corral_core::ids::OpToken;
 use corral_core::jail::{Language, NotRun};
@@ -12,53 +13,92 @@ use corral_core::jail::{Language, NotRun};
 use crate::stage;
 use crate::supervisor::{Reexec, RunRequest, Worker, refusal_text};
 
-/// Usage of `corral jail`.
-pub const USAGE: &str =
-    "usage: corral jail run --language python|node [--workspace DIR] [--wall-seconds N]
-                      [--grant-file FILE] FILE
-       corral jail probe
+/// Where `corral jail`'s settings come from, shown under its help.
+const SETTINGS_NOTE: &str =
+    "Settings come from the environment (SANDBOX_*, CORRAL_JAIL_*); see `corral config check`.";
 
-run     runs FILE in a fresh jail and prints one JSON object: exit_code, stdout, stderr, bound,
-        downloads, not_run and reset_evidence (with bounds, isolation, diagnostics, durations).
-        Exit status 0 when the code ran (whatever its own exit code), 3 when it was not run,
-        2 for unusable arguments or settings.
-        --workspace DIR  the code sees a copy of DIR's files; validated downloads are copied back
-        --wall-seconds N the wall limit for this run, in place of SANDBOX_MAX_WALL_SECONDS
-        --grant-file F   the run's egress grant, which the jail's relay adds to every connection
-                         it carries to SANDBOX_EGRESS_PROXY_URL (without one it refuses them all)
-probe   prints which isolation primitives this machine offers, as JSON.
+/// `corral jail`'s commands (the hidden stages are not among them: see [`hidden_stage`]).
+#[derive(Subcommand)]
+pub enum JailCommand {
+    /// Run FILE in a fresh jail and print the result as one JSON object
+    ///
+    /// The object has exit_code, stdout, stderr, bound, downloads, not_run and reset_evidence
+    /// (with bounds, isolation, diagnostics, durations). Exit status 0 when the code ran
+    /// (whatever its own exit code), 3 when it was not run, 2 for unusable arguments or settings.
+    #[command(after_help = SETTINGS_NOTE)]
+    Run(RunArgs),
+    /// Print which isolation primitives this machine offers, as JSON
+    #[command(after_help = SETTINGS_NOTE)]
+    Probe,
+}
 
-Settings come from the environment (SANDBOX_*, CORRAL_JAIL_*); see `corral config check`.
-";
+/// The arguments of `corral jail run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The language of FILE, python or node (any other is refused as not run, exit 3)
+    #[arg(long, value_name = "python|node")]
+    language: String,
+    /// The code sees a copy of DIR's files; validated downloads are copied back
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// The wall limit for this run, in place of SANDBOX_MAX_WALL_SECONDS
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    wall_seconds: Option<u64>,
+    /// The run's egress grant, which the jail's relay adds to every connection it carries to
+    /// SANDBOX_EGRESS_PROXY_URL (without one it refuses them all)
+    #[arg(long, value_name = "FILE")]
+    grant_file: Option<PathBuf>,
+    /// The file to run
+    file: PathBuf,
+}
+
+/// `corral jail` on its own (the `corral-jail` binary); `corral` embeds [`JailCommand`].
+#[derive(Parser)]
+#[command(name = "jail", bin_name = "corral jail", version, after_help = SETTINGS_NOTE)]
+#[command(args_override_self = true)]
+#[command(about = "Run one file in a fresh jail, or probe this machine's isolation")]
+struct JailCli {
+    #[command(subcommand)]
+    command: JailCommand,
+}
 
 const EXIT_RAN: u8 = 0;
 const EXIT_USAGE: u8 = 2;
 const EXIT_NOT_RUN: u8 = 3;
 
-/// Runs `corral jail <args>`. `prefix` is what re-executes this binary into `jail` (`["jail"]`
-/// for `corral`, empty for `corral-jail`).
+/// Runs `corral jail <args>` (the hidden stages included). `prefix` is what re-executes this
+/// binary into `jail` (`["jail"]` for `corral`, empty for `corral-jail`).
 pub fn main(args: &[String], prefix: &[&str]) -> ExitCode {
-    let Some(command) = args.first() else {
-        eprint!("{USAGE}");
-        return ExitCode::from(EXIT_USAGE);
-    };
-    let rest = &args[1..];
-    match (command.as_str(), rest) {
-        ("__stage1", [plan]) => stage::stage1(plan),
-        ("__stage2", [plan]) => stage::stage2(plan),
-        ("__probe", []) => stage::probe(),
-        ("run", _) => run(rest, prefix),
-        ("probe", []) => probe(prefix),
-        ("help" | "--help" | "-h", _) => {
-            print!("{USAGE}");
-            ExitCode::SUCCESS
-        }
-        _ => usage_error(&format!("unknown command {command:?}")),
+    if let Some(code) = hidden_stage(args) {
+        return code;
+    }
+    let cli = JailCli::parse_from(std::iter::once("jail").chain(args.iter().map(String::as_str)));
+    run_command(cli.command, prefix)
+}
+
+/// Runs the jail's hidden stage that `args` name (`__stage1 PLAN`, `__stage2 PLAN`, `__probe`),
+/// which this binary re-executes itself into; `None` for any other arguments. Matched exactly,
+/// before the command line's parser, and never in its help: they are not for people.
+#[must_use]
+pub fn hidden_stage(args: &[String]) -> Option<ExitCode> {
+    match args {
+        [name, plan] if name == "__stage1" => Some(stage::stage1(plan)),
+        [name, plan] if name == "__stage2" => Some(stage::stage2(plan)),
+        [name] if name == "__probe" => Some(stage::probe()),
+        _ => None,
+    }
+}
+
+/// Runs one parsed `corral jail` command.
+pub fn run_command(command: JailCommand, prefix: &[&str]) -> ExitCode {
+    match command {
+        JailCommand::Run(args) => run(args, prefix),
+        JailCommand::Probe => probe(prefix),
     }
 }
 
 fn usage_error(message: &str) -> ExitCode {
-    eprintln!("corral jail: {message}\n\n{USAGE}");
+    eprintln!("corral jail: {message}");
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -66,69 +106,6 @@ fn settings() -> Result<Settings, ExitCode> {
     Settings::from_lookup(|name| std::env::var(name).ok()).map_err(|error| {
         eprintln!("corral jail: {error}");
         ExitCode::from(EXIT_USAGE)
-    })
-}
-
-/// Parsed arguments of `run`.
-struct RunArgs {
-    language: String,
-    workspace: Option<PathBuf>,
-    wall_seconds: Option<u64>,
-    grant_file: Option<PathBuf>,
-    file: PathBuf,
-}
-
-fn parse_run(args: &[String]) -> Result<RunArgs, String> {
-    let mut language = None;
-    let mut workspace = None;
-    let mut wall_seconds = None;
-    let mut grant_file = None;
-    let mut file = None;
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value.to_owned())),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |name: &str| {
-            inline
-                .clone()
-                .or_else(|| rest.next().cloned())
-                .ok_or(format!("{name} needs a value"))
-        };
-        match flag {
-            "--language" => language = Some(value("--language")?),
-            "--workspace" => workspace = Some(PathBuf::from(value("--workspace")?)),
-            "--grant-file" => grant_file = Some(PathBuf::from(value("--grant-file")?)),
-            "--wall-seconds" => {
-                let text = value("--wall-seconds")?;
-                let seconds: u64 = text
-                    .parse()
-                    .ok()
-                    .filter(|s| (1..=86_400).contains(s))
-                    .ok_or(format!(
-                        "--wall-seconds {text:?}: expected a whole number from 1 to 86400"
-                    ))?;
-                wall_seconds = Some(seconds);
-            }
-            "--" => {
-                file = rest.next().map(PathBuf::from);
-                break;
-            }
-            other if other.starts_with("--") => return Err(format!("unknown option {other}")),
-            _ if file.is_none() => file = Some(PathBuf::from(arg)),
-            _ => return Err(format!("unexpected argument {arg:?}")),
-        }
-    }
-    if rest.next().is_some() {
-        return Err("unexpected arguments after FILE".to_owned());
-    }
-    Ok(RunArgs {
-        language: language.ok_or("--language is required")?,
-        workspace,
-        wall_seconds,
-        grant_file,
-        file: file.ok_or("FILE is required")?,
     })
 }
 
@@ -162,11 +139,7 @@ fn read_grant(path: &PathBuf) -> Result<String, String> {
     Ok(grant.to_owned())
 }
 
-fn run(args: &[String], prefix: &[&str]) -> ExitCode {
-    let args = match parse_run(args) {
-        Ok(args) => args,
-        Err(message) => return usage_error(&message),
-    };
+fn run(args: RunArgs, prefix: &[&str]) -> ExitCode {
     let settings = match settings() {
         Ok(settings) => settings,
         Err(code) => return code,
@@ -201,7 +174,10 @@ fn run(args: &[String], prefix: &[&str]) -> ExitCode {
             tools: None,
             resources: None,
         }),
-        Err(reason) => worker.refuse(reason, OpToken(0)),
+        Err(refused) => {
+            eprintln!("corral jail: {refused}");
+            worker.refuse(refused.code, OpToken(0))
+        }
     };
     let reply = result.reply;
     if reply.not_run == Some(NotRun::IsolationUnavailable) {
@@ -250,45 +226,69 @@ fn probe(prefix: &[&str]) -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory as _;
+
     use super::*;
 
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| (*s).to_owned()).collect()
+    fn parse_run(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let args = ["jail", "run"].iter().chain(args);
+        match JailCli::try_parse_from(args)?.command {
+            JailCommand::Run(args) => Ok(args),
+            JailCommand::Probe => unreachable!("parsed `run`"),
+        }
     }
 
     #[test]
     fn run_arguments() {
-        let parsed = parse_run(&strings(&[
-            "--language",
-            "python",
-            "--wall-seconds=5",
-            "x.py",
-        ]))
-        .unwrap();
+        let parsed = parse_run(&["--language", "python", "--wall-seconds=5", "x.py"]).unwrap();
         assert_eq!(
             (parsed.language.as_str(), parsed.wall_seconds),
             ("python", Some(5))
         );
         assert_eq!(parsed.file, PathBuf::from("x.py"));
         assert_eq!(parsed.grant_file, None);
-        let parsed = parse_run(&strings(&[
-            "--language",
-            "python",
-            "--grant-file",
-            "g",
-            "x.py",
-        ]))
-        .unwrap();
+        let parsed = parse_run(&["--language", "python", "--grant-file", "g", "x.py"]).unwrap();
         assert_eq!(parsed.grant_file, Some(PathBuf::from("g")));
+        let parsed = parse_run(&["--language", "node", "--", "-x.js"]).unwrap();
+        assert_eq!(parsed.file, PathBuf::from("-x.js"));
         for bad in [
             &["x.py"][..],
             &["--language", "python"],
             &["--language", "python", "--wall-seconds", "0", "x.py"],
+            &["--language", "python", "--wall-seconds", "86401", "x.py"],
             &["--language", "python", "--bogus", "x.py"],
             &["--language", "python", "a.py", "b.py"],
             &["--language"],
         ] {
-            assert!(parse_run(&strings(bad)).is_err(), "{bad:?}");
+            let error = parse_run(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} parsed"));
+            assert_eq!(error.exit_code(), 2, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_language_the_jail_does_not_know_is_not_a_usage_error() {
+        // It is refused as not run (exit 3) with a JSON reply, after parsing.
+        let parsed = parse_run(&["--language", "ruby", "x.rb"]).unwrap();
+        assert_eq!(parsed.language, "ruby");
+    }
+
+    #[test]
+    fn hidden_stages_are_matched_exactly_and_kept_out_of_the_help() {
+        let strings = |args: &[&str]| args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        for not_a_stage in [
+            &["__stage1"][..],
+            &["__stage1", "a", "b"],
+            &["__probe", "x"],
+            &["run", "__stage1"],
+        ] {
+            assert!(
+                hidden_stage(&strings(not_a_stage)).is_none(),
+                "{not_a_stage:?}"
+            );
+        }
+        let help = JailCli::command().render_long_help().to_string();
+        assert!(!help.contains("__"), "{help}");
     }
 }

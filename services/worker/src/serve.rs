@@ -77,15 +77,52 @@ use crate::archive::{self, ArchiveError};
 use crate::result::RunResult;
 use crate::supervisor::{Reexec, RunRequest, SessionError, Worker};
 
-/// Usage of `corral worker`.
-pub const USAGE: &str = "usage: corral worker serve [--listen ADDR]
+/// `corral worker`'s commands.
+#[derive(clap::Subcommand)]
+pub enum WorkerCommand {
+    /// The worker's authenticated control API
+    ///
+    /// GET /health, POST /v1/execute, POST /v1/reset, each authenticated with `Authorization:
+    /// Bearer <credential>`. The credential is read from the file named by
+    /// CORRAL_WORKER_TOKEN_FILE, else from CORRAL_WORKER_TOKEN; without one the server does not
+    /// start. It prints `listening on ADDR` once bound.
+    Serve(ServeArgs),
+}
 
-serve   the worker's control API: GET /health, POST /v1/execute, POST /v1/reset, each
-        authenticated with `Authorization: Bearer <credential>`. The credential is read from the
-        file named by CORRAL_WORKER_TOKEN_FILE, else from CORRAL_WORKER_TOKEN; without one the
-        server does not start. It listens on 0.0.0.0:CORRAL_WORKER_CONTROL_PORT (8091) unless
-        --listen ADDR says otherwise, and prints `listening on ADDR` once bound.
-";
+/// The arguments of `corral worker serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen (default 0.0.0.0:CORRAL_WORKER_CONTROL_PORT, which is 8091 unless set)
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+}
+
+/// `corral worker` on its own (the `corral-worker` binary); `corral` embeds [`WorkerCommand`].
+#[derive(clap::Parser)]
+#[command(
+    name = "worker",
+    bin_name = "corral worker",
+    version,
+    args_override_self = true
+)]
+#[command(about = "The worker's control API")]
+struct WorkerCli {
+    #[command(subcommand)]
+    command: WorkerCommand,
+}
+
+/// The usage of `corral worker`, rendered from its definition when displayed.
+pub const USAGE: Usage = Usage;
+
+/// Displays the usage of `corral worker` (see [`USAGE`]).
+pub struct Usage;
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use clap::CommandFactory as _;
+        write!(f, "{}", WorkerCli::command().render_help())
+    }
+}
 
 /// Where requests' workspaces are staged, in the supervisor's private mount namespace.
 const STAGING_DIR: &str = "/run/corral-worker-api";
@@ -254,44 +291,22 @@ struct AppState {
 /// Runs `corral worker <args>`. `prefix` is what re-executes this binary into the jail's stages
 /// (`["jail"]` for `corral`).
 pub fn main(args: &[String], prefix: &[&str]) -> ExitCode {
-    if matches!(
-        args.first().map(String::as_str),
-        Some("help" | "--help" | "-h")
-    ) {
-        print!("{USAGE}");
-        return ExitCode::SUCCESS;
-    }
-    let listen = match parse(args) {
-        Ok(listen) => listen,
-        Err(message) => {
-            eprintln!("corral worker: {message}\n\n{USAGE}");
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    match start(listen, prefix) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("corral worker: {message}");
-            ExitCode::from(EXIT_USAGE)
-        }
-    }
+    use clap::Parser as _;
+    let cli =
+        WorkerCli::parse_from(std::iter::once("worker").chain(args.iter().map(String::as_str)));
+    run_command(cli.command, prefix)
 }
 
-/// Parses `serve [--listen ADDR]`.
-fn parse(args: &[String]) -> Result<Option<SocketAddr>, String> {
-    match args {
-        [command] if command == "serve" => Ok(None),
-        [command, flag, addr] if command == "serve" && flag == "--listen" => addr
-            .parse()
-            .map(Some)
-            .map_err(|e| format!("--listen {addr:?}: {e}")),
-        [command, flag] if command == "serve" && flag.starts_with("--listen=") => {
-            let addr = &flag["--listen=".len()..];
-            addr.parse()
-                .map(Some)
-                .map_err(|e| format!("--listen {addr:?}: {e}"))
-        }
-        _ => Err("expected `serve [--listen ADDR]`".to_owned()),
+/// Runs one parsed `corral worker` command.
+pub fn run_command(command: WorkerCommand, prefix: &[&str]) -> ExitCode {
+    match command {
+        WorkerCommand::Serve(args) => match start(args.listen, prefix) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(message) => {
+                eprintln!("corral worker: {message}");
+                ExitCode::from(EXIT_USAGE)
+            }
+        },
     }
 }
 
@@ -904,18 +919,40 @@ fn wipe_staging(staging: &Path, diagnostics: &mut Vec<String>) -> Option<u32> {
 mod tests {
     use super::*;
 
-    fn strings(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| (*s).to_owned()).collect()
+    fn listen(args: &[&str]) -> Result<Option<SocketAddr>, clap::Error> {
+        use clap::Parser as _;
+        let WorkerCommand::Serve(serve) =
+            WorkerCli::try_parse_from(std::iter::once(&"worker").chain(args))?.command;
+        Ok(serve.listen)
     }
 
     #[test]
     fn arguments() {
-        assert_eq!(parse(&strings(&["serve"])), Ok(None));
+        assert_eq!(listen(&["serve"]).ok(), Some(None));
         assert_eq!(
-            parse(&strings(&["serve", "--listen", "127.0.0.1:0"])),
-            Ok(Some(SocketAddr::from(([127, 0, 0, 1], 0))))
+            listen(&["serve", "--listen", "127.0.0.1:0"]).ok(),
+            Some(Some(SocketAddr::from(([127, 0, 0, 1], 0))))
         );
-        assert!(parse(&strings(&["serve", "--listen", "nowhere"])).is_err());
-        assert!(parse(&strings(&["run"])).is_err());
+        assert_eq!(
+            listen(&["serve", "--listen=127.0.0.1:0"]).ok(),
+            Some(Some(SocketAddr::from(([127, 0, 0, 1], 0))))
+        );
+        for bad in [
+            &["serve", "--listen", "nowhere"][..],
+            &["serve", "--listen"],
+            &["serve", "--lisen", "127.0.0.1:0"],
+            &["run"],
+            &[],
+        ] {
+            let error = listen(bad).expect_err("refused");
+            assert_eq!(error.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_usage_comes_from_the_definition() {
+        let usage = USAGE.to_string();
+        assert!(usage.contains("Usage: corral worker"), "{usage}");
+        assert!(usage.contains("serve"), "{usage}");
     }
 }
