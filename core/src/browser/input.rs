@@ -273,6 +273,39 @@ pub fn map(text: &[u8], capture: Capture) -> Result<Vec<Injection>, InputRefusal
     })
 }
 
+/// Whether `text` says it is a pane message (its `t` is `"pane"`), however wrong the rest of it
+/// is: the adapter answers every pane message (BROW-11), so that a viewer learns what became of
+/// it.
+#[must_use]
+pub fn is_pane(text: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Tag {
+        t: String,
+    }
+    text.len() <= MESSAGE_MAX_BYTES
+        && serde_json::from_slice::<Tag>(text).is_ok_and(|tag| tag.t == "pane")
+}
+
+/// The adapter's answer to a pane message, on the data channel: the capture the pane asked for,
+/// or the code it was refused with, and the screen's mode after it (BROW-5, BROW-11):
+/// `{"t":"pane","capture":{"width":W,"height":H},"screen":{…}}` or
+/// `{"t":"pane","refused":"<code>","screen":{…}}`. The screen follows only the driver's pane.
+#[must_use]
+pub fn pane_answer(asked: Result<Capture, &'static str>, screen: Capture) -> String {
+    let size = |c: Capture| format!(r#"{{"width":{},"height":{}}}"#, c.width, c.height);
+    match asked {
+        Ok(capture) => format!(
+            r#"{{"t":"pane","capture":{},"screen":{}}}"#,
+            size(capture),
+            size(screen)
+        ),
+        Err(code) => format!(
+            r#"{{"t":"pane","refused":"{code}","screen":{}}}"#,
+            size(screen)
+        ),
+    }
+}
+
 /// A member's input budget: [`BURST`] events at once, refilled at [`PER_SECOND`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InputBudget {
@@ -351,6 +384,47 @@ mod tests {
                 .code(),
             "resize_invalid"
         );
+    }
+
+    #[test]
+    fn brow_11_every_pane_message_is_answered_with_its_capture_or_its_refusal() {
+        for text in [
+            r#"{"t":"pane","width":1001,"height":667,"ratio":1.5}"#,
+            r#"{"t":"pane","width":-1,"height":5,"ratio":1}"#,
+            r#"{"t":"pane","width":null,"height":5,"ratio":1}"#,
+            r#"{"ratio":1,"t":"pane"}"#,
+        ] {
+            assert!(is_pane(text.as_bytes()), "{text}");
+        }
+        for text in [
+            r#"{"t":"move","x":0,"y":0}"#,
+            r#"{"t":"what"}"#,
+            "{",
+            r#"{"t":5}"#,
+            "",
+        ] {
+            assert!(!is_pane(text.as_bytes()), "{text}");
+        }
+        let long = format!(
+            r#"{{"t":"pane","pad":"{}"}}"#,
+            "x".repeat(MESSAGE_MAX_BYTES)
+        );
+        assert!(!is_pane(long.as_bytes()));
+        let screen = Capture {
+            width: 1502,
+            height: 1000,
+        };
+        let answered: serde_json::Value =
+            serde_json::from_str(&pane_answer(Ok(screen), screen)).unwrap();
+        assert_eq!(answered["t"], "pane");
+        assert_eq!(answered["capture"]["width"], 1502);
+        assert_eq!(answered["capture"]["height"], 1000);
+        assert_eq!(answered["screen"]["height"], 1000);
+        let refused: serde_json::Value =
+            serde_json::from_str(&pane_answer(Err(InputRefusal::Pane.code()), screen)).unwrap();
+        assert_eq!(refused["refused"], "resize_invalid");
+        assert_eq!(refused["screen"]["width"], 1502);
+        assert!(refused.get("capture").is_none());
     }
 
     #[test]

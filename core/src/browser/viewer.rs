@@ -73,6 +73,40 @@ pub fn activity_every_ms(idle_seconds: u64) -> u64 {
         .clamp(1_000, 60_000)
 }
 
+/// What a viewer does after its signaling relay closes, or its offer is refused, with a code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterClose {
+    /// The reason stands until something outside the page changes (the session ended, another
+    /// member's interval is private, the ticket is no good, the live view stopped, the viewers
+    /// are full, the page itself speaks wrongly): the page keeps showing it and does not connect
+    /// again.
+    Stay,
+    /// A passing condition (the store or the worker did not answer, the connection dropped): the
+    /// page connects again after a delay, a bounded number of times.
+    Reconnect,
+}
+
+/// What a viewer does after a close or refusal with `code` (one of this module's codes, or any
+/// other, which is taken as passing).
+#[must_use]
+pub fn after_close(code: &str) -> AfterClose {
+    const STANDING: [&str; 8] = [
+        PRIVATE_TEXT,
+        "session_not_found",
+        "viewer_ticket_invalid",
+        "viewer_ticket_expired",
+        "live_view_stopped",
+        "viewers_full",
+        "sdp_invalid",
+        "signal_invalid",
+    ];
+    if STANDING.contains(&code) {
+        AfterClose::Stay
+    } else {
+        AfterClose::Reconnect
+    }
+}
+
 /// The largest signaling message (an offer with its candidates), in bytes.
 pub const SIGNAL_MAX_BYTES: usize = 64 * 1024;
 /// Viewers of one session at once.
@@ -320,6 +354,36 @@ mod tests {
             verify(&key(), &"a".repeat(5000), "s1", NOW),
             Err(ViewRefusal::TicketInvalid)
         );
+    }
+
+    #[test]
+    fn brow_12_a_standing_reason_ends_the_viewer_and_a_passing_one_reconnects_it() {
+        for refusal in [
+            ViewRefusal::TicketInvalid,
+            ViewRefusal::TicketExpired,
+            ViewRefusal::NotFound,
+            ViewRefusal::Private,
+        ] {
+            assert_eq!(after_close(refusal.code()), AfterClose::Stay, "{refusal}");
+        }
+        for refusal in [
+            OfferRefusal::Private,
+            OfferRefusal::Full,
+            OfferRefusal::Stopped,
+            OfferRefusal::Invalid(String::new()),
+        ] {
+            assert_eq!(after_close(refusal.code()), AfterClose::Stay, "{refusal}");
+        }
+        // A page that speaks wrongly would only say it again.
+        assert_eq!(after_close(SignalRefusal::Invalid.code()), AfterClose::Stay);
+        // A worker or store that did not answer, or a code this module does not know, passes.
+        for code in [
+            SignalRefusal::Unreachable.code(),
+            "coordination_unavailable",
+            "",
+        ] {
+            assert_eq!(after_close(code), AfterClose::Reconnect, "{code}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! - `GET /api/browser-sessions/{id}/signal?ticket=…`: the signaling relay, a WebSocket. It sends
 //!   the session's ICE configuration (its one TURN authority and credential, relay only), relays
 //!   each offer to the worker's adapter and its answer back, and looks at the record again every
-//!   [`RECHECK`]: a relay whose member may no longer watch is closed with the reason's code.
+//!   [`RECHECK`]: a relay whose member may no longer watch is closed with the reason's code and
+//!   whether the page should connect again (`viewer::after_close`: close code 4403 when the
+//!   reason stands, such as `private_text` or `session_not_found`; 4503 when it passes).
 //!
 //! No cookie is set anywhere here: the ticket travels in the URL (the page is served with
 //! `Referrer-Policy: no-referrer`), so concurrent sessions' viewers never collide on an origin.
@@ -29,7 +31,7 @@ use corral_contract::CallError;
 use corral_contract::messages::BrowserSignalRequest;
 use corral_core::browser::turn::TurnCredential;
 use corral_core::browser::viewer::{
-    self, OfferRefusal, SIGNAL_MAX_BYTES, SignalRefusal, Ticket, TicketKey, ViewRefusal,
+    self, AfterClose, OfferRefusal, SIGNAL_MAX_BYTES, SignalRefusal, Ticket, TicketKey, ViewRefusal,
 };
 use corral_core::browser::viewport::{self, ViewportRefusal};
 use corral_core::browser::{Call, SessionRecord};
@@ -254,14 +256,17 @@ async fn send(socket: &mut WebSocket, message: &Value) -> bool {
         .is_ok()
 }
 
+/// Closes the relay with `code`, saying whether the page should connect again
+/// (`viewer::after_close`): a standing reason is closed as 4403, a passing one as 4503.
 async fn close(socket: &mut WebSocket, code: &str, message: String) {
+    let reconnect = viewer::after_close(code) == AfterClose::Reconnect;
     let _ = send(
         socket,
-        &json!({ "t": "closed", "code": code, "message": message }),
+        &json!({ "t": "closed", "code": code, "message": message, "reconnect": reconnect }),
     )
     .await;
     let frame = CloseFrame {
-        code: 4403,
+        code: if reconnect { 4503 } else { 4403 },
         reason: code.to_owned().into(),
     };
     let _ = socket.send(Message::Close(Some(frame))).await;
@@ -309,17 +314,17 @@ async fn relay(
                     Some(Ok(Message::Text(text))) => text,
                     Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
                     Some(Ok(_)) => {
-                        let _ = send(&mut socket, &json!({ "t": "error", "code": SignalRefusal::Invalid.code(), "message": "signaling messages are JSON text" })).await;
+                        let _ = send(&mut socket, &error_answer(SignalRefusal::Invalid.code(), "signaling messages are JSON text".into())).await;
                         continue;
                     }
                     Some(Err(_)) | None => return,
                 };
                 let answer = match serde_json::from_str::<Signal>(&text) {
-                    Err(e) => json!({ "t": "error", "code": SignalRefusal::Invalid.code(), "message": e.to_string() }),
+                    Err(e) => error_answer(SignalRefusal::Invalid.code(), e.to_string()),
                     Ok(Signal::Offer { sdp }) => {
                         if let Err(response) = judge(&state, &id, &ticket).await {
-                            let code = refusal_code(response).await;
-                            close(&mut socket, &code, "the live view is not available to this viewer now".into()).await;
+                            let (code, message) = refusal_of(response).await;
+                            close(&mut socket, &code, message).await;
                             return;
                         }
                         offer(&state, &record, &viewer, &ticket.member, sdp).await
@@ -341,8 +346,8 @@ async fn relay(
             _ = recheck.tick() => {
                 match judge(&state, &id, &ticket).await {
                     Err(response) => {
-                        let code = refusal_code(response).await;
-                        close(&mut socket, &code, "the live view is not available to this viewer now".into()).await;
+                        let (code, message) = refusal_of(response).await;
+                        close(&mut socket, &code, message).await;
                         return;
                     }
                     // A renewed credential: the page reconnects through the worker's new relay.
@@ -360,19 +365,25 @@ async fn relay(
     }
 }
 
-/// The stable code in a refusal's body.
-async fn refusal_code(response: Response) -> String {
+/// The stable code in a refusal's body, and its message.
+async fn refusal_of(response: Response) -> (String, String) {
     let body = axum::body::to_bytes(response.into_body(), 64 * 1024)
         .await
         .unwrap_or_default();
-    serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| {
+    let body = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+    let code = body["error"]["code"].as_str().map_or_else(
+        || {
             corral_contract::ErrorCode::LiveViewRefused
                 .code()
                 .to_owned()
-        })
+        },
+        str::to_owned,
+    );
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or("the live view is not available to this viewer now")
+        .to_owned();
+    (code, message)
 }
 
 async fn offer(
@@ -389,17 +400,27 @@ async fn offer(
     };
     match state.workers.browser_signal(record.worker, &request).await {
         Ok(reply) => json!({ "t": "answer", "sdp": reply.sdp }),
-        Err(CallError::Refused(body)) => json!({
-            "t": "error",
-            "code": body.detail.reason.clone().unwrap_or_else(|| body.error.code().to_owned()),
-            "message": body.detail.message.clone().unwrap_or_default(),
-        }),
-        Err(error) => json!({
-            "t": "error",
-            "code": SignalRefusal::Unreachable.code(),
-            "message": error.to_string(),
-        }),
+        Err(CallError::Refused(body)) => error_answer(
+            &body
+                .detail
+                .reason
+                .clone()
+                .unwrap_or_else(|| body.error.code().to_owned()),
+            body.detail.message.clone().unwrap_or_default(),
+        ),
+        Err(error) => error_answer(SignalRefusal::Unreachable.code(), error.to_string()),
     }
+}
+
+/// An error answer with `code`, saying whether the page should offer again
+/// (`viewer::after_close`); the relay stays open either way.
+fn error_answer(code: &str, message: String) -> Value {
+    json!({
+        "t": "error",
+        "code": code,
+        "message": message,
+        "reconnect": viewer::after_close(code) == AfterClose::Reconnect,
+    })
 }
 
 #[cfg(test)]

@@ -496,6 +496,192 @@ fn descendants(root: u32) -> Vec<u32> {
     found.split_off(1)
 }
 
+/// A process's arguments, read from `/proc` (none once it has ended).
+fn args(pid: u32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|bytes| {
+            bytes
+                .split(|b| *b == 0)
+                .filter(|arg| !arg.is_empty())
+                .map(|arg| String::from_utf8_lossy(arg).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is still a live (not zombie) process running `program`.
+fn alive_as(pid: u32, program: &str) -> bool {
+    let running = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| !matches!(state, "Z" | "X"))
+    });
+    running && args(pid).first().map(String::as_str) == Some(program)
+}
+
+/// PulseAudio, as the bridge starts it (`corral_worker::RUNTIME_PROGRAMS`).
+const PULSEAUDIO: &str = corral_worker::RUNTIME_PROGRAMS[3].1;
+
+/// A browser session's jail seen from the host through `/proc` (the tests run as root): the
+/// worker process that supervises it, the jail's first process, and its run directory in the
+/// worker's mount namespace.
+#[derive(Debug)]
+struct SessionJail {
+    supervisor: u32,
+    init: u32,
+    run_dir: String,
+}
+
+impl SessionJail {
+    /// The processes in the jail (below its first) whose program is `program`.
+    fn running(&self, program: &str) -> Vec<u32> {
+        descendants(self.init)
+            .into_iter()
+            .chain(descendants(self.supervisor))
+            .filter(|pid| alive_as(*pid, program))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// The session's profile (the jail's `/tmp/profile`), seen through the worker's namespace:
+    /// it lives in the run's scratch space, which the worker mounts and unmounts.
+    fn profile(&self) -> std::path::PathBuf {
+        Path::new(&format!("/proc/{}/root", self.supervisor))
+            .join(self.run_dir.trim_start_matches('/'))
+            .join("scratch/tmp/profile")
+    }
+}
+
+/// The jail of the browser session on worker `worker` (the id `corral up` gave it, which its
+/// process carries as `CORRAL_WORKER_ID`): the jail there whose program is the bridge.
+fn session_jail(stack: &Stack, worker: &str) -> SessionJail {
+    let marker = format!("CORRAL_WORKER_ID={worker}");
+    let workers: Vec<u32> = descendants(stack.child.id())
+        .into_iter()
+        .filter(|pid| {
+            args(*pid).iter().any(|a| a == "serve")
+                && std::fs::read(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|e| e.split(|b| *b == 0).any(|v| v == marker.as_bytes()))
+        })
+        .collect();
+    assert_eq!(workers.len(), 1, "the process of worker {worker}");
+    let jails: Vec<(u32, String)> = descendants(workers[0])
+        .into_iter()
+        .filter_map(|pid| {
+            let argv = args(pid);
+            let plan = argv.iter().position(|a| a == "__stage2")?;
+            let plan: Value = serde_json::from_str(argv.get(plan + 1)?).ok()?;
+            let bridge = descendants(pid)
+                .into_iter()
+                .any(|child| is_bridge(&args(child)));
+            Some((pid, plan["run_dir"].as_str()?.to_owned())).filter(|_| bridge)
+        })
+        .collect();
+    assert_eq!(
+        jails.len(),
+        1,
+        "the session's jail on worker {worker}: {jails:?}"
+    );
+    let (init, run_dir) = jails.into_iter().next().unwrap();
+    assert!(run_dir.starts_with('/'), "{run_dir}");
+    // The jail's first process is stage 2; stage 1 above it; the worker's supervisor above that.
+    let supervisor = parent(init)
+        .and_then(parent)
+        .expect("the jail's supervisor");
+    SessionJail {
+        supervisor,
+        init,
+        run_dir,
+    }
+}
+
+/// Whether `args` are the bridge's (the session's program in its jail).
+fn is_bridge(args: &[String]) -> bool {
+    args.len() >= 2 && args[0] == "/usr/bin/python3" && args[1] == "/run/corral/bridge.py"
+}
+
+/// The rows of one column of the picture a viewer decoded, at fraction `x` of its width, top to
+/// bottom, each `[r, g, b]`.
+fn column_at(x: f64) -> String {
+    format!(
+        r"(() => {{
+  const video = document.getElementById('screen');
+  if (!video || !video.videoWidth) return null;
+  const canvas = document.createElement('canvas');
+  canvas.width = video.videoWidth; canvas.height = video.videoHeight;
+  const context = canvas.getContext('2d');
+  context.drawImage(video, 0, 0);
+  const d = context.getImageData(Math.floor({x} * canvas.width), 0, 1, canvas.height).data;
+  const rows = [];
+  for (let i = 0; i < d.length; i += 4) rows.push([d[i], d[i + 1], d[i + 2]]);
+  return rows;
+}})()"
+    )
+}
+
+/// The most rows Chromium's own tab strip and toolbar take at a device scale of 1 (87 in Debian's
+/// Chromium 156; the --no-sandbox warning bar adds 57 more).
+const CHROMIUM_TOOLBAR_ROWS_MAX: usize = 100;
+
+/// One HTTP/1.1 request to the API as a member's browser makes it, with `headers` and `body`: the
+/// status and the response's headers (names as sent).
+fn http_request(
+    stack: &Stack,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Vec<(String, String)>) {
+    use std::io::{Read as _, Write as _};
+    let host = stack
+        .api
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !headers.iter().any(|(name, _)| *name == "Connection") {
+        request.push_str("Connection: close\r\n");
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert!(head.len() < 64 * 1024, "no end of headers");
+        let n = stream.read(&mut byte).expect("the API answers");
+        assert_eq!(n, 1, "the API closed before its headers ended: {head:?}");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1))
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.to_owned(), value.trim().to_owned()))
+        .collect();
+    (status, headers)
+}
+
+fn http_get(stack: &Stack, path: &str, headers: &[(&str, &str)]) -> (u16, Vec<(String, String)>) {
+    http_request(stack, "GET", path, headers, "")
+}
+
 /// BROW-9: an open mints one TURN REST credential for the one configured authority (corral up's
 /// coturn), which that real server accepts while it refuses a forged or an expired one; a request
 /// cannot name a TURN server; and missing, malformed or unreachable TURN configuration refuses
@@ -719,6 +905,17 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     );
     assert_eq!(opened["live_view"]["ice_transport_policy"], "relay");
     let id = opened["session"].as_str().unwrap().to_owned();
+    // BROW-1, BROW-13: the session's jail, on the worker it leased, runs PulseAudio and holds a
+    // fresh profile while it is open (both looked at again after the close).
+    let jail = session_jail(&stack, opened["worker"].as_str().unwrap());
+    let pulse = jail.running(PULSEAUDIO);
+    assert_eq!(pulse.len(), 1, "PulseAudio in the session's jail: {jail:?}");
+    let profile = jail.profile();
+    assert!(
+        profile.join("Default/Preferences").is_file(),
+        "the session's profile at {}",
+        profile.display()
+    );
 
     // The viewport: the client is served with a valid ticket, and nothing else is.
     let bob = viewer_ticket(&stack, &id, ann, "bob").await;
@@ -758,6 +955,56 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
         .await
         .unwrap();
     assert_eq!(status, 404, "{body}");
+    // BROW-2: no response on the viewport's path sets a cookie: the page, its script, the ticket's
+    // mint, and the signaling relay's upgrade.
+    let caller_token = std::fs::read_to_string(stack.state.join("api-token")).unwrap();
+    let mint = json!({ "actor": "ann", "conversation": "research", "member": "erin" }).to_string();
+    let signal_path = bob["signal"].as_str().unwrap().to_owned();
+    for (what, request, expected) in [
+        ("the viewport page", http_get(&stack, viewport, &[]), 200),
+        (
+            "the client's script",
+            http_get(&stack, &format!("{base}viewer.js?ticket={ticket}"), &[]),
+            200,
+        ),
+        (
+            "the ticket's mint",
+            http_request(
+                &stack,
+                "POST",
+                &format!("/v1/browser_sessions/{id}/viewers"),
+                &[
+                    ("Authorization", &format!("Bearer {}", caller_token.trim())),
+                    ("Content-Type", "application/json"),
+                ],
+                &mint,
+            ),
+            200,
+        ),
+        (
+            "the signaling upgrade",
+            http_get(
+                &stack,
+                &signal_path,
+                &[
+                    ("Connection", "Upgrade"),
+                    ("Upgrade", "websocket"),
+                    ("Sec-WebSocket-Version", "13"),
+                    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ],
+            ),
+            101,
+        ),
+    ] {
+        let (status, headers) = request;
+        assert_eq!(status, expected, "{what}: {headers:?}");
+        assert!(
+            !headers
+                .iter()
+                .any(|(name, _)| name.eq_ignore_ascii_case("set-cookie")),
+            "{what} sets a cookie: {headers:?}"
+        );
+    }
 
     // Bob watches: relay to relay through corral up's coturn, the agent's page on his screen.
     let url = format!("{}{viewport}", stack.api);
@@ -781,6 +1028,60 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
             |c| near(c, RED, 24),
         )
     });
+    // BROW-2: the member's browser holds no cookie, neither one a script could read nor any in
+    // its whole store.
+    let cookies =
+        tokio::task::block_in_place(|| (bob_view.eval("document.cookie"), bob_view.cookies()));
+    assert_eq!(
+        cookies,
+        (json!(""), json!([])),
+        "bob's browser holds cookies"
+    );
+    // No warning bar across the window (decision 0027): down the middle of the frame bob decoded,
+    // Chromium's own tab strip and toolbar come first, then the agent's red page to the bottom,
+    // starting where Chromium says its content starts and within the height of the tab strip and
+    // toolbar. The --no-sandbox bar would sit between them and push the page 57 rows down.
+    let column = tokio::task::block_in_place(|| bob_view.eval(&column_at(0.5)));
+    let rows = column.as_array().expect("the frame's middle column");
+    assert_eq!(rows.len(), 1000, "the frame's height");
+    let first_page_row = rows
+        .iter()
+        .position(|c| near(c, RED, 48))
+        .expect("the page in the frame");
+    let page_rows = rows[first_page_row..]
+        .iter()
+        .filter(|c| near(c, RED, 48))
+        .count();
+    assert!(
+        page_rows + 2 >= rows.len() - first_page_row,
+        "the page is not whole below row {first_page_row}: {column}"
+    );
+    let (status, content_top) = act(
+        &stack,
+        &id,
+        ann,
+        json!({ "action": "evaluate", "expression": "window.outerHeight - window.innerHeight" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{content_top}");
+    let content_top: usize = content_top["result"]["value"]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .expect("a row");
+    assert!(
+        first_page_row.abs_diff(content_top) <= 2,
+        "the page starts at row {first_page_row}, Chromium's content at {content_top}"
+    );
+    assert!(
+        first_page_row <= CHROMIUM_TOOLBAR_ROWS_MAX,
+        "the page starts at row {first_page_row}: a bar sits above it"
+    );
+    let png = tokio::task::block_in_place(|| bob_view.screenshot());
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("brow_live_view_no_flag_bar.png"),
+        png,
+    )
+    .unwrap();
     // His click, through the data channel and XTest, changes the page the agent drives.
     tokio::task::block_in_place(|| bob_view.click(800, 600));
     tokio::task::block_in_place(|| {
@@ -830,6 +1131,7 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
             s["closed"] == "private_text"
         })
     });
+    let cut = Instant::now();
     let carl_frames = closed["frames"].as_u64().unwrap();
     // A new viewer cannot start while the interval lasts.
     let dave = viewer_ticket(&stack, &id, ann, "dave").await;
@@ -856,6 +1158,35 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
         !near(&carl_colour, BLUE, 60),
         "carl saw the private page: {carl_colour:?}"
     );
+    // Why Carl was cut off stays on his page, in words over the picture and as its code, and the
+    // page connects no more: read until ten seconds after the cut, well past its first delay
+    // before connecting again, it has made no second signaling connection.
+    let retry_ms = tokio::task::block_in_place(|| carl_view.eval("window.corralViewer.retryMs[0]"));
+    assert!(retry_ms.as_u64().is_some_and(|ms| ms < 5_000), "{retry_ms}");
+    let held = tokio::task::block_in_place(|| {
+        carl_view.holds_for(
+            STATE,
+            "carl's page shows why he was cut off",
+            Duration::from_secs(10).saturating_sub(cut.elapsed()),
+            |s| {
+                s["code"] == "private_text"
+                    && s["closed"] == "private_text"
+                    && s["final"] == true
+                    && s["connections"] == 1
+                    && s["text"]
+                        .as_str()
+                        .is_some_and(|text| text.contains("private text"))
+                    && s["notice"] == s["text"]
+            },
+        )
+    });
+    assert!(cut.elapsed() >= Duration::from_secs(10), "{held}");
+    let png = tokio::task::block_in_place(|| carl_view.screenshot());
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("brow_live_view_private_cut.png"),
+        png,
+    )
+    .unwrap();
 
     let (status, ended) = stack
         .caller
@@ -869,12 +1200,23 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     // BROW-5: the driver's pane (Bob's, who took over) sets the desktop: 1001x667 CSS pixels at
     // a ratio of 1.5 become a 1502x1000 screen, Chromium's window follows, and the picture keeps
     // its aspect in his pane.
+    // The adapter answers each pane message with the capture it asked for and the screen's mode
+    // after it (BROW-11).
+    let resized = json!({ "width": 1502, "height": 1000 });
     tokio::task::block_in_place(|| bob_view.metrics(1001, 667, 1.5));
+    tokio::task::block_in_place(|| {
+        bob_view.wait_for(
+            "window.corralViewer.panes[window.corralViewer.panes.length - 1]",
+            "the adapter answers bob's new pane",
+            Duration::from_secs(10),
+            |answer| answer["capture"] == resized && answer["screen"] == resized,
+        )
+    });
     tokio::task::block_in_place(|| {
         bob_view.wait(
             "the picture follows bob's pane",
             Duration::from_secs(10),
-            |s| s["width"] == 1502,
+            |s| s["width"] == 1502 && s["height"] == 1000,
         )
     });
     let geometry =
@@ -898,11 +1240,32 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Bad pane sizes reach nothing: the screen keeps its mode.
-    let sent = tokio::task::block_in_place(|| {
-        bob_view.eval("(() => { for (const p of [{t:'pane',width:-1,height:5,ratio:1},{t:'pane',width:NaN,height:5,ratio:1},{t:'what'}]) window.corralViewer.channel.send(JSON.stringify(p)); return true; })()")
+    // Bad pane sizes reach nothing: each is answered with its refusal and the screen's mode
+    // unchanged, and a good pane sent after them (answered after them: the channel is ordered)
+    // keeps it too.
+    let answered = tokio::task::block_in_place(|| {
+        bob_view.eval("(() => { const v = window.corralViewer; const before = v.paneAnswers; const video = document.getElementById('screen'); for (const p of [{t:'pane',width:-1,height:5,ratio:1},{t:'pane',width:NaN,height:5,ratio:1},{t:'what'},{t:'pane',width:video.clientWidth,height:video.clientHeight,ratio:window.devicePixelRatio}]) v.channel.send(JSON.stringify(p)); return before; })()")
     });
-    assert_eq!(sent, true);
+    let before = answered.as_u64().expect("a count");
+    let answers = tokio::task::block_in_place(|| {
+        bob_view.wait_for(
+            &format!("(() => {{ const v = window.corralViewer; return v.paneAnswers >= {before} + 3 ? v.panes.slice(-3) : null; }})()"),
+            "the adapter answers the three pane messages",
+            Duration::from_secs(10),
+            |answers| answers.is_array(),
+        )
+    });
+    assert_eq!(
+        answers,
+        json!([
+            { "t": "pane", "refused": "resize_invalid", "screen": resized },
+            { "t": "pane", "refused": "input_invalid", "screen": resized },
+            { "t": "pane", "capture": resized, "screen": resized },
+        ]),
+        "{answers}"
+    );
+    // Both sides of the screen, Chromium's window, and the picture bob decodes are 1502x1000,
+    // and the picture keeps that aspect in his 1001x667 pane.
     let (_, sizes) = act(
         &stack,
         &id,
@@ -913,6 +1276,19 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     assert_eq!(
         sizes["result"]["value"], "\"[1502,1000,1502,1000]\"",
         "{sizes}"
+    );
+    let picture = tokio::task::block_in_place(|| {
+        bob_view.eval("(() => { const v = document.getElementById('screen'); return [v.videoWidth, v.videoHeight, v.clientWidth, v.clientHeight, getComputedStyle(v).objectFit]; })()")
+    });
+    assert_eq!(
+        (&picture[0], &picture[1], &picture[4]),
+        (&json!(1502), &json!(1000), &json!("contain")),
+        "{picture}"
+    );
+    let aspect = |w: &Value, h: &Value| w.as_f64().unwrap() / h.as_f64().unwrap();
+    assert!(
+        (aspect(&picture[0], &picture[1]) - aspect(&picture[2], &picture[3])).abs() < 0.01,
+        "the picture's aspect is not the pane's: {picture}"
     );
     // Bad signaling gets a bounded answer: not JSON, an SDP that is not one, an offer whose only
     // candidate is a host address (relay only), each with its code, and the relay stays open.
@@ -975,11 +1351,70 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
         false
     });
     assert!(landed, "no click reached the page after the flood");
+    // A passing close (the relay's connection dropped) is retried: Bob's page connects again
+    // after its first delay and shows the page again.
+    let dropped = tokio::task::block_in_place(|| {
+        bob_view.eval("(() => { const v = window.corralViewer; v.socket.close(4000, 'dropped'); return [v.connections, v.retryMs[0]]; })()")
+    });
+    assert_eq!(dropped[0], 1, "{dropped}");
+    tokio::task::block_in_place(|| {
+        bob_view.wait(
+            "bob's page connects again after the drop",
+            Duration::from_secs(20),
+            |s| {
+                s["connections"] == 2
+                    && s["reconnects"] == 1
+                    && s["state"] == "connected"
+                    && s["final"] == false
+                    && s["frames"].as_u64() > Some(0)
+            },
+        )
+    });
     let (status, closed) = close(&stack, &id, ann).await;
     assert_eq!(status, 200, "{closed}");
-    // Closing ends the relay: the viewport and its signaling are gone with the session.
+    assert_eq!(closed["confirmed"], true, "{closed}");
+    // BROW-1, BROW-13: the jail's PulseAudio has stopped and the profile is gone; the worker that
+    // held it is still there to be looked through.
+    assert!(
+        Path::new(&format!("/proc/{}/root", jail.supervisor)).exists(),
+        "the worker that held the session ended: {jail:?}"
+    );
+    assert!(
+        pulse.iter().all(|pid| !alive_as(*pid, PULSEAUDIO)),
+        "PulseAudio outlived the close: {pulse:?}"
+    );
+    assert!(jail.running(PULSEAUDIO).is_empty(), "{jail:?}");
+    assert!(
+        !profile.exists(),
+        "the profile outlived the close: {}",
+        profile.display()
+    );
+    // Closing ends the relay: the viewport and its signaling are gone with the session, and Bob's
+    // page says so in words (its code beside them) and connects no more.
     let (status, _) = anonymous(&stack, viewport).await;
     assert_eq!(status, 404);
+    let ended = tokio::task::block_in_place(|| {
+        bob_view.wait(
+            "bob's page says the session ended",
+            Duration::from_secs(10),
+            |s| s["code"] == "session_not_found",
+        )
+    });
+    assert_eq!(
+        (
+            &ended["text"],
+            &ended["notice"],
+            &ended["final"],
+            &ended["connections"]
+        ),
+        (
+            &json!("The session has ended."),
+            &json!("The session has ended."),
+            &json!(true),
+            &json!(2)
+        ),
+        "{ended}"
+    );
     drop((bob_view, carl_view, ns));
     let settled = stack.settled().await;
     assert_eq!(settled.counts().leased, 0, "{:?}", settled.counts());

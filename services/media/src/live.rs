@@ -11,7 +11,9 @@
 //!   keyframe is forced when a viewer connects or asks for one.
 //! - Input: a data channel's messages are judged by `corral_core::browser::input::map` and a
 //!   per-viewer `InputBudget`, then performed through XTest; a refused one is dropped and
-//!   counted, never reaches the display.
+//!   counted, never reaches the display. A pane message (the viewer's size) is answered on the
+//!   channel with the capture it asked for or its refusal's code, and the screen's mode after it
+//!   (`input::pane_answer`).
 //! - Private text: while a member's interval is private, every other viewer's peer is removed
 //!   and their offers are refused (the API also closes their signaling relays).
 
@@ -837,9 +839,27 @@ impl Adapter {
                     .budget
                     .spend(now_millis())
                     .and_then(|()| input::map(&data.data, self.capture));
-                match judged {
-                    Ok(injections) => self.perform(index, injections),
-                    Err(refusal) => *self.stats.refused.entry(refusal.code()).or_default() += 1,
+                let asked = match judged {
+                    Ok(injections) => {
+                        let pane = injections.iter().find_map(|injection| match injection {
+                            Injection::Pane(capture) => Some(*capture),
+                            _ => None,
+                        });
+                        self.perform(index, injections);
+                        pane.ok_or("input_invalid")
+                    }
+                    Err(refusal) => {
+                        *self.stats.refused.entry(refusal.code()).or_default() += 1;
+                        Err(refusal.code())
+                    }
+                };
+                // Every pane message is answered with what became of it and the screen's mode
+                // after it (BROW-11), so a viewer need not guess when the picture follows.
+                if input::is_pane(&data.data) {
+                    let answer = input::pane_answer(asked, self.capture);
+                    if let Some(mut channel) = self.peers[index].rtc.channel(data.id) {
+                        let _ = channel.write(false, answer.as_bytes());
+                    }
                 }
             }
             _ => {}

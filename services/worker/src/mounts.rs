@@ -226,7 +226,8 @@ fn mirror(host: &Path, target: &Path) -> Result<(), String> {
 }
 
 /// Chromium's managed policy (BROW-3): the vendor calls its flags cannot reach, such as the default
-/// search provider's prefetch, switched off where Chromium reads policy, `/etc/chromium`.
+/// search provider's prefetch, switched off where Chromium reads policy, `/etc/chromium`; and the
+/// warning bar `--no-sandbox` would put across the window members watch (decision 0027).
 const CHROMIUM_POLICY: &str = include_str!("browser/policy.json");
 
 fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {

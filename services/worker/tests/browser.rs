@@ -123,6 +123,35 @@ fn brow_01_brow_03_brow_10_brow_13_one_headed_chromium_in_the_jail_driven_then_c
             .any(|pid| cmdline(*pid).starts_with("/usr/bin/openbox")),
         "no window manager"
     );
+    // BROW-1: PulseAudio runs in the jail while the session is open (the close below checks it
+    // has stopped), and the profile is fresh in the jail's /tmp.
+    let pulseaudio = corral_worker::RUNTIME_PROGRAMS[3].1;
+    let bridge: Vec<i32> = processes
+        .iter()
+        .copied()
+        .filter(|pid| cmdline(*pid).starts_with("/usr/bin/python3 /run/corral/bridge.py"))
+        .collect();
+    assert_eq!(bridge.len(), 1, "{processes:?}");
+    assert!(
+        processes.iter().any(|pid| {
+            cmdline(*pid).starts_with(&format!("{pulseaudio} "))
+                && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        .and_then(|ppid| ppid.parse::<i32>().ok())
+                        == Some(bridge[0])
+                })
+        }),
+        "no PulseAudio started by the bridge: {processes:?}"
+    );
+    assert!(
+        Path::new(&format!(
+            "/proc/{}/root/tmp/profile/Default/Preferences",
+            bridge[0]
+        ))
+        .is_file(),
+        "no profile in the jail"
+    );
 
     // Structured actions on a page.
     let (status, page) = act(

@@ -6,6 +6,7 @@
 #   {"click": [x, y]}                   -> {"ok": true}       (a real mouse click in the page)
 #   {"navigate": "<url>"}               -> {"ok": true}
 #   {"metrics": [w, h, ratio]}          -> {"ok": true}       (the window's CSS size and pixel ratio)
+#   {"cookies": true}                   -> {"ok": [<cookie>, ...]} (the browser's whole cookie store)
 # Standard library only.
 import ctypes
 import fcntl
@@ -101,6 +102,8 @@ def main():
                         answer = {"error": json.dumps(result["exceptionDetails"])[:2000]}
                     else:
                         answer = {"ok": result["result"].get("value")}
+                elif "cookies" in command:
+                    answer = {"ok": cdp.send("Storage.getCookies", session=False)["cookies"]}
                 elif "screenshot" in command:
                     answer = {"ok": cdp.send("Page.captureScreenshot", {"format": "png"})["data"]}
                 elif "navigate" in command:

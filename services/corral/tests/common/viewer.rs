@@ -15,12 +15,20 @@ pub struct Viewer {
 }
 
 /// What the page reports of its connection: the selected candidate pair's types, frames decoded,
-/// and the signaling relay's state.
+/// the picture's size, the signaling relay's state, what the status line says (its words and its
+/// code) and the notice over the picture, and how many signaling connections it has made.
 pub const STATE: &str = r"(async () => {
   const v = window.corralViewer;
   if (!v) return { loaded: false };
-  const out = { loaded: true, state: v.state, closed: v.closed, errors: v.errors, sent: v.sent,
-                frames: 0, pair: null, width: document.getElementById('screen').videoWidth };
+  const screen = document.getElementById('screen');
+  const status = document.getElementById('status');
+  const out = { loaded: true, state: v.state, closed: v.closed, final: v.final, errors: v.errors,
+                sent: v.sent, frames: 0, pair: null, width: screen.videoWidth,
+                height: screen.videoHeight, code: status.dataset.code,
+                text: document.getElementById('status-text').textContent,
+                notice: document.getElementById('notice').hidden ? null
+                  : document.getElementById('notice').textContent,
+                connections: v.connections, reconnects: v.reconnects };
   if (v.pc) {
     const stats = await v.pc.getStats();
     let pairId = null;
@@ -106,6 +114,48 @@ impl Viewer {
     /// Makes the window `width`x`height` CSS pixels at `ratio` device pixels each.
     pub fn metrics(&mut self, width: u32, height: u32, ratio: f64) {
         self.ask(&json!({ "metrics": [width, height, ratio] }));
+    }
+
+    /// The page as the member sees it, as PNG.
+    ///
+    /// # Panics
+    /// When the driver's answer is not base64.
+    pub fn screenshot(&mut self) -> Vec<u8> {
+        use base64::Engine as _;
+        let png = self.ask(&json!({ "screenshot": true }));
+        base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap_or_default())
+            .expect("a PNG in base64")
+    }
+
+    /// Every cookie the viewer's browser holds, for any site (its whole cookie store, including
+    /// cookies a page's script cannot see).
+    pub fn cookies(&mut self) -> Value {
+        self.ask(&json!({ "cookies": true }))
+    }
+
+    /// Evaluates `expression` until `duration` has passed, and checks that `holds` is true of
+    /// every value read; the last value.
+    ///
+    /// # Panics
+    /// The first value of which it does not hold.
+    pub fn holds_for(
+        &mut self,
+        expression: &str,
+        what: &str,
+        duration: Duration,
+        holds: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let until = Instant::now() + duration;
+        loop {
+            let value = self.eval(expression);
+            assert!(holds(&value), "{what}: no longer so: {value}");
+            if Instant::now() >= until {
+                return value;
+            }
+            // Each evaluation is a round trip to Chromium; this only spaces them.
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// A real mouse click at (`x`, `y`) CSS pixels of the viewer's window.
