@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::stack::{Stack, python, stdout};
+use common::stack::{Stack, fetcher, python, stdout};
 
 #[path = "../../egress-proxy/tests/support/netns.rs"]
 #[allow(dead_code)]
@@ -243,6 +243,63 @@ async fn iso_01_ws_01_ws_04_out_02_python_node_workspaces_isolation_and_reads() 
         (200, Some("not_run"), Some("unsupported_language"))
     );
     assert_ne!(body["model"]["exit_code"], 0);
+    // ... and the error says what to write instead, naming what was asked and what runs.
+    assert_eq!(
+        (
+            body["error"]["code"].as_str(),
+            body["error"]["language"].as_str(),
+            &body["error"]["supported"]
+        ),
+        (
+            Some("unsupported_language"),
+            Some("ruby"),
+            &json!(["python", "node"])
+        ),
+        "{body}"
+    );
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("\"ruby\"")
+            && message.contains("\"python\"")
+            && message.contains("\"node\""),
+        "{body}"
+    );
+    // Every spelling gets an answer an agent can act on, never a 500: an empty, unknown,
+    // hostile or 10,000-character name is echoed bounded and escaped; an alias runs.
+    for asked in [
+        String::new(),
+        "typescript".into(),
+        "x".repeat(10_000),
+        "py\u{0}\"\n".into(),
+    ] {
+        let (status, body) = stack
+            .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": asked, "code": "1" }))
+            .await;
+        assert_eq!(
+            (
+                status,
+                body["outcome"].as_str(),
+                body["error"]["code"].as_str()
+            ),
+            (200, Some("not_run"), Some("unsupported_language")),
+            "{asked:.40}: {body}"
+        );
+        let echoed = body["error"]["language"].as_str().unwrap_or_default();
+        assert!(
+            echoed.chars().count() <= 65 && !echoed.chars().any(char::is_control),
+            "{echoed:?}"
+        );
+    }
+    let (status, body) = stack
+        .run(json!({ "actor": "alice", "conversation": "room", "member": "alice", "language": "JavaScript",
+                      "code": "console.log(6 * 7)" }))
+        .await;
+    assert_eq!(
+        (status, body["outcome"].as_str()),
+        (200, Some("succeeded")),
+        "{body}"
+    );
+    assert_eq!(body["model"]["stdout"]["text"], "42\n", "{body}");
     // A persistent kernel runs where a field key seals its checkpoints (the keyless stack of
     // the egress test answers `persistent_kernel_unavailable`).
     let (_, body) = stack
@@ -627,23 +684,6 @@ impl Drop for Immutable {
     }
 }
 
-/// Code that fetches each URL through the jail's proxy variables and prints one line per URL:
-/// `status <code> <X-Corral-Egress-Reason or body>`.
-fn fetcher(urls: &[String]) -> String {
-    format!(
-        r#"import urllib.request, urllib.error
-for url in {urls:?}:
-    try:
-        r = urllib.request.urlopen(url, timeout=10)
-        print("status", r.status, r.read().decode())
-    except urllib.error.HTTPError as e:
-        print("status", e.code, e.headers.get("X-Corral-Egress-Reason"))
-    except Exception as e:
-        print("error", type(e).__name__)
-"#
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
     const TEST: &str = "egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy";
@@ -678,12 +718,7 @@ async fn egr_08_egr_09_egress_through_the_whole_stack_follows_the_policy() {
         "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{}/32", upstream.ip()),
         "SANDBOX_EGRESS_ALLOWED_PORTS": "80,443",
     });
-    let (status, described) = stack
-        .admin
-        .put("/v1/admin/egress_policy", &policy)
-        .await
-        .expect("admin");
-    assert_eq!(status, 200, "{described}");
+    let described = stack.put_egress_policy(&policy).await;
     assert_eq!(
         described["effective_mode"], "private_network",
         "{described}"
@@ -871,4 +906,60 @@ async fn cmp_01_compression_shortens_only_the_models_output_and_keeps_the_raw_ca
     // Nothing else of the answer changes: the member's projection, the outcome, the exit.
     assert_eq!(compressed["member"], plain["member"]);
     assert!(plain.get("raw").is_none(), "no raw without compression");
+}
+
+/// Every file under `dir`, recursively (empty when it does not exist).
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&next) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ws_02_workspaces_persist_across_runs_in_the_object_store_only_with_persistence_on() {
+    const TEST: &str =
+        "ws_02_workspaces_persist_across_runs_in_the_object_store_only_with_persistence_on";
+    let write = "open('note.txt', 'w').write('kept')\n";
+    let read =
+        "import os\nprint(open('note.txt').read() if os.path.exists('note.txt') else 'missing')\n";
+    for (persist, expected) in [("true", "kept\n"), ("false", "missing\n")] {
+        let Some(stack) = Stack::start(TEST, &[("SANDBOX_WORKSPACE_PERSIST", persist)], &[]) else {
+            return;
+        };
+        // `corral up`'s object store is a directory of objects under its state directory.
+        let store = stack.state.join("workspaces");
+        let (_, first) = stack.run(python("wes", "persist", write)).await;
+        assert_eq!(first["outcome"], "succeeded", "{first}");
+        let stored = files_under(&store);
+        // Each worker is reset with proof after a run, so the file can come back only from the
+        // object store.
+        let (_, second) = stack.run(python("wes", "persist", read)).await;
+        assert_eq!((persist, stdout(&second)), (persist, expected), "{second}");
+        assert_eq!(
+            (
+                persist,
+                stored.is_empty(),
+                first["model"]["workspace"]["saved"].as_bool()
+            ),
+            (persist, persist == "false", Some(persist == "true")),
+            "objects under {}: {stored:?}; {first}",
+            store.display()
+        );
+        // Another conversation of the same actor never sees it.
+        let (_, other) = stack.run(python("wes", "elsewhere", read)).await;
+        assert_eq!(stdout(&other), "missing\n", "{other}");
+    }
 }

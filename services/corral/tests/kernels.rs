@@ -8,7 +8,11 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::stack::{Stack, stdout};
+use common::stack::{Stack, fetcher, stdout};
+
+#[path = "../../egress-proxy/tests/support/netns.rs"]
+#[allow(dead_code)]
+mod netns;
 use corral_testkit::{Need, skip};
 use serde_json::{Value, json};
 
@@ -200,18 +204,42 @@ async fn ker_02_a_node_session_keeps_a_map_a_date_and_a_bigint_across_workers() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ker_05_a_persistent_cell_has_no_egress_and_no_resources() {
     let test = "ker_05_a_persistent_cell_has_no_egress_and_no_resources";
+    let Some(mut ns) = netns::netns_or_skip(test) else {
+        return;
+    };
+    let upstream = ns.start_echo_server(80).expect("echo server");
     let Some(stack) = Stack::start(test, &[], &[]) else {
         return;
     };
-    let (_, body) = stack
-        .run(cell(
-            "python",
-            "dee",
-            "kernel-4",
-            "import urllib.request\ntry:\n    urllib.request.urlopen('http://192.0.2.1/', timeout=5)\n    print('reached')\nexcept Exception as e:\n    print('denied')\n",
-        ))
+    // The administrator opens a route to the upstream, so that a refusal below is the kernel's
+    // and not the policy's.
+    let policy = json!({
+        "SANDBOX_EGRESS_MODE": "private_network",
+        "SANDBOX_EGRESS_PRIVATE_CIDRS": format!("{}/32", upstream.ip()),
+        "SANDBOX_EGRESS_ALLOWED_PORTS": "80",
+    });
+    stack.put_egress_policy(&policy).await;
+    let fetch = fetcher(&[format!("http://{}/kernel", upstream.ip())]);
+    // The positive control: an ephemeral run of the same actor and conversation reaches it.
+    let (_, open) = stack
+        .run(
+            json!({ "actor": "dee", "conversation": "kernel-4", "member": "dee",
+                      "language": "python", "code": fetch.clone() }),
+        )
         .await;
-    assert_eq!(stdout(&body), "denied\n", "{body}");
+    assert!(
+        stdout(&open).starts_with("status 200 method=GET path=/kernel"),
+        "the route is open to an ephemeral run: {open}"
+    );
+    // A persistent cell does not, under the same policy.
+    let (_, body) = stack.run(cell("python", "dee", "kernel-4", &fetch)).await;
+    assert_eq!(body["outcome"], "succeeded", "{body}");
+    let printed = stdout(&body);
+    assert!(
+        printed.starts_with("error ") || printed.starts_with("status 403 "),
+        "a persistent cell reached the upstream: {body}"
+    );
+    assert!(!printed.contains("path=/kernel"), "{body}");
     assert_eq!(
         body["model"]["egress"]["effective_mode"], "isolated",
         "{body}"

@@ -97,6 +97,18 @@ impl Stack {
         self.caller.run_code(&body).await.expect("the API answers")
     }
 
+    /// Sets the deployment's egress policy as its administrator and returns the policy as
+    /// described back.
+    pub async fn put_egress_policy(&self, policy: &Value) -> Value {
+        let (status, described) = self
+            .admin
+            .put("/v1/admin/egress_policy", policy)
+            .await
+            .expect("admin");
+        assert_eq!(status, 200, "{described}");
+        described
+    }
+
     pub async fn doc(&self) -> PoolDoc {
         let store = ValkeyStore::connect(&self.valkey, "default")
             .await
@@ -268,4 +280,21 @@ pub fn turn_url(state: &Path) -> String {
         .find_map(|line| line.strip_prefix("listening-port="))
         .expect("a listening port");
     format!("turn:127.0.0.1:{port}")
+}
+
+/// Code that fetches each URL through the jail's proxy variables and prints one line per URL:
+/// `status <code> <X-Corral-Egress-Reason or body>`, or `error <exception>` when nothing answered.
+pub fn fetcher(urls: &[String]) -> String {
+    format!(
+        r#"import urllib.request, urllib.error
+for url in {urls:?}:
+    try:
+        r = urllib.request.urlopen(url, timeout=10)
+        print("status", r.status, r.read().decode())
+    except urllib.error.HTTPError as e:
+        print("status", e.code, e.headers.get("X-Corral-Egress-Reason"))
+    except Exception as e:
+        print("error", type(e).__name__)
+"#
+    )
 }
