@@ -7,15 +7,15 @@ default:
 
 # Every test: the one command the README names.
 test:
-    cargo test --workspace
+    cargo test --locked --workspace
 
 # The simulator over many seeds (or `just sim 1` ... `just sim 10000`); ends with `seeds: N, violations: V`.
 sim seeds="1000":
-    cargo run -p corral-sim --release -- --seeds {{seeds}}
+    cargo run --locked -p corral-sim --release -- --seeds {{seeds}}
 
 # Replay one seed and print its event trace.
 replay seed:
-    cargo run -p corral-sim --release -- --seed {{seed}}
+    cargo run --locked -p corral-sim --release -- --seed {{seed}}
 
 # Every mutation must be caught: the simulator exits 1 on a violation, 0 when the mutation survived.
 mutations:
@@ -23,7 +23,7 @@ mutations:
     set -uo pipefail
     for mutation in ceiling reset-token takeover-reassign ambiguous-free fifo member-limit store-fallback stale-image stale-heartbeat stale-release discard-clean burst-linger-short burst-never-retired create-while-warm refusal-reason queue-bound create-concurrency admission-open grant-after-deadline revive-expired old-listing reuse-discarded; do
         echo "--- mutation $mutation"
-        cargo run -q -p corral-sim --release -- --mutation "$mutation" --seeds 500 --stop-on-first
+        cargo run --locked -q -p corral-sim --release -- --mutation "$mutation" --seeds 500 --stop-on-first
         status=$?
         if [ "$status" -eq 0 ]; then
             echo "mutation $mutation survived" >&2
@@ -36,17 +36,17 @@ mutations:
 
 # The criterion benchmarks (`just bench -- --warm-up-time 1 --measurement-time 3` for a quick run).
 bench *args:
-    cargo bench -p corral-benches {{args}}
+    cargo bench --locked -p corral-benches {{args}}
 
 # Clippy with warnings as errors, with and without the simulator's mutation hooks.
 lint:
-    cargo clippy --workspace --all-targets -- -D warnings
-    cargo clippy -p corral-core --all-targets --features sim-mutations -- -D warnings
-    cargo clippy -p corral-core --all-targets -- -D warnings
+    cargo clippy --locked --workspace --all-targets -- -D warnings
+    cargo clippy --locked -p corral-core --all-targets --features sim-mutations -- -D warnings
+    cargo clippy --locked -p corral-core --all-targets -- -D warnings
 
 # Regenerate the README's settings table from corral_core::config::SETTINGS.
 settings-docs:
-    cargo run -q -p corral -- config docs
+    cargo run --locked -q -p corral -- config docs
 
 # Exactly what CI runs.
 ci:
