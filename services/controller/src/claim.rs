@@ -232,10 +232,13 @@ impl<P: ClaimPlatform> Backend for ClaimBackend<P> {
                     return Outcome::Unknown;
                 }
             }
-            Answer::Refused | Answer::NotFound => return Outcome::Failed,
+            Answer::Refused | Answer::NotFound | Answer::Gone => return Outcome::Failed,
             Answer::Conflict | Answer::Unknown => return Outcome::Unknown,
         }
-        let ready_by = Instant::now() + s.ready_timeout;
+        // Never past the claim's deadline: the platform ends the claim there, and an open watch
+        // that says nothing would otherwise hold the wait to the full readiness bound.
+        let until_deadline = Duration::from_millis(deadline.0.saturating_sub(wall_now().0));
+        let ready_by = Instant::now() + s.ready_timeout.min(until_deadline);
         wait_ready(
             &self.claims,
             &worker_selector(&s.pool, worker),

@@ -6,13 +6,34 @@
 //! - create: the pod, then its Service, then a bounded wait until the pod is Ready → `Done`; a
 //!   definite refusal before anything exists → `Failed`; a timeout, a 5xx or a lost reply after a
 //!   request was sent → `Unknown` (the pool then holds the worker until it is proven absent,
-//!   POOL-10);
+//!   POOL-10); a pod still Pending when the wait ends (unschedulable, an image never pulled) is
+//!   `Unknown` too, and the pool deletes it;
 //! - delete: the pod and the Service (only objects that carry this worker's labels, by uid), then
 //!   a GET of each until both answer 404 → `Done` (POOL-9);
-//! - list: pods selected by this pool's labels; a pod in a terminal phase is reported absent.
+//! - list: pods selected by this pool's labels; a pod in a terminal phase is reported absent, and
+//!   so is a pod whose object is gone (deleted behind the controller's back, or removed after its
+//!   node was lost): the pool then ends the lease it held and replaces it. A pod only marked for
+//!   deletion is still listed: on a partitioned node it may still be running (POOL-9).
 //!
 //! Waiting for readiness uses a watch, and a fresh list is the source of truth whenever a watch
 //! ends or errs, so a closed watch never loses an event.
+//!
+//! It never updates an object. Its only writes are creates (a 409 AlreadyExists is settled by
+//! reading the object, adopted only when it carries this worker's labels) and deletes
+//! preconditioned on the uid it read (a 409 Conflict means the name now holds another object,
+//! which is read again before anything is deleted).
+//!
+//! What the API server answers under load, compaction and loss, and what the backend does:
+//! - a create whose answer is lost: the object is read by name and adopted when it carries this
+//!   worker's labels; when it is absent the create is sent once more (the name is the idempotency
+//!   key: a second object cannot be made);
+//! - 410 on a watch (its resourceVersion was compacted), as the HTTP answer or as an `ERROR`
+//!   event with `Expired`: a fresh list, then a watch from that list's resourceVersion; on a paged
+//!   list (an expired continue token): the list starts again from its first page;
+//! - 429: the same request again after the server's `Retry-After` ([`THROTTLE_WAIT_DEFAULT`] when
+//!   it names none), at most [`THROTTLED_RETRIES_MAX`] times, and never when it asks for longer
+//!   than [`THROTTLE_WAIT_MAX`]; a 429 is the one answer that proves the server did nothing.
+//!   [`client_from`] builds clients whose 429s carry the `Retry-After` header into the Status.
 //!
 //! The controller's own service account needs, in the workers' namespace only: `create`, `get`,
 //! `list`, `watch` and `delete` on `pods` and `services` (and on `sandboxclaims` of
@@ -22,6 +43,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -34,6 +58,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{
     Api, DeleteParams, ListParams, PostParams, Preconditions, WatchEvent, WatchParams,
+};
+use kube::config::{
+    AuthInfo, Cluster, Context as KubeContext, KubeConfigOptions, Kubeconfig, NamedAuthInfo,
+    NamedCluster, NamedContext,
 };
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -57,6 +85,19 @@ pub const WORKER_NAME: &str = "corral-worker";
 pub const LABEL_PART_OF: &str = "app.kubernetes.io/part-of";
 /// The value of [`LABEL_PART_OF`].
 pub const PART_OF: &str = "corral";
+/// The value of [`LABEL_NAME`] on the API's pods (which also serve the package broker).
+pub const API_NAME: &str = "corral-api";
+/// The value of [`LABEL_NAME`] on the controller's pods.
+pub const CONTROLLER_NAME: &str = "corral-controller";
+/// The value of [`LABEL_NAME`] on the egress proxy's pods.
+pub const EGRESS_PROXY_NAME: &str = "corral-egress-proxy";
+/// The value of [`LABEL_NAME`] on the TURN server's (coturn's) pods, when it runs in the cluster.
+pub const TURN_NAME: &str = "corral-turn";
+/// The value of [`LABEL_NAME`] on Valkey's pods.
+pub const VALKEY_NAME: &str = "corral-valkey";
+/// The label the API server sets on every namespace, holding its name (immutable); the
+/// NetworkPolicies select this system's namespace by it.
+pub const LABEL_NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 /// The label holding the worker id (its `Display` form).
 pub const LABEL_WORKER: &str = "corral.dev/worker";
 /// The label holding the pool's name.
@@ -84,6 +125,25 @@ const WATCH_RESTARTS_MAX: u32 = 1_000;
 const LIST_PAGES_MAX: u32 = 64;
 /// Items per list page.
 const LIST_PAGE_LIMIT: u32 = 500;
+/// Times one list starts again from its first page after its continue token expired (410).
+const LIST_RESTARTS_MAX: u32 = 3;
+/// Creates sent at most for one object whose answers were lost (the name keeps it one object).
+const CREATE_ATTEMPTS_MAX: u32 = 2;
+/// Deletes sent at most for one object whose uid precondition failed (409) because the name was
+/// taken by a new object in the meantime.
+const REMOVE_ATTEMPTS_MAX: u32 = 3;
+/// 429 answers one request is sent again after, at most; the next one is taken as a refusal.
+pub const THROTTLED_RETRIES_MAX: u32 = 3;
+/// The longest `Retry-After` waited out; a server that asks for longer is taken as a refusal at
+/// once (it did nothing), and the pool asks again on its own schedule.
+pub const THROTTLE_WAIT_MAX: Duration = Duration::from_secs(5);
+/// The wait after a 429 that names no delay: the API server's own smallest `Retry-After`, so a
+/// throttled request is never sent again at once.
+pub const THROTTLE_WAIT_DEFAULT: Duration = Duration::from_secs(1);
+/// The largest 429 body [`client_from`]'s clients read to carry `Retry-After` into its Status.
+const THROTTLE_BODY_BYTES_MAX: u64 = 64 * 1024;
+/// Where a pod's ServiceAccount credentials are mounted: `token`, `ca.crt` and `namespace`.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
 /// Which AppArmor profile the worker container runs under.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,14 +240,205 @@ impl KubeSettings {
     }
 }
 
-/// The cluster from the kubeconfig, or from the pod's service account inside a cluster.
+/// The cluster from the kubeconfig, or from the pod's service account inside a cluster
+/// ([`incluster_config_from`] on [`SERVICE_ACCOUNT_DIR`] and `KUBERNETES_SERVICE_HOST`/`_PORT`),
+/// in that order, as kube's `Config::infer` does; the client is [`client_from`]'s.
 ///
 /// # Errors
 /// When neither is there.
 pub async fn cluster_client() -> Result<kube::Client, String> {
-    kube::Client::try_default()
-        .await
-        .map_err(|e| format!("no Kubernetes cluster (kubeconfig or in-cluster): {e}"))
+    let config = match kube::Config::from_kubeconfig(&KubeConfigOptions::default()).await {
+        Ok(config) => config,
+        Err(kubeconfig) => {
+            let host = std::env::var("KUBERNETES_SERVICE_HOST");
+            let port = std::env::var("KUBERNETES_SERVICE_PORT");
+            let (Ok(host), Ok(port)) = (host, port) else {
+                return Err(format!(
+                    "no Kubernetes cluster: no kubeconfig ({kubeconfig}), and not in a cluster \
+                     (KUBERNETES_SERVICE_HOST or KUBERNETES_SERVICE_PORT unset)"
+                ));
+            };
+            incluster_config_from(Path::new(SERVICE_ACCOUNT_DIR), &host, &port)
+                .await
+                .map_err(|e| {
+                    format!("no Kubernetes cluster: no kubeconfig ({kubeconfig}); in-cluster: {e}")
+                })?
+        }
+    };
+    client_from(config)
+}
+
+/// The in-cluster configuration from a ServiceAccount mount `dir` (`token`, `ca.crt`,
+/// `namespace`) and the API server's `host` and `port` (`KUBERNETES_SERVICE_HOST`/`_PORT`): what
+/// kube's `Config::incluster` builds from its fixed paths. The server is verified against the CA
+/// file (re-read when it rotates), and every request carries the token file's token (re-read as
+/// it is refreshed).
+///
+/// # Errors
+/// When the port is not a port, a file is missing or empty, or the CA is not PEM certificates.
+pub async fn incluster_config_from(
+    dir: &Path,
+    host: &str,
+    port: &str,
+) -> Result<kube::Config, String> {
+    let port: u16 = port
+        .trim()
+        .parse()
+        .map_err(|e| format!("KUBERNETES_SERVICE_PORT {port:?}: {e}"))?;
+    // IPv6 addresses are bracketed; 443 is left implicit, as client-go does.
+    let authority = match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
+        _ => host.to_owned(),
+    };
+    let server = if port == 443 {
+        format!("https://{authority}")
+    } else {
+        format!("https://{authority}:{port}")
+    };
+    let path_of = |name: &str| {
+        let path = dir.join(name);
+        path.to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{} is not UTF-8", path.display()))
+    };
+    let (token_file, ca_file) = (path_of("token")?, path_of("ca.crt")?);
+    let namespace = std::fs::read_to_string(dir.join("namespace"))
+        .map_err(|e| format!("{}: {e}", dir.join("namespace").display()))?;
+    let namespace = namespace.trim();
+    if namespace.is_empty() {
+        return Err(format!("{} is empty", dir.join("namespace").display()));
+    }
+    let token_bytes = std::fs::metadata(&token_file)
+        .map_err(|e| format!("{token_file}: {e}"))?
+        .len();
+    if token_bytes == 0 {
+        return Err(format!("{token_file} is empty"));
+    }
+    let kubeconfig = Kubeconfig {
+        clusters: vec![NamedCluster {
+            name: "in-cluster".to_owned(),
+            cluster: Some(Cluster {
+                server: Some(server),
+                certificate_authority: Some(ca_file.clone()),
+                ..Cluster::default()
+            }),
+            ..NamedCluster::default()
+        }],
+        auth_infos: vec![NamedAuthInfo {
+            name: "service-account".to_owned(),
+            auth_info: Some(AuthInfo {
+                token_file: Some(token_file),
+                ..AuthInfo::default()
+            }),
+            ..NamedAuthInfo::default()
+        }],
+        contexts: vec![NamedContext {
+            name: "in-cluster".to_owned(),
+            context: Some(KubeContext {
+                cluster: "in-cluster".to_owned(),
+                user: Some("service-account".to_owned()),
+                namespace: Some(namespace.to_owned()),
+                ..KubeContext::default()
+            }),
+            ..NamedContext::default()
+        }],
+        current_context: Some("in-cluster".to_owned()),
+        ..Kubeconfig::default()
+    };
+    // kube reads and parses the CA file here, so a missing or unreadable CA fails now.
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("the ServiceAccount's configuration: {e}"))?;
+    config.root_cert_file = Some(ca_file.into());
+    Ok(config)
+}
+
+/// A client of the cluster `config` names, for the backends.
+///
+/// kube's own retries are off: they wait whatever delay a server asks, without a bound, and send
+/// again requests answered 503 or 504 that may have acted; the one retry policy is the backend's
+/// ([`THROTTLED_RETRIES_MAX`]). A 429's `Retry-After` header is carried into the Status kube hands
+/// the backend (where a Status body has no `retryAfterSeconds`, or the body is the API server's
+/// plain-text answer from priority and fairness), so that policy honours what the server said.
+///
+/// # Errors
+/// When kube cannot build a client from `config` (a TLS setting, an unreadable token file).
+pub fn client_from(mut config: kube::Config) -> Result<kube::Client, String> {
+    config.default_retry = false;
+    let namespace = config.default_namespace.clone();
+    let inner = kube::Client::try_from(config).map_err(|e| format!("a Kubernetes client: {e}"))?;
+    Ok(kube::Client::new(RetryAfterInStatus(inner), namespace))
+}
+
+/// A client that rewrites each 429 so that its Status carries the `Retry-After` header.
+#[derive(Clone)]
+struct RetryAfterInStatus(kube::Client);
+
+impl tower_service::Service<http::Request<kube::client::Body>> for RetryAfterInStatus {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // The inner client buffers: it is always ready to take a request.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let client = self.0.clone();
+        Box::pin(async move {
+            let response = client.send(request).await?;
+            retry_after_in_status(response).await
+        })
+    }
+}
+
+/// `response` itself, or, for a 429 with a `Retry-After` in seconds, a Status whose
+/// `details.retryAfterSeconds` says it (kube keeps the body of an error and drops its headers).
+async fn retry_after_in_status(
+    response: http::Response<kube::client::Body>,
+) -> Result<http::Response<kube::client::Body>, kube::Error> {
+    if response.status() != http::StatusCode::TOO_MANY_REQUESTS {
+        return Ok(response);
+    }
+    let (mut parts, body) = response.into_parts();
+    let header = |name: http::header::HeaderName| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let seconds = header(http::header::RETRY_AFTER);
+    let small = header(http::header::CONTENT_LENGTH).is_some_and(|n| n <= THROTTLE_BODY_BYTES_MAX);
+    let (Some(seconds), true) = (seconds, small) else {
+        return Ok(http::Response::from_parts(parts, body));
+    };
+    let bytes = body.collect_bytes().await?;
+    let mut status = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .filter(|v| v["kind"] == "Status")
+        .unwrap_or_else(|| {
+            serde_json::json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": String::from_utf8_lossy(&bytes).trim(),
+                "reason": "TooManyRequests", "code": 429,
+            })
+        });
+    if status["details"]["retryAfterSeconds"].as_u64().unwrap_or(0) == 0 {
+        status["details"]["retryAfterSeconds"] = serde_json::json!(seconds);
+    }
+    let body = serde_json::to_vec(&status).map_err(kube::Error::SerdeError)?;
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    Ok(http::Response::from_parts(
+        parts,
+        kube::client::Body::from(body),
+    ))
 }
 
 /// True for a valid label value: at most 63 characters, alphanumerics with `-`, `_`, `.` inside.
@@ -462,28 +713,52 @@ pub(crate) enum Answer<T> {
     NotFound,
     /// 409: it already exists, or a precondition did not hold.
     Conflict,
-    /// Any other definite refusal (a 4xx the server answers before acting).
+    /// 410: the resourceVersion or continue token it named was compacted away.
+    Gone,
+    /// Any other definite refusal (a 4xx the server answers before acting, a 429 not waited out).
     Refused,
     /// Nobody can tell: a timeout, a 5xx, a lost connection, an unreadable answer.
     Unknown,
 }
 
-/// Runs one request bounded by `timeout` and classifies its answer.
-pub(crate) async fn ask<T>(
-    timeout: Duration,
-    request: impl Future<Output = Result<T, kube::Error>>,
-) -> Answer<T> {
-    match tokio::time::timeout(timeout, request).await {
-        Ok(Ok(value)) => Answer::Ok(value),
-        Ok(Err(kube::Error::Api(status))) => match status.code {
+/// Runs one request, each attempt bounded by `timeout`, and classifies its answer. A 429 is sent
+/// again after the server's `Retry-After`, within [`THROTTLED_RETRIES_MAX`] and
+/// [`THROTTLE_WAIT_MAX`]: the server refused it before acting, so sending it again is safe.
+pub(crate) async fn ask<T, R>(timeout: Duration, mut request: impl FnMut() -> R) -> Answer<T>
+where
+    R: Future<Output = Result<T, kube::Error>>,
+{
+    let mut throttled = 0;
+    loop {
+        let status = match tokio::time::timeout(timeout, request()).await {
+            Ok(Ok(value)) => return Answer::Ok(value),
+            Ok(Err(kube::Error::Api(status))) => status,
+            Ok(Err(_)) | Err(_) => return Answer::Unknown,
+        };
+        let answer = match status.code {
             404 => Answer::NotFound,
             409 => Answer::Conflict,
+            410 => Answer::Gone,
+            429 => Answer::Refused,
             // 408 is the server's own timeout: it may have acted.
             408 => Answer::Unknown,
             400..=499 => Answer::Refused,
             _ => Answer::Unknown,
-        },
-        Ok(Err(_)) | Err(_) => Answer::Unknown,
+        };
+        if status.code != 429 {
+            return answer;
+        }
+        let wait = status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|seconds| *seconds > 0)
+            .map_or(THROTTLE_WAIT_DEFAULT, |s| Duration::from_secs(u64::from(s)));
+        if throttled >= THROTTLED_RETRIES_MAX || wait > THROTTLE_WAIT_MAX {
+            return answer;
+        }
+        throttled += 1;
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -495,6 +770,10 @@ pub(crate) fn is_ours<K: Resource>(object: &K, pool: &str, worker: WorkerId) -> 
 }
 
 /// Creates `object`; an existing one counts only when it carries `worker`'s labels.
+///
+/// A create whose answer is lost may have made the object. It is read by name: adopted when it is
+/// ours, and when it is absent the create is sent once more. The name makes a second object
+/// impossible: a create that lands late is answered 409, and a 409 is settled by reading.
 pub(crate) async fn create_or_adopt<K>(
     api: &Api<K>,
     object: &K,
@@ -505,19 +784,55 @@ pub(crate) async fn create_or_adopt<K>(
 where
     K: Resource + Clone + DeserializeOwned + serde::Serialize + Debug,
 {
-    match ask(timeout, api.create(&PostParams::default(), object)).await {
-        Answer::Conflict => {
-            // An earlier attempt whose reply was lost may have made it: adopt it only if it is
-            // ours, never an object that merely has the same name.
-            match ask(timeout, api.get(&object_name(worker))).await {
-                Answer::Ok(found) if is_ours(&found, pool, worker) => Answer::Ok(found),
-                Answer::Ok(_) => Answer::Refused,
-                // It existed a moment ago and is gone now (being deleted): nothing is settled.
-                Answer::NotFound => Answer::Unknown,
-                other => other,
+    let params = PostParams::default();
+    let name = object_name(worker);
+    for attempt in 0..CREATE_ATTEMPTS_MAX {
+        match ask(timeout, || api.create(&params, object)).await {
+            Answer::Ok(made) => return Answer::Ok(made),
+            Answer::Conflict => return adopt(api, &name, pool, worker, timeout).await,
+            // Refused before acting; after a lost answer, though, the first attempt may have.
+            refused @ (Answer::Refused | Answer::NotFound | Answer::Gone) => {
+                return if attempt == 0 {
+                    refused
+                } else {
+                    Answer::Unknown
+                };
             }
+            Answer::Unknown => match ask(timeout, || api.get(&name)).await {
+                Answer::Ok(found) if is_ours(&found, pool, worker) => return Answer::Ok(found),
+                // The name is someone else's: nothing of ours was made under it.
+                Answer::Ok(_) => return Answer::Refused,
+                // Not made (or not yet): ask again.
+                Answer::NotFound => {}
+                Answer::Conflict | Answer::Gone | Answer::Refused | Answer::Unknown => {
+                    return Answer::Unknown;
+                }
+            },
         }
-        other => other,
+    }
+    Answer::Unknown
+}
+
+/// Settles a 409 on a create: the object named `name` is ours (an earlier attempt whose answer
+/// was lost made it) or someone else's, which is never adopted.
+async fn adopt<K>(
+    api: &Api<K>,
+    name: &str,
+    pool: &str,
+    worker: WorkerId,
+    timeout: Duration,
+) -> Answer<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match ask(timeout, || api.get(name)).await {
+        Answer::Ok(found) if is_ours(&found, pool, worker) => Answer::Ok(found),
+        Answer::Ok(_) => Answer::Refused,
+        // It existed a moment ago and is gone now (being deleted), or it could not be read: it
+        // exists or may, so nothing is settled (never `Failed`, which would free it).
+        Answer::NotFound | Answer::Conflict | Answer::Gone | Answer::Refused | Answer::Unknown => {
+            Answer::Unknown
+        }
     }
 }
 
@@ -535,7 +850,8 @@ pub(crate) enum Removal {
 }
 
 /// Deletes the object named after `worker` if it is ours, by uid, so that a different object
-/// created under the same name in the meantime is never deleted.
+/// created under the same name in the meantime is never deleted: a 409 (the uid no longer
+/// matches) reads the name again, and deletes what is there only if it is ours too.
 pub(crate) async fn remove<K>(
     api: &Api<K>,
     pool: &str,
@@ -547,31 +863,35 @@ where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
     let name = object_name(worker);
-    let found = match ask(timeout, api.get(&name)).await {
-        Answer::Ok(found) => found,
-        Answer::NotFound => return Removal::Absent,
-        Answer::Refused | Answer::Conflict => return Removal::Refused,
-        Answer::Unknown => return Removal::Unknown,
-    };
-    if !is_ours(&found, pool, worker) {
-        return Removal::Refused;
+    for _ in 0..REMOVE_ATTEMPTS_MAX {
+        let found = match ask(timeout, || api.get(&name)).await {
+            Answer::Ok(found) => found,
+            Answer::NotFound => return Removal::Absent,
+            Answer::Refused | Answer::Conflict | Answer::Gone => return Removal::Refused,
+            Answer::Unknown => return Removal::Unknown,
+        };
+        if !is_ours(&found, pool, worker) {
+            return Removal::Refused;
+        }
+        let params = DeleteParams {
+            grace_period_seconds: grace_seconds,
+            preconditions: Some(Preconditions {
+                uid: found.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match ask(timeout, || api.delete(&name, &params)).await {
+            Answer::Ok(_) => return Removal::Deleting,
+            Answer::NotFound => return Removal::Absent,
+            // The uid no longer matches: the name holds another object now; read it again.
+            Answer::Conflict => {}
+            Answer::Unknown => return Removal::Unknown,
+            Answer::Refused | Answer::Gone => return Removal::Refused,
+        }
     }
-    let params = DeleteParams {
-        grace_period_seconds: grace_seconds,
-        preconditions: Some(Preconditions {
-            uid: found.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match ask(timeout, api.delete(&name, &params)).await {
-        Answer::Ok(_) => Removal::Deleting,
-        Answer::NotFound => Removal::Absent,
-        // The uid no longer matches: what is there now is another object; the next attempt
-        // looks again.
-        Answer::Conflict | Answer::Unknown => Removal::Unknown,
-        Answer::Refused => Removal::Refused,
-    }
+    // Replaced under every read: the next delete the pool orders looks again.
+    Removal::Unknown
 }
 
 /// GETs the object named after `worker` until it answers 404 or `deadline` passes.
@@ -587,7 +907,7 @@ where
 {
     let name = object_name(worker);
     loop {
-        if let Answer::NotFound = ask(timeout, api.get(&name)).await {
+        if let Answer::NotFound = ask(timeout, || api.get(&name)).await {
             return true;
         }
         if Instant::now() + poll_interval > deadline {
@@ -609,7 +929,9 @@ pub enum Readiness {
 }
 
 /// Waits until the object selected by `selector` is ready, by list then watch, re-listing
-/// whenever the watch ends: the list is the source of truth after every restart.
+/// whenever the watch ends: the list is the source of truth after every restart. A watch answered
+/// 410 (its resourceVersion compacted), whether as the HTTP answer or as an `ERROR` event, ends
+/// the same way: a fresh list, and a watch from that list's resourceVersion.
 pub(crate) async fn wait_ready<K>(
     api: &Api<K>,
     selector: &str,
@@ -625,7 +947,8 @@ where
         if Instant::now() >= deadline {
             return Outcome::Unknown;
         }
-        let listed = match ask(timeout, api.list(&ListParams::default().labels(selector))).await {
+        let list_params = ListParams::default().labels(selector);
+        let listed = match ask(timeout, || api.list(&list_params)).await {
             Answer::Ok(listed) => listed,
             _ => {
                 tokio::time::sleep(poll_interval).await;
@@ -650,8 +973,7 @@ where
         let params = WatchParams::default()
             .labels(selector)
             .timeout(u32::try_from(remaining.as_secs().clamp(1, 290)).unwrap_or(290));
-        let watched = tokio::time::timeout(timeout, api.watch(&params, &version)).await;
-        let Ok(Ok(stream)) = watched else {
+        let Answer::Ok(stream) = ask(timeout, || api.watch(&params, &version)).await else {
             tokio::time::sleep(poll_interval).await;
             continue;
         };
@@ -667,7 +989,8 @@ where
                 }
                 Ok(WatchEvent::Deleted(_)) => return Outcome::Unknown,
                 Ok(WatchEvent::Bookmark(_)) => {}
-                // An error event (410 Gone) or an unreadable line: start again from a list.
+                // An error event (410 Expired: the watch fell behind a compaction) or an
+                // unreadable line: start again from a list.
                 Ok(WatchEvent::Error(_)) | Err(_) => break,
             }
         }
@@ -679,7 +1002,9 @@ where
     Outcome::Unknown
 }
 
-/// Lists every object selected by `selector`, page by page.
+/// Lists every object selected by `selector`, page by page. A continue token the server no
+/// longer honours (410: the snapshot the pages came from was compacted) starts the list again from
+/// its first page, so the inventory is always one snapshot.
 pub(crate) async fn list_all<K>(
     api: &Api<K>,
     selector: &str,
@@ -688,18 +1013,33 @@ pub(crate) async fn list_all<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let mut items = Vec::new();
-    let mut params = ListParams::default()
+    let first = ListParams::default()
         .labels(selector)
         .limit(LIST_PAGE_LIMIT);
+    let mut items = Vec::new();
+    let mut params = first.clone();
+    let mut restarts = 0;
     for _ in 0..LIST_PAGES_MAX {
-        let Answer::Ok(page) = ask(timeout, api.list(&params)).await else {
-            return Err(Unavailable);
-        };
-        items.extend(page.items);
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(items),
+        match ask(timeout, || api.list(&params)).await {
+            Answer::Ok(page) => {
+                items.extend(page.items);
+                match page.metadata.continue_ {
+                    Some(token) if !token.is_empty() => {
+                        params = first.clone().continue_token(&token);
+                    }
+                    _ => return Ok(items),
+                }
+            }
+            Answer::Gone if params.continue_token.is_some() && restarts < LIST_RESTARTS_MAX => {
+                restarts += 1;
+                items.clear();
+                params = first.clone();
+            }
+            Answer::Gone
+            | Answer::NotFound
+            | Answer::Conflict
+            | Answer::Refused
+            | Answer::Unknown => return Err(Unavailable),
         }
     }
     // More pages than the bound: a partial inventory would prove workers absent that are not.
@@ -812,7 +1152,7 @@ impl Backend for KubeBackend {
         let pod = match created {
             Answer::Ok(pod) => pod,
             // Nothing was made: the server refused before acting (or the name is someone else's).
-            Answer::Refused | Answer::NotFound => return Outcome::Failed,
+            Answer::Refused | Answer::NotFound | Answer::Gone => return Outcome::Failed,
             Answer::Conflict | Answer::Unknown => return Outcome::Unknown,
         };
         let mut service = worker_service(s, worker);
