@@ -343,39 +343,6 @@ pub fn workers_policy(deployment: &Deployment) -> NetworkPolicy {
     }
 }
 
-/// Where a pool's workers may connect, as addresses: the form `corral controller network-policy`
-/// takes today.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WorkerNetwork {
-    /// The egress proxy (TCP).
-    pub proxy: SocketAddr,
-    /// The TURN authority (UDP and TCP).
-    pub turn: SocketAddr,
-    /// The API's package broker (TCP).
-    pub broker: SocketAddr,
-}
-
-/// [`workers_policy`] with every peer an address and the system in `namespace` too: the form the
-/// CLI calls until it takes a [`Deployment`] (then this goes). It covers every pool; `_pool` is
-/// not read. Prefer [`network_policies`]: a Service's ClusterIP given here matches nothing on
-/// most CNIs (policies judge the pods behind it), so the worker would be cut off.
-#[must_use]
-pub fn worker_network_policy(
-    namespace: &str,
-    _pool: &str,
-    network: &WorkerNetwork,
-) -> NetworkPolicy {
-    workers_policy(&Deployment {
-        workers_namespace: namespace.to_owned(),
-        system_namespace: namespace.to_owned(),
-        egress: WorkerEgress::Admitted(WorkerPeers {
-            proxy: Reach::Address(network.proxy),
-            turn: Reach::Address(network.turn),
-            broker: Reach::Address(network.broker),
-        }),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

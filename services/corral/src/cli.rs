@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use corral_controller::network_policy::Reach;
 use corral_egress_proxy::decide_cli::{self, DecideArgs};
 use corral_worker::cli::JailCommand;
 use corral_worker::serve::WorkerCommand;
@@ -156,13 +157,11 @@ pub struct ControllerArgs {
     pub reconcile: ReconcileArgs,
 }
 
-/// The pool and the Kubernetes namespace: the controller's and `network-policy`'s.
+/// The workers' Kubernetes namespace: the controller's (kube and agent-sandbox) and
+/// `network-policy`'s.
 #[derive(Args)]
-pub struct PoolPlacement {
-    /// The pool's name
-    #[arg(long, value_name = "NAME", default_value = "default")]
-    pub pool: String,
-    /// The Kubernetes namespace of the workers (kube and agent-sandbox)
+pub struct WorkersNamespace {
+    /// The Kubernetes namespace of the workers (kube and agent-sandbox; nothing else runs there)
     #[arg(long, value_name = "NS", default_value = "corral")]
     pub namespace: String,
 }
@@ -173,9 +172,12 @@ pub struct ReconcileArgs {
     /// The Valkey that holds the pool (required: the dynamic controller mode needs it, POOL-11)
     #[arg(long, value_name = "URL", required = true)]
     pub valkey: Option<String>,
-    /// The pool and the namespace.
+    /// The pool's name
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub pool: String,
+    /// The workers' namespace.
     #[command(flatten)]
-    pub placement: PoolPlacement,
+    pub workers: WorkersNamespace,
     /// How often to reconcile, in milliseconds (kept within 50..=60000)
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub period_ms: u64,
@@ -205,6 +207,10 @@ pub struct ReconcileArgs {
     /// default is each worker's Service, http://{id}.NS.svc:8091)
     #[arg(long, value_name = "URL", required_if_eq("backend", "agent-sandbox"))]
     pub worker_url_template: Option<String>,
+    /// Serve GET /healthz (200 while it runs) and /readyz (200 once a pass reached the store,
+    /// 503 before and while the last one did not) on this address (default: not served)
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<SocketAddr>,
 }
 
 /// `corral controller --backend`.
@@ -221,28 +227,61 @@ pub enum BackendKind {
 /// `corral controller`'s tools.
 #[derive(Subcommand)]
 pub enum ControllerCommand {
-    /// Print the NetworkPolicy of a pool's worker pods (JSON, for `kubectl apply -f -`)
+    /// Print the workers' NetworkPolicies (a JSON List, for `kubectl apply -f -`), or check some
     ///
-    /// ISO-5: egress to the proxy, the TURN authority over UDP and TCP and the package broker
-    /// only; ingress from this system's own pods only.
-    NetworkPolicy(NetworkPolicyArgs),
+    /// Two policies in the workers' namespace (decision 0031): `corral-workers-namespace-deny`
+    /// isolates every pod there and admits nothing; `corral-workers` admits every worker's
+    /// ingress from this system's API (control and browser ports) and controller (control port)
+    /// only (BROW-7), and its egress to the egress proxy, the TURN authority over UDP and TCP and
+    /// the package broker only (ISO-5), or to nothing with --isolated (EGR-8). A peer is its
+    /// pods in the system namespace (pods:PORT, the pods' port), one address (IP:PORT), or both
+    /// (pods+IP:PORT). With --check FILE it prints nothing of its own: it reads the
+    /// NetworkPolicies in FILE and judges them over the conformance table for these flags,
+    /// printing one line per wrong row (exit 1).
+    NetworkPolicy(Box<NetworkPolicyArgs>),
 }
 
 /// `corral controller network-policy`.
 #[derive(Args)]
 pub struct NetworkPolicyArgs {
-    /// The egress proxy's address
-    #[arg(long, value_name = "IP:PORT")]
-    pub proxy: SocketAddr,
-    /// The TURN authority's address
-    #[arg(long, value_name = "IP:PORT")]
-    pub turn: SocketAddr,
-    /// The package broker's address
-    #[arg(long, value_name = "IP:PORT")]
-    pub broker: SocketAddr,
-    /// The pool and the namespace.
+    /// The workers' namespace (the policies').
     #[command(flatten)]
-    pub placement: PoolPlacement,
+    pub workers: WorkersNamespace,
+    /// The namespace of the API, the controller, the egress proxy and an in-cluster TURN server
+    #[arg(long, value_name = "NS", default_value = "corral-system")]
+    pub system_namespace: String,
+    /// Where workers reach the egress proxy (TCP): pods:PORT, IP:PORT or pods+IP:PORT
+    #[arg(
+        long,
+        value_name = "REACH",
+        required_unless_present = "isolated",
+        conflicts_with = "isolated"
+    )]
+    pub proxy: Option<Reach>,
+    /// Where workers reach the TURN authority (UDP and TCP): pods:PORT, IP:PORT or pods+IP:PORT
+    #[arg(
+        long,
+        value_name = "REACH",
+        required_unless_present = "isolated",
+        conflicts_with = "isolated"
+    )]
+    pub turn: Option<Reach>,
+    /// Where workers reach the package broker, the API (TCP): pods:PORT, IP:PORT or pods+IP:PORT
+    #[arg(
+        long,
+        value_name = "REACH",
+        required_unless_present = "isolated",
+        conflicts_with = "isolated"
+    )]
+    pub broker: Option<Reach>,
+    /// Deny the workers' egress at this layer: egress is isolated, or has no field key or no
+    /// proxy (EGR-8)
+    #[arg(long)]
+    pub isolated: bool,
+    /// Judge the NetworkPolicies in FILE (JSON: a List, an array or one object) against the
+    /// conformance table for these flags instead of printing them
+    #[arg(long, value_name = "FILE")]
+    pub check: Option<PathBuf>,
 }
 
 /// `corral resources`.

@@ -20,22 +20,30 @@
 //! `--worker-url-template http://HOST:PORT` with `{id}` overrides how workers are reached (the
 //! `kube` default is each worker's Service, `http://{id}.NS.svc:8091`). Pool settings come from
 //! the environment (`corral config check` shows them). It runs until SIGINT or SIGTERM.
+//!
+//! `--health-listen ADDR` serves `GET /healthz` and `GET /readyz` there ([`crate::health`]):
+//! ready once a pass has reached the store, and while the last one did. Off by default; `corral
+//! up` runs its own controller loop without it.
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use corral::cli::{
-    BackendKind, ControllerArgs, ControllerCommand, NetworkPolicyArgs, PoolPlacement, ReconcileArgs,
+    BackendKind, ControllerArgs, ControllerCommand, ReconcileArgs, WorkersNamespace,
 };
 use corral_contract::{Locator, WorkerClient, credential};
 use corral_controller::claim::{AgentSandbox, AgentSandboxBackend, ClaimSettings};
 use corral_controller::kube::{KubeBackend, KubeSettings};
 use corral_controller::local::LocalBackend;
-use corral_controller::{Backend, Reconciler};
+use corral_controller::{Backend, Reconciler, WorkerControl};
 use corral_core::config::{PoolModeSetting, Settings};
 use corral_core::ids::ImageId;
 use corral_store::ValkeyStore;
+
+use crate::health::{self, Readiness};
 
 struct Args {
     valkey: String,
@@ -44,6 +52,7 @@ struct Args {
     period: Duration,
     backend: BackendArgs,
     worker_url_template: Option<String>,
+    health_listen: Option<SocketAddr>,
 }
 
 /// Which backend, with what only it needs.
@@ -63,39 +72,14 @@ enum BackendArgs {
     },
 }
 
-/// `corral controller network-policy`: prints the ISO-5 NetworkPolicy of a pool's worker pods
-/// (JSON, for `kubectl apply -f -`): egress to the proxy, the TURN authority over UDP and TCP
-/// and the broker only; ingress from this system's own pods only.
-fn network_policy(args: &NetworkPolicyArgs) -> ExitCode {
-    use corral_controller::network_policy::{WorkerNetwork, worker_network_policy};
-    let policy = worker_network_policy(
-        &args.placement.namespace,
-        &args.placement.pool,
-        &WorkerNetwork {
-            proxy: args.proxy,
-            turn: args.turn,
-            broker: args.broker,
-        },
-    );
-    match serde_json::to_string_pretty(&policy) {
-        Ok(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("corral controller network-policy: {error}");
-            ExitCode::from(1)
-        }
-    }
-}
-
 impl Args {
     /// What the parsed flags ask for. The parser has refused a missing `--valkey` and a backend
     /// without what it needs already; these checks only keep that true for any caller.
     fn from_flags(flags: ReconcileArgs) -> Result<Self, String> {
         let ReconcileArgs {
             valkey,
-            placement: PoolPlacement { pool, namespace },
+            pool,
+            workers: WorkersNamespace { namespace },
             period_ms,
             backend,
             state_dir,
@@ -105,6 +89,7 @@ impl Args {
             sandbox_template,
             warm_pool,
             worker_url_template,
+            health_listen,
         } = flags;
         let valkey = valkey
             .filter(|url| !url.is_empty())
@@ -139,6 +124,7 @@ impl Args {
             period: Duration::from_millis(period_ms.clamp(50, 60_000)),
             backend,
             worker_url_template,
+            health_listen,
         })
     }
 }
@@ -182,7 +168,9 @@ pub fn worker_credential(state_dir: &Path) -> Result<String, String> {
 /// `corral controller`.
 pub fn run(args: ControllerArgs) -> ExitCode {
     let flags = match args.command {
-        Some(ControllerCommand::NetworkPolicy(policy)) => return network_policy(&policy),
+        Some(ControllerCommand::NetworkPolicy(policy)) => {
+            return crate::network_policy_cmd::run(&policy);
+        }
         None => args.reconcile,
     };
     let args = match Args::from_flags(flags) {
@@ -316,13 +304,19 @@ async fn cluster_client() -> Result<corral_controller::kube::Client, String> {
     corral_controller::kube::cluster_client().await
 }
 
-/// Reconciles every period until SIGINT or SIGTERM.
+/// Reconciles every period until SIGINT or SIGTERM, serving the health endpoints first when
+/// asked (so that `/healthz` answers while the store is being reached).
 async fn reconcile<B: Backend>(
     args: &Args,
     settings: &Settings,
     backend: B,
     control: WorkerClient,
 ) -> Result<ExitCode, String> {
+    let readiness = Readiness::default();
+    if let Some(address) = args.health_listen {
+        let bound = health::serve(address, readiness.clone()).await?;
+        eprintln!("corral controller: /healthz and /readyz on http://{bound}");
+    }
     let store = ValkeyStore::connect(&args.valkey, &args.pool)
         .await
         .map_err(|e| e.to_string())?;
@@ -331,16 +325,35 @@ async fn reconcile<B: Backend>(
         "corral controller: reconciling pool {:?} every {:?}",
         args.pool, args.period
     );
-    let mut interval = tokio::time::interval(args.period);
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| e.to_string())?;
+    let stop = async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    };
+    run_passes(&reconciler, args.period, &readiness, stop).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A pass every `period` until `stop` resolves; `readiness` follows each pass's reach of the
+/// store.
+async fn run_passes<B: Backend, C: WorkerControl>(
+    reconciler: &Reconciler<B, C>,
+    period: Duration,
+    readiness: &Readiness,
+    stop: impl Future<Output = ()>,
+) {
+    let mut interval = tokio::time::interval(period);
+    tokio::pin!(stop);
     loop {
         tokio::select! {
             biased;
-            _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
-            _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
+            () = &mut stop => return,
             _ = interval.tick() => {
                 let pass = reconciler.pass().await;
+                readiness.passed(pass.coordinated);
                 if !pass.coordinated {
                     eprintln!("corral controller: coordination unavailable; nothing built (fail closed)");
                 }
@@ -376,50 +389,113 @@ mod tests {
         parse(&args)
     }
 
-    #[test]
-    fn network_policy_takes_its_three_addresses_and_no_valkey() {
-        let policy = |args: &[&str]| {
-            let argv = ["corral", "controller", "network-policy"]
-                .iter()
-                .chain(args);
-            match Cli::try_parse_from(argv).map(|cli| cli.command) {
-                Ok(Command::Controller(ControllerArgs {
-                    command: Some(ControllerCommand::NetworkPolicy(policy)),
-                    ..
-                })) => Ok(policy),
-                Ok(_) => panic!("parsed as another command"),
-                Err(error) => Err(error),
+    /// A backend with nothing to do, and a control that never resets: a pool of no worker.
+    struct Empty;
+
+    impl Backend for Empty {
+        fn image(&self) -> ImageId {
+            ImageId("test-image".to_owned())
+        }
+        async fn create(
+            &self,
+            _: corral_core::ids::WorkerId,
+            _: &ImageId,
+            _: Option<corral_core::time::UnixMillis>,
+        ) -> corral_core::pool::Outcome {
+            corral_core::pool::Outcome::Failed
+        }
+        async fn delete(&self, _: corral_core::ids::WorkerId) -> corral_core::pool::Outcome {
+            corral_core::pool::Outcome::Done
+        }
+        async fn list(
+            &self,
+        ) -> Result<
+            std::collections::BTreeSet<corral_core::ids::WorkerId>,
+            corral_core::store::Unavailable,
+        > {
+            Ok(std::collections::BTreeSet::new())
+        }
+    }
+
+    impl WorkerControl for Empty {
+        async fn reset(
+            &self,
+            _: corral_core::ids::WorkerId,
+            _: corral_core::ids::OpToken,
+        ) -> Option<corral_core::reset::ResetEvidence> {
+            None
+        }
+    }
+
+    /// Polls `GET path` until it answers `want`, for at most `within`.
+    async fn answers(port: u16, path: &'static str, want: u16, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if health::status(port, path).await == Some(want) {
+                return true;
             }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn health_listen_is_alive_at_once_and_ready_while_passes_reach_the_store() {
+        let test = "health_listen_is_alive_at_once_and_ready_while_passes_reach_the_store";
+        let Some(mut valkey) = corral_store::valkey_server::ValkeyServer::start_or_skip(test)
+        else {
+            return;
         };
-        let addresses = [
-            "--proxy",
-            "10.0.0.1:3128",
-            "--turn",
-            "10.0.0.2:3478",
-            "--broker",
-            "10.0.0.3:8000",
-        ];
-        let parsed = policy(&addresses).expect("parses");
-        assert_eq!(
-            (
-                parsed.placement.namespace.as_str(),
-                parsed.placement.pool.as_str()
-            ),
-            ("corral", "default")
-        );
-        assert!(policy(&addresses[..4]).is_err(), "--broker is required");
-        assert!(policy(&["--proxy", "nowhere", "--turn", "10.0.0.2:3478"]).is_err());
-        let argv = [
-            "corral",
-            "controller",
-            "--valkey",
-            "redis://x",
-            "network-policy",
-        ];
+        let readiness = Readiness::default();
+        let port = health::serve("127.0.0.1:0".parse().unwrap(), readiness.clone())
+            .await
+            .expect("binds")
+            .port();
+        // Before the loop's first pass: alive, not ready.
+        assert_eq!(health::status(port, "/healthz").await, Some(200));
+        assert_eq!(health::status(port, "/readyz").await, Some(503));
+        let store = ValkeyStore::connect(&valkey.url(), "health")
+            .await
+            .expect("connects");
+        let config = corral_core::pool::PoolConfig {
+            warm_min: 0,
+            target_idle: 0,
+            ..corral_core::pool::PoolConfig::default()
+        };
+        let reconciler = Reconciler::new(store, Empty, Empty, config);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let passes = tokio::spawn({
+            let readiness = readiness.clone();
+            async move {
+                let stop = async move {
+                    let _ = stopped.await;
+                };
+                run_passes(&reconciler, Duration::from_millis(50), &readiness, stop).await;
+            }
+        });
         assert!(
-            Cli::try_parse_from(argv).is_err(),
-            "flags or a tool, not both"
+            answers(port, "/readyz", 200, Duration::from_secs(20)).await,
+            "ready after a pass that reached the store"
         );
+        // The store is lost: the next pass does nothing (POOL-11) and the controller is not ready.
+        valkey.kill();
+        assert!(
+            answers(port, "/readyz", 503, Duration::from_secs(30)).await,
+            "not ready while passes cannot reach the store"
+        );
+        assert_eq!(health::status(port, "/healthz").await, Some(200));
+        let _ = stop.send(());
+        passes.await.expect("the loop stops when asked");
+    }
+
+    #[test]
+    fn health_listen_is_off_unless_asked_and_takes_an_address() {
+        assert_eq!(parsed(&[]).expect("parses").health_listen, None);
+        let args = parsed(&["--health-listen", "0.0.0.0:8081"]).expect("parses");
+        assert_eq!(args.health_listen, Some("0.0.0.0:8081".parse().unwrap()));
+        assert!(parsed(&["--health-listen", "localhost"]).is_err());
     }
 
     #[test]

@@ -10,6 +10,8 @@ mod api_cmd;
 mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
+mod health;
+mod network_policy_cmd;
 mod resources_cmd;
 mod run_cmd;
 mod stack;
