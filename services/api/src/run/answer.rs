@@ -299,3 +299,35 @@ fn compress_streams(stdout: &OutputStream, stderr: &OutputStream) -> Option<Stre
         }),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pkg_06_an_unsupported_language_is_answered_with_what_to_write() {
+        let refused = corral_core::jail::Language::parse("ruby").expect_err("ruby");
+        let (status, body) = unsupported_language("r1", &refused);
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            (
+                &body["outcome"],
+                &body["model"]["not_run"],
+                &body["error"]["code"],
+                &body["error"]["language"],
+                &body["error"]["supported"],
+            ),
+            (
+                &json!("not_run"),
+                &json!("unsupported_language"),
+                &json!("unsupported_language"),
+                &json!("ruby"),
+                &json!(["python", "node"]),
+            ),
+            "{body}"
+        );
+        assert_eq!(body["error"]["aliases"]["node"][3], "javascript", "{body}");
+        assert_ne!(body["model"]["exit_code"], 0, "{body}");
+        assert_eq!(body["member"]["outcome"], "not_run", "{body}");
+    }
+}
