@@ -231,15 +231,15 @@ async fn ker_05_a_persistent_cell_has_no_egress_and_no_resources() {
         stdout(&open).starts_with("status 200 method=GET path=/kernel"),
         "the route is open to an ephemeral run: {open}"
     );
-    // A persistent cell does not, under the same policy.
+    // A persistent cell does not, under the same policy: it holds no grant, so the worker's
+    // relay refuses the connection itself and the proxy is never asked (decision 0008).
     let (_, body) = stack.run(cell("python", "dee", "kernel-4", &fetch)).await;
     assert_eq!(body["outcome"], "succeeded", "{body}");
-    let printed = stdout(&body);
-    assert!(
-        printed.starts_with("error ") || printed.starts_with("status 403 "),
-        "a persistent cell reached the upstream: {body}"
+    assert_eq!(
+        stdout(&body),
+        "status 407 grant_missing\n",
+        "a persistent cell was not refused for want of a grant: {body}"
     );
-    assert!(!printed.contains("path=/kernel"), "{body}");
     assert_eq!(
         body["model"]["egress"]["effective_mode"], "isolated",
         "{body}"
