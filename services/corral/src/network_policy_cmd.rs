@@ -26,7 +26,7 @@ use corral_controller::network_policy::{
 /// must then be denied wherever its peer would be, so the system's pods at their usual ports.
 const ISOLATED_MODEL_PEERS: WorkerPeers = WorkerPeers {
     proxy: Reach::Pods(3128),
-    turn: Reach::Pods(3478),
+    turn: Reach::Pods(corral_core::browser::turn::DEFAULT_PORT),
     broker: Reach::Pods(8000),
 };
 

@@ -609,20 +609,12 @@ fn is_bridge(args: &[String]) -> bool {
 /// The rows of one column of the picture a viewer decoded, at fraction `x` of its width, top to
 /// bottom, each `[r, g, b]`.
 fn column_at(x: f64) -> String {
-    format!(
-        r"(() => {{
-  const video = document.getElementById('screen');
-  if (!video || !video.videoWidth) return null;
-  const canvas = document.createElement('canvas');
-  canvas.width = video.videoWidth; canvas.height = video.videoHeight;
-  const context = canvas.getContext('2d');
-  context.drawImage(video, 0, 0);
-  const d = context.getImageData(Math.floor({x} * canvas.width), 0, 1, canvas.height).data;
-  const rows = [];
-  for (let i = 0; i < d.length; i += 4) rows.push([d[i], d[i + 1], d[i + 2]]);
-  return rows;
-}})()"
-    )
+    common::viewer::from_picture(&format!(
+        "const d = context.getImageData(Math.floor({x} * canvas.width), 0, 1, canvas.height).data;\n  \
+         const rows = [];\n  \
+         for (let i = 0; i < d.length; i += 4) rows.push([d[i], d[i + 1], d[i + 2]]);\n  \
+         return rows;"
+    ))
 }
 
 /// The most rows Chromium's own tab strip and toolbar take at a device scale of 1 (87 in Debian's

@@ -42,10 +42,11 @@ pub const STATE: &str = r"(async () => {
   return out;
 })()";
 
-/// The colour of the picture at fractions (`x`, `y`) of it, read back from the video element
-/// (what the member sees), as `[r, g, b]`.
+/// A script that draws the picture a viewer decoded (what the member sees) onto a canvas and
+/// returns what `read` (JavaScript with `canvas` and `context` in scope) returns from it; `null`
+/// before the first frame.
 #[must_use]
-pub fn colour_at(x: f64, y: f64) -> String {
+pub fn from_picture(read: &str) -> String {
     format!(
         r"(() => {{
   const video = document.getElementById('screen');
@@ -54,10 +55,19 @@ pub fn colour_at(x: f64, y: f64) -> String {
   canvas.width = video.videoWidth; canvas.height = video.videoHeight;
   const context = canvas.getContext('2d');
   context.drawImage(video, 0, 0);
-  const d = context.getImageData(Math.floor({x} * canvas.width), Math.floor({y} * canvas.height), 1, 1).data;
-  return [d[0], d[1], d[2]];
+  {read}
 }})()"
     )
+}
+
+/// The colour of the picture at fractions (`x`, `y`) of it, read back from the video element
+/// (what the member sees), as `[r, g, b]`.
+#[must_use]
+pub fn colour_at(x: f64, y: f64) -> String {
+    from_picture(&format!(
+        "const d = context.getImageData(Math.floor({x} * canvas.width), Math.floor({y} * canvas.height), 1, 1).data;\n  \
+         return [d[0], d[1], d[2]];"
+    ))
 }
 
 impl Viewer {
