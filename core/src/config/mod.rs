@@ -354,6 +354,22 @@ impl Default for Settings {
 }
 
 impl Settings {
+    /// The settings a controller hands the workers it creates where they do not share its
+    /// environment (kube pods): the egress proxy it was configured with, and the operator's
+    /// acceptance of a weaker jail when given (decision 0032). Never a credential: those come
+    /// from files or Secrets.
+    #[must_use]
+    pub fn worker_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(url) = &self.egress.proxy_url {
+            env.push((specs::EGRESS_PROXY_URL, url.clone()));
+        }
+        if self.jail.allow_weaker_isolation {
+            env.push((specs::JAIL_ALLOW_WEAKER_ISOLATION, "true".to_owned()));
+        }
+        env
+    }
+
     /// Parses every setting through `lookup` (the environment, in production) and checks the
     /// relations between them. Each setting is looked up exactly once.
     ///

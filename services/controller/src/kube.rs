@@ -51,9 +51,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     AppArmorProfile, Capabilities, Container, ContainerPort, EnvVar, KeyToPath, Pod, PodSpec,
-    Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    TCPSocketAction, Volume, VolumeMount,
+    PodTemplate, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, TCPSocketAction, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{
@@ -167,6 +168,117 @@ pub enum Seccomp {
     Localhost(String),
 }
 
+/// One resource's request and limit, as Kubernetes quantities (`500m`, `2`, `1Gi`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bound {
+    /// What the scheduler reserves for the worker.
+    pub request: String,
+    /// What the kubelet lets the worker use: its cgroup's limit.
+    pub limit: String,
+}
+
+impl Bound {
+    /// `REQUEST:LIMIT`, or one quantity for both (`--worker-cpu 500m:2`, `--worker-memory 3Gi`).
+    ///
+    /// # Errors
+    /// When either side is not a quantity.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (request, limit) = text.split_once(':').unwrap_or((text, text));
+        for quantity in [request, limit] {
+            if !is_quantity(quantity) {
+                return Err(format!(
+                    "{quantity:?} is not a Kubernetes quantity (digits with an optional fraction \
+                     and one of the suffixes m, k, M, G, T, Ki, Mi, Gi, Ti; REQUEST:LIMIT or one \
+                     for both)"
+                ));
+            }
+        }
+        Ok(Self {
+            request: request.to_owned(),
+            limit: limit.to_owned(),
+        })
+    }
+}
+
+/// Whether `text` is a quantity this backend hands the API server: a plain decimal number with
+/// one optional decimal or binary suffix. (Kubernetes also takes exponents; nobody sizes a worker
+/// with them, and a typo in one would otherwise be found only by the API server, on every
+/// create.)
+fn is_quantity(text: &str) -> bool {
+    let number_end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(number_end);
+    let mut parts = number.split('.');
+    let whole = parts.next().unwrap_or("");
+    let fraction = parts.next();
+    let number_ok = parts.next().is_none()
+        && (!whole.is_empty() || fraction.is_some_and(|f| !f.is_empty()))
+        && fraction.is_none_or(|f| !f.is_empty());
+    number_ok
+        && matches!(
+            suffix,
+            "" | "m" | "k" | "M" | "G" | "T" | "P" | "E" | "Ki" | "Mi" | "Gi" | "Ti" | "Pi" | "Ei"
+        )
+}
+
+/// The worker container's requests and limits (decision 0032). The pod is single-tenant: one
+/// run or one browser session at a time, so its limits are that run's outer bound, below the
+/// run's own (`SANDBOX_MAX_MEMORY_BYTES`, `SANDBOX_MAX_PROCESSES`) where the worker can make
+/// per-run cgroups, and the only cgroup bound where it cannot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerResources {
+    /// CPU.
+    pub cpu: Bound,
+    /// Memory: a browser session's Chromium, Xvfb and encoder need most of it.
+    pub memory: Bound,
+}
+
+impl Default for WorkerResources {
+    /// Half a core reserved and two at most; 1 GiB reserved and 3 GiB at most.
+    fn default() -> Self {
+        Self {
+            cpu: Bound {
+                request: "500m".to_owned(),
+                limit: "2".to_owned(),
+            },
+            memory: Bound {
+                request: "1Gi".to_owned(),
+                limit: "3Gi".to_owned(),
+            },
+        }
+    }
+}
+
+impl WorkerResources {
+    fn validate(&self) -> Result<(), String> {
+        for (name, bound) in [("cpu", &self.cpu), ("memory", &self.memory)] {
+            for quantity in [&bound.request, &bound.limit] {
+                if !is_quantity(quantity) {
+                    return Err(format!(
+                        "the worker's {name} {quantity:?} is not a quantity"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn requirements(&self) -> ResourceRequirements {
+        let map = |cpu: &str, memory: &str| {
+            BTreeMap::from([
+                ("cpu".to_owned(), Quantity(cpu.to_owned())),
+                ("memory".to_owned(), Quantity(memory.to_owned())),
+            ])
+        };
+        ResourceRequirements {
+            requests: Some(map(&self.cpu.request, &self.memory.request)),
+            limits: Some(map(&self.cpu.limit, &self.memory.limit)),
+            ..ResourceRequirements::default()
+        }
+    }
+}
+
 /// How worker pods are made and how long the backend waits for them.
 #[derive(Clone, Debug)]
 pub struct KubeSettings {
@@ -184,6 +296,8 @@ pub struct KubeSettings {
     /// Settings the worker container gets beside its own (for example the egress proxy's address,
     /// `SANDBOX_EGRESS_PROXY_URL`). Never a credential: those come from Secrets.
     pub worker_env: Vec<(String, String)>,
+    /// The worker container's requests and limits (decision 0032).
+    pub resources: WorkerResources,
     /// The worker container's AppArmor profile.
     pub apparmor: AppArmor,
     /// The worker container's seccomp profile.
@@ -212,6 +326,7 @@ impl KubeSettings {
             runtime_class: None,
             credential_secret: "corral-worker-credential".to_owned(),
             worker_env: Vec::new(),
+            resources: WorkerResources::default(),
             apparmor: AppArmor::Unconfined,
             seccomp: Seccomp::Unconfined,
             ready_timeout: Duration::from_secs(120),
@@ -236,7 +351,7 @@ impl KubeSettings {
         if self.delete_grace_seconds == 0 {
             return Err("a zero delete grace is a forced deletion; use at least 1 s".to_owned());
         }
-        Ok(())
+        self.resources.validate()
     }
 }
 
@@ -459,12 +574,9 @@ pub fn object_name(worker: WorkerId) -> String {
 
 /// The labels of a worker's pod and Service.
 pub fn worker_labels(pool: &str, worker: WorkerId) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (LABEL_NAME.to_owned(), WORKER_NAME.to_owned()),
-        (LABEL_PART_OF.to_owned(), PART_OF.to_owned()),
-        (LABEL_WORKER.to_owned(), object_name(worker)),
-        (LABEL_POOL.to_owned(), pool.to_owned()),
-    ])
+    let mut labels = pool_labels(pool);
+    labels.insert(LABEL_WORKER.to_owned(), object_name(worker));
+    labels
 }
 
 /// The label selector of every worker in `pool`.
@@ -564,7 +676,20 @@ pub fn worker_security_context(apparmor: &AppArmor, seccomp: &Seccomp) -> Securi
     }
 }
 
-/// The pod of `worker`, running `image`.
+/// The labels of every worker pod in `pool`: [`worker_labels`] without the worker's own.
+pub fn pool_labels(pool: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_NAME.to_owned(), WORKER_NAME.to_owned()),
+        (LABEL_PART_OF.to_owned(), PART_OF.to_owned()),
+        (LABEL_POOL.to_owned(), pool.to_owned()),
+    ])
+}
+
+/// The pod every worker of the pool gets, as a PodTemplate named [`WORKER_NAME`] in the workers'
+/// namespace: [`worker_pod`] is this with the worker's name, label, image annotation and
+/// `CORRAL_WORKER_ID`. `corral controller worker-pod` prints it, and `kind-cluster/check` holds
+/// the manifests' PodTemplate to it, so that what the manifests state and lint is what the
+/// controller creates.
 ///
 /// No service-account token is mounted (the worker never talks to the API server, and code that
 /// escapes the jail must not find a credential), service links are off (no other Service's
@@ -574,19 +699,33 @@ pub fn worker_security_context(apparmor: &AppArmor, seccomp: &Seccomp) -> Securi
 ///
 /// The worker's control credential comes from the operator's Secret
 /// ([`KubeSettings::credential_secret`]), mounted read-only and readable by its owner only; the
-/// container runs [`WORKER_COMMAND`].
-pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) -> Pod {
-    let name = object_name(worker);
+/// container runs [`WORKER_COMMAND`] within [`KubeSettings::resources`].
+pub fn worker_pod_template(settings: &KubeSettings, image: &ImageId) -> PodTemplate {
+    let labels = pool_labels(&settings.pool);
+    PodTemplate {
+        metadata: ObjectMeta {
+            name: Some(WORKER_NAME.to_owned()),
+            namespace: Some(settings.namespace.clone()),
+            labels: Some(labels.clone()),
+            ..ObjectMeta::default()
+        },
+        template: Some(PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(labels),
+                ..ObjectMeta::default()
+            }),
+            spec: Some(worker_pod_spec(settings, image)),
+        }),
+    }
+}
+
+/// [`worker_pod_template`]'s pod spec.
+fn worker_pod_spec(settings: &KubeSettings, image: &ImageId) -> PodSpec {
     let port = |name: &str, port: u16| ContainerPort {
         name: Some(name.to_owned()),
         container_port: i32::from(port),
         protocol: Some("TCP".to_owned()),
         ..ContainerPort::default()
-    };
-    let env = |name: &str, value: String| EnvVar {
-        name: name.to_owned(),
-        value: Some(value),
-        value_from: None,
     };
     let (credential_dir, credential_name) = CREDENTIAL_FILE
         .rsplit_once('/')
@@ -596,19 +735,14 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
         image: Some(image.0.clone()),
         command: Some(WORKER_COMMAND.iter().map(|s| (*s).to_owned()).collect()),
         env: Some(
-            [
-                // A worker refuses requests that name another worker (decision 0009).
-                env("CORRAL_WORKER_ID", worker.to_string()),
-                env("CORRAL_WORKER_TOKEN_FILE", CREDENTIAL_FILE.to_owned()),
-            ]
-            .into_iter()
-            .chain(
-                settings
-                    .worker_env
-                    .iter()
-                    .map(|(name, value)| env(name, value.clone())),
-            )
-            .collect(),
+            std::iter::once(env_var("CORRAL_WORKER_TOKEN_FILE", CREDENTIAL_FILE))
+                .chain(
+                    settings
+                        .worker_env
+                        .iter()
+                        .map(|(name, value)| env_var(name, value)),
+                )
+                .collect(),
         ),
         volume_mounts: Some(vec![VolumeMount {
             name: "credential".to_owned(),
@@ -629,15 +763,61 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
             period_seconds: Some(1),
             ..Probe::default()
         }),
+        resources: Some(settings.resources.requirements()),
         security_context: Some(worker_security_context(
             &settings.apparmor,
             &settings.seccomp,
         )),
         ..Container::default()
     };
+    PodSpec {
+        containers: vec![container],
+        runtime_class_name: settings.runtime_class.clone(),
+        volumes: Some(vec![Volume {
+            name: "credential".to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(settings.credential_secret.clone()),
+                items: Some(vec![KeyToPath {
+                    key: CREDENTIAL_KEY.to_owned(),
+                    path: credential_name.to_owned(),
+                    ..KeyToPath::default()
+                }]),
+                default_mode: Some(0o400),
+                optional: Some(false),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_users: Some(false),
+        restart_policy: Some("Never".to_owned()),
+        ..PodSpec::default()
+    }
+}
+
+fn env_var(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    }
+}
+
+/// The pod of `worker`, running `image`: the pool's [`worker_pod_template`] with the worker's
+/// name, its [`LABEL_WORKER`] label, the image annotation, and `CORRAL_WORKER_ID` first in its
+/// environment (a worker refuses requests that name another worker, decision 0009).
+pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) -> Pod {
+    let mut spec = worker_pod_spec(settings, image);
+    for container in &mut spec.containers {
+        container
+            .env
+            .get_or_insert_with(Vec::new)
+            .insert(0, env_var("CORRAL_WORKER_ID", &worker.to_string()));
+    }
     Pod {
         metadata: ObjectMeta {
-            name: Some(name),
+            name: Some(object_name(worker)),
             namespace: Some(settings.namespace.clone()),
             labels: Some(worker_labels(&settings.pool, worker)),
             annotations: Some(BTreeMap::from([(
@@ -646,30 +826,7 @@ pub fn worker_pod(settings: &KubeSettings, worker: WorkerId, image: &ImageId) ->
             )])),
             ..ObjectMeta::default()
         },
-        spec: Some(PodSpec {
-            containers: vec![container],
-            runtime_class_name: settings.runtime_class.clone(),
-            volumes: Some(vec![Volume {
-                name: "credential".to_owned(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(settings.credential_secret.clone()),
-                    items: Some(vec![KeyToPath {
-                        key: CREDENTIAL_KEY.to_owned(),
-                        path: credential_name.to_owned(),
-                        ..KeyToPath::default()
-                    }]),
-                    default_mode: Some(0o400),
-                    optional: Some(false),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            }]),
-            automount_service_account_token: Some(false),
-            enable_service_links: Some(false),
-            host_users: Some(false),
-            restart_policy: Some("Never".to_owned()),
-            ..PodSpec::default()
-        }),
+        spec: Some(spec),
         status: None,
     }
 }

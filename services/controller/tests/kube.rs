@@ -43,7 +43,7 @@ use corral_controller::claim::{
 use corral_controller::kube::{
     AppArmor, KubeBackend, KubeSettings, Seccomp, THROTTLE_WAIT_DEFAULT, THROTTLE_WAIT_MAX,
     THROTTLED_RETRIES_MAX, client_from, incluster_config_from, object_name, pool_selector,
-    worker_pod, worker_service,
+    worker_pod, worker_pod_template, worker_service,
 };
 use corral_core::ids::{ImageId, WorkerId};
 use corral_core::pool::Outcome;
@@ -805,6 +805,41 @@ async fn until(fake: &Shared, bound: Duration, done: impl Fn(&Fake) -> bool) {
 }
 
 // ---- golden manifests ----
+
+#[test]
+fn every_worker_pod_is_the_pools_template_with_its_own_name_label_and_id() {
+    let mut s = settings();
+    s.resources.memory.limit = "5Gi".to_owned();
+    let template = serde_json::to_value(worker_pod_template(&s, &image())).expect("json");
+    let pod = serde_json::to_value(worker_pod(&s, worker(7), &image())).expect("json");
+    assert_eq!(template["kind"], "PodTemplate");
+    assert_eq!(template["metadata"]["name"], "corral-worker");
+    // The pod's spec is the template's with CORRAL_WORKER_ID first in the environment.
+    let mut spec = pod["spec"].clone();
+    let env = spec["containers"][0]["env"]
+        .as_array_mut()
+        .expect("an environment");
+    let id = env.remove(0);
+    assert_eq!(id["name"], "CORRAL_WORKER_ID");
+    assert_eq!(id["value"], worker(7).to_string());
+    assert_eq!(spec, template["template"]["spec"]);
+    // Its labels are the template's and its own worker label.
+    let mut labels = pod["metadata"]["labels"].clone();
+    assert_eq!(
+        labels
+            .as_object_mut()
+            .expect("labels")
+            .remove("corral.dev/worker"),
+        Some(serde_json::json!("w-ab-7"))
+    );
+    assert_eq!(labels, template["template"]["metadata"]["labels"]);
+    // Bounded: the pod's limits are what the settings say (decision 0032).
+    let resources = &pod["spec"]["containers"][0]["resources"];
+    assert_eq!(resources["limits"]["memory"], "5Gi");
+    assert_eq!(resources["limits"]["cpu"], "2");
+    assert_eq!(resources["requests"]["cpu"], "500m");
+    assert_eq!(resources["requests"]["memory"], "1Gi");
+}
 
 #[test]
 fn pod_manifest_has_the_fields_the_cluster_relies_on() {

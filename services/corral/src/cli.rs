@@ -145,6 +145,26 @@ pub struct RunArgs {
     pub json: bool,
 }
 
+/// How the kube backend makes each worker's pod (`corral controller` and `corral controller
+/// worker-pod`).
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerPodOptions {
+    /// The pods' RuntimeClass, such as gvisor (kube)
+    #[arg(long, value_name = "NAME")]
+    pub runtime_class: Option<String>,
+    /// The Secret with the workers' credential, key worker-token (kube; default
+    /// corral-worker-credential)
+    #[arg(long, value_name = "NAME")]
+    pub credential_secret: Option<String>,
+    /// The worker container's CPU, REQUEST:LIMIT or one quantity for both (kube; default 500m:2)
+    #[arg(long, value_name = "QUANTITY")]
+    pub worker_cpu: Option<String>,
+    /// The worker container's memory, REQUEST:LIMIT or one quantity for both (kube; default
+    /// 1Gi:3Gi)
+    #[arg(long, value_name = "QUANTITY")]
+    pub worker_memory: Option<String>,
+}
+
 /// `corral controller`: reconcile (the flags), or one of its subcommands.
 #[derive(Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -190,13 +210,9 @@ pub struct ReconcileArgs {
     /// The worker image, by digest, with `corral` on its PATH (kube)
     #[arg(long, value_name = "REF", required_if_eq("backend", "kube"))]
     pub image: Option<String>,
-    /// The pods' RuntimeClass, such as gvisor (kube)
-    #[arg(long, value_name = "NAME")]
-    pub runtime_class: Option<String>,
-    /// The Secret with the workers' credential, key worker-token (kube; default
-    /// corral-worker-credential)
-    #[arg(long, value_name = "NAME")]
-    pub credential_secret: Option<String>,
+    /// How the kube backend's worker pods are made.
+    #[command(flatten)]
+    pub pod: WorkerPodOptions,
     /// The SandboxTemplate that claims name (agent-sandbox)
     #[arg(long, value_name = "NAME", required_if_eq("backend", "agent-sandbox"))]
     pub sandbox_template: Option<String>,
@@ -239,6 +255,31 @@ pub enum ControllerCommand {
     /// NetworkPolicies in FILE and judges them over the conformance table for these flags,
     /// printing one line per wrong row (exit 1).
     NetworkPolicy(Box<NetworkPolicyArgs>),
+    /// Print the PodTemplate of the pool's worker pods (JSON), as `corral controller --backend
+    /// kube` with the same flags and environment creates each pod
+    ///
+    /// Each pod is this template with the worker's name, its `corral.dev/worker` label, the
+    /// `corral.dev/image` annotation and `CORRAL_WORKER_ID`. The pods get this process's
+    /// `SANDBOX_EGRESS_PROXY_URL` and, when set, `CORRAL_JAIL_ALLOW_WEAKER_ISOLATION` (decision
+    /// 0032). `kind-cluster/check` holds the manifests' PodTemplate to this.
+    WorkerPod(Box<WorkerPodArgs>),
+}
+
+/// `corral controller worker-pod`.
+#[derive(Args)]
+pub struct WorkerPodArgs {
+    /// The workers' namespace.
+    #[command(flatten)]
+    pub workers: WorkersNamespace,
+    /// The pool's name
+    #[arg(long, value_name = "NAME", default_value = "default")]
+    pub pool: String,
+    /// The worker image, by digest, with `corral` on its PATH
+    #[arg(long, value_name = "REF", required = true)]
+    pub image: String,
+    /// How the pods are made.
+    #[command(flatten)]
+    pub pod: WorkerPodOptions,
 }
 
 /// `corral controller network-policy`.

@@ -32,11 +32,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use corral::cli::{
-    BackendKind, ControllerArgs, ControllerCommand, ReconcileArgs, WorkersNamespace,
+    BackendKind, ControllerArgs, ControllerCommand, ReconcileArgs, WorkerPodArgs, WorkerPodOptions,
+    WorkersNamespace,
 };
 use corral_contract::{Locator, WorkerClient, credential};
 use corral_controller::claim::{AgentSandbox, AgentSandboxBackend, ClaimSettings};
-use corral_controller::kube::{KubeBackend, KubeSettings};
+use corral_controller::kube::{Bound, KubeBackend, KubeSettings, worker_pod_template};
 use corral_controller::local::LocalBackend;
 use corral_controller::{Backend, Reconciler, WorkerControl};
 use corral_core::config::{PoolModeSetting, Settings};
@@ -62,8 +63,7 @@ enum BackendArgs {
     Kube {
         namespace: String,
         image: String,
-        runtime_class: Option<String>,
-        credential_secret: Option<String>,
+        pod: WorkerPodOptions,
     },
     AgentSandbox {
         namespace: String,
@@ -84,8 +84,7 @@ impl Args {
             backend,
             state_dir,
             image,
-            runtime_class,
-            credential_secret,
+            pod,
             sandbox_template,
             warm_pool,
             worker_url_template,
@@ -100,8 +99,7 @@ impl Args {
                 namespace,
                 image: image
                     .ok_or("--backend kube needs --image REF (the worker image, by digest)")?,
-                runtime_class,
-                credential_secret,
+                pod,
             },
             BackendKind::AgentSandbox => {
                 if worker_url_template.is_none() {
@@ -165,12 +163,74 @@ pub fn worker_credential(state_dir: &Path) -> Result<String, String> {
     crate::stack::secret_file(&state_dir.join("worker-token"))
 }
 
+/// How the kube backend makes worker pods, from its flags and the controller's own settings:
+/// the pods reach the egress proxy this controller was configured with, and accept a weaker jail
+/// exactly when the controller was told to (decision 0032).
+fn kube_settings(
+    namespace: &str,
+    pool: &str,
+    image: &str,
+    pod: &WorkerPodOptions,
+    settings: &Settings,
+) -> Result<KubeSettings, String> {
+    let mut kube = KubeSettings::new(namespace, pool, ImageId(image.to_owned()));
+    kube.runtime_class.clone_from(&pod.runtime_class);
+    if let Some(secret) = &pod.credential_secret {
+        kube.credential_secret.clone_from(secret);
+    }
+    if let Some(cpu) = &pod.worker_cpu {
+        kube.resources.cpu = Bound::parse(cpu).map_err(|e| format!("--worker-cpu: {e}"))?;
+    }
+    if let Some(memory) = &pod.worker_memory {
+        kube.resources.memory =
+            Bound::parse(memory).map_err(|e| format!("--worker-memory: {e}"))?;
+    }
+    kube.worker_env.extend(
+        settings
+            .worker_env()
+            .into_iter()
+            .map(|(name, value)| (name.to_owned(), value)),
+    );
+    kube.validate()?;
+    Ok(kube)
+}
+
+/// `corral controller worker-pod`: the PodTemplate of the pool's worker pods, as JSON.
+fn print_worker_pod(args: &WorkerPodArgs) -> ExitCode {
+    let printed = Settings::from_lookup(|name| std::env::var(name).ok())
+        .map_err(|error| format!("{error} ({})", error.code()))
+        .and_then(|settings| {
+            kube_settings(
+                &args.workers.namespace,
+                &args.pool,
+                &args.image,
+                &args.pod,
+                &settings,
+            )
+        })
+        .and_then(|kube| {
+            let template = worker_pod_template(&kube, &kube.image);
+            serde_json::to_string_pretty(&template).map_err(|e| e.to_string())
+        });
+    match printed {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("corral controller worker-pod: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// `corral controller`.
 pub fn run(args: ControllerArgs) -> ExitCode {
     let flags = match args.command {
         Some(ControllerCommand::NetworkPolicy(policy)) => {
             return crate::network_policy_cmd::run(&policy);
         }
+        Some(ControllerCommand::WorkerPod(pod)) => return print_worker_pod(&pod),
         None => args.reconcile,
     };
     let args = match Args::from_flags(flags) {
@@ -233,25 +293,13 @@ async fn start(args: &Args, settings: &Settings) -> Result<ExitCode, String> {
         BackendArgs::Kube {
             namespace,
             image,
-            runtime_class,
-            credential_secret,
+            pod,
         } => {
             if platform {
                 return Err(mode_mismatch("kube"));
             }
             let token = cluster_credential()?;
-            let mut kube_settings =
-                KubeSettings::new(namespace, &args.pool, ImageId(image.clone()));
-            kube_settings.runtime_class.clone_from(runtime_class);
-            if let Some(secret) = credential_secret {
-                kube_settings.credential_secret.clone_from(secret);
-            }
-            // The workers reach the egress proxy this controller was configured with.
-            if let Some(url) = &settings.egress.proxy_url {
-                kube_settings
-                    .worker_env
-                    .push(("SANDBOX_EGRESS_PROXY_URL".to_owned(), url.clone()));
-            }
+            let kube_settings = kube_settings(namespace, &args.pool, image, pod, settings)?;
             let client = cluster_client().await?;
             let backend = KubeBackend::new(client, kube_settings)?;
             let locator = template.unwrap_or_else(|| Locator::kube(namespace));
@@ -525,6 +573,8 @@ mod tests {
             "gvisor",
             "--credential-secret",
             "worker-cred",
+            "--worker-cpu",
+            "250m:1",
         ])
         .expect("parses");
         assert_eq!(
@@ -532,10 +582,105 @@ mod tests {
             BackendArgs::Kube {
                 namespace: "sandboxes".into(),
                 image: "example.invalid/corral@sha256:00".into(),
-                runtime_class: Some("gvisor".into()),
-                credential_secret: Some("worker-cred".into()),
+                pod: WorkerPodOptions {
+                    runtime_class: Some("gvisor".into()),
+                    credential_secret: Some("worker-cred".into()),
+                    worker_cpu: Some("250m:1".into()),
+                    worker_memory: None,
+                },
             }
         );
+    }
+
+    /// The kube settings `corral controller --backend kube` would make from `pod` and `env`.
+    fn kube_from(pod: &WorkerPodOptions, env: &[(&str, &str)]) -> Result<KubeSettings, String> {
+        let settings = Settings::from_lookup(|name| {
+            env.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        })
+        .map_err(|e| e.to_string())?;
+        kube_settings("corral", "default", "img@sha256:00", pod, &settings)
+    }
+
+    #[test]
+    fn kube_worker_pods_get_the_resources_asked_for_and_refuse_a_bad_quantity() {
+        let kube = kube_from(
+            &WorkerPodOptions {
+                worker_cpu: Some("250m:1".into()),
+                worker_memory: Some("4Gi".into()),
+                ..WorkerPodOptions::default()
+            },
+            &[],
+        )
+        .expect("settings");
+        assert_eq!(
+            (
+                kube.resources.cpu.request.as_str(),
+                kube.resources.cpu.limit.as_str()
+            ),
+            ("250m", "1")
+        );
+        assert_eq!(
+            (
+                kube.resources.memory.request.as_str(),
+                kube.resources.memory.limit.as_str()
+            ),
+            ("4Gi", "4Gi")
+        );
+        for (cpu, memory, flag) in [
+            (Some("lots"), None, "--worker-cpu"),
+            (Some("1:"), None, "--worker-cpu"),
+            (Some("1.5.2"), None, "--worker-cpu"),
+            (None, Some("3GB"), "--worker-memory"),
+            (None, Some("-1Gi"), "--worker-memory"),
+            (None, Some(""), "--worker-memory"),
+        ] {
+            let error = kube_from(
+                &WorkerPodOptions {
+                    worker_cpu: cpu.map(str::to_owned),
+                    worker_memory: memory.map(str::to_owned),
+                    ..WorkerPodOptions::default()
+                },
+                &[],
+            )
+            .expect_err("a bad quantity is refused");
+            assert!(error.starts_with(flag), "{cpu:?} {memory:?}: {error}");
+            assert!(error.contains("not a Kubernetes quantity"), "{error}");
+        }
+    }
+
+    #[test]
+    fn kube_worker_pods_get_the_proxy_and_the_weaker_jail_only_when_the_controller_has_them() {
+        let none = kube_from(&WorkerPodOptions::default(), &[]).expect("settings");
+        assert!(none.worker_env.is_empty(), "{:?}", none.worker_env);
+        let both = kube_from(
+            &WorkerPodOptions::default(),
+            &[
+                ("SANDBOX_EGRESS_PROXY_URL", "http://10.96.100.20:3128"),
+                ("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "1"),
+            ],
+        )
+        .expect("settings");
+        assert_eq!(
+            both.worker_env,
+            vec![
+                (
+                    "SANDBOX_EGRESS_PROXY_URL".to_owned(),
+                    "http://10.96.100.20:3128".to_owned()
+                ),
+                (
+                    "CORRAL_JAIL_ALLOW_WEAKER_ISOLATION".to_owned(),
+                    "true".to_owned()
+                ),
+            ]
+        );
+        let off = kube_from(
+            &WorkerPodOptions::default(),
+            &[("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false")],
+        )
+        .expect("settings");
+        assert!(off.worker_env.is_empty(), "{:?}", off.worker_env);
     }
 
     #[test]

@@ -163,12 +163,14 @@ const BROKEN: &[(&str, &[&str])] = &[
         "privileged-container",
         &[
             "PodTemplate/corral-worker template.spec.containers[worker].securityContext.privileged: a privileged container (decision 0007 refuses it, the worker included)",
+            "PodTemplate/corral-worker template.spec.containers[worker].securityContext.privileged: true where the controller (Deployment/corral-controller's flags) creates false (decision 0032)",
         ],
     ),
     (
         "worker-extra-capability",
         &[
             "PodTemplate/corral-worker template.spec.containers[worker].securityContext.capabilities.add: NET_ADMIN: beyond decision 0007's worker capabilities",
+            "PodTemplate/corral-worker template.spec.containers[worker].securityContext.capabilities.add: [\"SYS_ADMIN\", \"SETUID\", \"SETGID\", \"CHOWN\", \"FOWNER\", \"DAC_OVERRIDE\", \"KILL\", \"NET_ADMIN\"] where the controller (Deployment/corral-controller's flags) creates [\"SYS_ADMIN\", \"SETUID\", \"SETGID\", \"CHOWN\", \"FOWNER\", \"DAC_OVERRIDE\", \"KILL\"] (decision 0032)",
         ],
     ),
     (
@@ -212,6 +214,12 @@ const BROKEN: &[(&str, &[&str])] = &[
         "schema-unknown-field",
         &[
             "Deployment/corral-controller spec.template.spec.containers[controller].imagePullPolicyy: unknown field (not in Kubernetes 1.37.0's schema)",
+        ],
+    ),
+    (
+        "worker-pod-drift",
+        &[
+            "PodTemplate/corral-worker template.spec.containers[worker].resources.limits.memory: \"3Gi\" where the controller (Deployment/corral-controller's flags) creates \"8Gi\" (decision 0032)",
         ],
     ),
     (

@@ -74,10 +74,17 @@ fn worker_pods() -> Vec<(String, bool)> {
         .unwrap_or_default()
         .iter()
         .map(|pod| {
-            let ready = pod["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
-            (pod["metadata"]["name"].as_str().unwrap_or_default().to_owned(), ready)
+            let ready = pod["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            (
+                pod["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                ready,
+            )
         })
         .collect()
 }
@@ -90,21 +97,37 @@ async fn qualify_iso_01_runs_from_several_actors_are_isolated_from_each_other() 
     for i in 0..6 {
         let api = api.clone();
         let (language, code) = if i % 2 == 0 {
-            ("python", format!("open('mine.txt','w').write('a{i}')\nprint('a{i}')"))
+            (
+                "python",
+                format!("open('mine.txt','w').write('a{i}')\nprint('a{i}')"),
+            )
         } else {
-            ("node", format!("require('fs').writeFileSync('mine.txt','a{i}');console.log('a{i}')"))
+            (
+                "node",
+                format!("require('fs').writeFileSync('mine.txt','a{i}');console.log('a{i}')"),
+            )
         };
         runs.push(tokio::spawn(async move {
-            api.run_code(&run(&format!("actor-{i}"), "q", language, &code)).await
+            api.run_code(&run(&format!("actor-{i}"), "q", language, &code))
+                .await
         }));
     }
     for (i, handle) in runs.into_iter().enumerate() {
         let (status, body) = handle.await.expect("joined").expect("the API answers");
-        assert_eq!((status, stdout(&body)), (200, format!("a{i}\n").as_str()), "{body}");
+        assert_eq!(
+            (status, stdout(&body)),
+            (200, format!("a{i}\n").as_str()),
+            "{body}"
+        );
     }
     // Each actor sees its own file and never another's.
     let (_, body) = api
-        .run_code(&run("actor-0", "q", "python", "import os\nprint(open('mine.txt').read(), sorted(os.listdir('.')))"))
+        .run_code(&run(
+            "actor-0",
+            "q",
+            "python",
+            "import os\nprint(open('mine.txt').read(), sorted(os.listdir('.')))",
+        ))
         .await
         .expect("the API answers");
     assert_eq!(stdout(&body), "a0 ['mine.txt']\n", "{body}");
@@ -120,7 +143,11 @@ async fn qualify_ker_01_a_persistent_kernel_keeps_its_state_across_worker_pods()
         let mut cell = run("kerry", "kernel", "python", code);
         cell["kernel"] = json!("persistent");
         let (status, body) = api.run_code(&cell).await.expect("the API answers");
-        assert_eq!((status, body["outcome"].as_str()), (200, Some("succeeded")), "{body}");
+        assert_eq!(
+            (status, body["outcome"].as_str()),
+            (200, Some("succeeded")),
+            "{body}"
+        );
         workers.push(body["model"]["worker"].clone());
     }
     assert_eq!(workers.len(), 3);
@@ -137,7 +164,12 @@ async fn qualify_ker_01_a_persistent_kernel_keeps_its_state_across_worker_pods()
 #[ignore = "runs against a deployed cluster: kind-cluster/qualify"]
 async fn qualify_pkg_03_an_install_goes_through_the_broker() {
     let package = std::env::var("CORRAL_QUALIFY_PACKAGE").unwrap_or_else(|_| "humanize".into());
-    let mut body = run("pat", "pkg", "python", &format!("import importlib.metadata as m\nprint(m.version({package:?}) != '')"));
+    let mut body = run(
+        "pat",
+        "pkg",
+        "python",
+        &format!("import importlib.metadata as m\nprint(m.version({package:?}) != '')"),
+    );
     body["packages"] = json!([package]);
     let (status, answer) = caller().run_code(&body).await.expect("the API answers");
     assert_eq!((status, stdout(&answer)), (200, "True\n"), "{answer}");
@@ -149,7 +181,10 @@ async fn qualify_pkg_03_an_install_goes_through_the_broker() {
 async fn qualify_brow_09_a_browser_session_is_watched_through_the_clusters_turn() {
     let api = caller();
     let who = json!({ "actor": "bea", "conversation": "web", "member": "bea" });
-    let (status, opened) = api.post("/v1/browser_sessions", &who).await.expect("answer");
+    let (status, opened) = api
+        .post("/v1/browser_sessions", &who)
+        .await
+        .expect("answer");
     assert_eq!(status, 200, "{opened}");
     let session = opened["session"].as_str().expect("session id").to_owned();
     let (status, viewer) = api
@@ -162,12 +197,22 @@ async fn qualify_brow_09_a_browser_session_is_watched_through_the_clusters_turn(
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&page));
     // The live view's TURN authority is the cluster's coturn Service.
     let turn = opened["live_view"].to_string();
-    assert!(turn.contains("corral-turn") || turn.contains("turn:"), "{opened}");
+    assert!(
+        turn.contains("corral-turn") || turn.contains("turn:"),
+        "{opened}"
+    );
     let (status, closed) = api
-        .post(&format!("/v1/browser_sessions/{session}/close"), &json!({ "actor": "bea", "conversation": "web" }))
+        .post(
+            &format!("/v1/browser_sessions/{session}/close"),
+            &json!({ "actor": "bea", "conversation": "web" }),
+        )
         .await
         .expect("answer");
-    assert_eq!((status, &closed["confirmed"]), (200, &json!(true)), "{closed}");
+    assert_eq!(
+        (status, &closed["confirmed"]),
+        (200, &json!(true)),
+        "{closed}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +229,10 @@ for url in ["http://10.96.0.1:443/", "http://169.254.169.254/", "http://corral-v
     except Exception as e:
         print("error", type(e).__name__)
 "#;
-    let (_, body) = caller().run_code(&run("eve", "net", "python", code)).await.expect("answer");
+    let (_, body) = caller()
+        .run_code(&run("eve", "net", "python", code))
+        .await
+        .expect("answer");
     let lines: Vec<&str> = stdout(&body).lines().collect();
     assert_eq!(lines.len(), 3, "{body}");
     assert!(lines.iter().all(|l| l.starts_with("status 403 ")), "{body}");
@@ -205,8 +253,14 @@ print(reach("corral-valkey.corral-system.svc", 6379), reach("kubernetes.default.
     let verdicts: Vec<&str> = out.split_whitespace().collect();
     assert_eq!(verdicts.len(), 3, "{out}");
     assert_ne!(verdicts[0], "open", "a worker reached Valkey: {out}");
-    assert_ne!(verdicts[1], "open", "a worker reached the Kubernetes API: {out}");
-    assert_eq!(verdicts[2], "open", "a worker cannot reach the egress proxy: {out}");
+    assert_ne!(
+        verdicts[1], "open",
+        "a worker reached the Kubernetes API: {out}"
+    );
+    assert_eq!(
+        verdicts[2], "open",
+        "a worker cannot reach the egress proxy: {out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -217,7 +271,13 @@ async fn qualify_pool_02_a_killed_worker_pod_mid_run_ends_the_run_and_is_replace
     let long = {
         let api = api.clone();
         tokio::spawn(async move {
-            api.run_code(&run("kim", "kill", "python", "import time\nprint('started', flush=True)\ntime.sleep(60)")).await
+            api.run_code(&run(
+                "kim",
+                "kill",
+                "python",
+                "import time\nprint('started', flush=True)\ntime.sleep(60)",
+            ))
+            .await
         })
     };
     // The leased worker is the one whose pod now runs the program.
@@ -225,7 +285,16 @@ async fn qualify_pool_02_a_killed_worker_pod_mid_run_ends_the_run_and_is_replace
     let victim = loop {
         let found = before.iter().find(|pod| {
             Command::new(var("CORRAL_QUALIFY_KUBECTL"))
-                .args(["-n", WORKERS_NS, "exec", pod, "--", "pgrep", "-f", "time.sleep\\(60\\)"])
+                .args([
+                    "-n",
+                    WORKERS_NS,
+                    "exec",
+                    pod,
+                    "--",
+                    "pgrep",
+                    "-f",
+                    "time.sleep\\(60\\)",
+                ])
                 .status()
                 .is_ok_and(|s| s.success())
         });
@@ -242,13 +311,19 @@ async fn qualify_pool_02_a_killed_worker_pod_mid_run_ends_the_run_and_is_replace
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
         let now = worker_pods();
-        if now.iter().any(|(name, ready)| *ready && !before.contains(name)) {
+        if now
+            .iter()
+            .any(|(name, ready)| *ready && !before.contains(name))
+        {
             break;
         }
         assert!(Instant::now() < deadline, "no replacement worker: {now:?}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let (_, after) = api.run_code(&run("kim", "after", "python", "print(2)")).await.expect("answer");
+    let (_, after) = api
+        .run_code(&run("kim", "after", "python", "print(2)"))
+        .await
+        .expect("answer");
     assert_eq!(stdout(&after), "2\n", "{after}");
 }
 
@@ -257,7 +332,14 @@ async fn qualify_pool_02_a_killed_worker_pod_mid_run_ends_the_run_and_is_replace
 async fn qualify_iso_02_a_killed_api_replica_loses_no_run_and_no_lease() {
     let api = caller();
     let pods: Value = serde_json::from_str(&kubectl(&[
-        "-n", SYSTEM_NS, "get", "pods", "-l", "app.kubernetes.io/name=corral-api", "-o", "json",
+        "-n",
+        SYSTEM_NS,
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=corral-api",
+        "-o",
+        "json",
     ]))
     .expect("JSON");
     let names: Vec<String> = pods["items"]
@@ -274,20 +356,45 @@ async fn qualify_iso_02_a_killed_api_replica_loses_no_run_and_no_lease() {
     for i in 0..4 {
         let api = api.clone();
         inflight.push(tokio::spawn(async move {
-            api.run_code(&run(&format!("rep-{i}"), "kill", "python", "import time\ntime.sleep(3)\nprint('done')")).await
+            api.run_code(&run(
+                &format!("rep-{i}"),
+                "kill",
+                "python",
+                "import time\ntime.sleep(3)\nprint('done')",
+            ))
+            .await
         }));
     }
-    kubectl(&["-n", SYSTEM_NS, "delete", "pod", &names[names.len() - 1], "--wait=false"]);
+    kubectl(&[
+        "-n",
+        SYSTEM_NS,
+        "delete",
+        "pod",
+        &names[names.len() - 1],
+        "--wait=false",
+    ]);
     for handle in inflight {
         // A run on the deleted replica ends with the connection; never a hang.
         let _answered = tokio::time::timeout(Duration::from_secs(120), handle)
             .await
             .expect("a run in flight was answered or cut, never left hanging");
     }
-    kubectl(&["-n", SYSTEM_NS, "rollout", "status", "deployment/corral-api", "--timeout=180s"]);
+    kubectl(&[
+        "-n",
+        SYSTEM_NS,
+        "rollout",
+        "status",
+        "deployment/corral-api",
+        "--timeout=180s",
+    ]);
     for i in 0..4 {
         let (status, body) = api
-            .run_code(&run(&format!("rep-{i}"), "after", "python", "print('again')"))
+            .run_code(&run(
+                &format!("rep-{i}"),
+                "after",
+                "python",
+                "print('again')",
+            ))
             .await
             .expect("the API answers");
         assert_eq!((status, stdout(&body)), (200, "again\n"), "{body}");
@@ -298,24 +405,45 @@ async fn qualify_iso_02_a_killed_api_replica_loses_no_run_and_no_lease() {
 #[ignore = "runs against a deployed cluster: kind-cluster/qualify"]
 async fn qualify_iso_03_a_gvisor_pool_runs_code_under_runsc() {
     if std::env::var("CORRAL_QUALIFY_PHASE").as_deref() != Ok("gvisor") {
-        panic!("run with CORRAL_QUALIFY_PHASE=gvisor after the pool moved onto gVisor (kind-cluster/qualify does)");
+        panic!(
+            "run with CORRAL_QUALIFY_PHASE=gvisor after the pool moved onto gVisor (kind-cluster/qualify does)"
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(300);
     let pod = loop {
         let list: Value = serde_json::from_str(&kubectl(&[
-            "-n", WORKERS_NS, "get", "pods", "-l", WORKER_SELECTOR, "-o", "json",
+            "-n",
+            WORKERS_NS,
+            "get",
+            "pods",
+            "-l",
+            WORKER_SELECTOR,
+            "-o",
+            "json",
         ]))
         .expect("JSON");
-        let gvisor = list["items"].as_array().cloned().unwrap_or_default().into_iter().find(|p| {
-            p["spec"]["runtimeClassName"] == "gvisor"
-                && p["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-        });
+        let gvisor = list["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|p| {
+                p["spec"]["runtimeClassName"] == "gvisor"
+                    && p["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+            });
         if let Some(pod) = gvisor {
-            break pod["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            break pod["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
         }
-        assert!(Instant::now() < deadline, "no ready worker pod under gVisor");
+        assert!(
+            Instant::now() < deadline,
+            "no ready worker pod under gVisor"
+        );
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
     // gVisor's own kernel log says so: the pod runs on runsc, not the node's kernel.

@@ -42,7 +42,12 @@ const STEPS: [&str; 13] = [
 fn qualify_dry_run_prints_every_step_and_checks_every_prerequisite() {
     let out = qualify(&["--dry-run", "--name", "plan-check"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mut at = 0;
     for step in STEPS {
         let Some(found) = text[at..].find(step) else {
@@ -50,12 +55,21 @@ fn qualify_dry_run_prints_every_step_and_checks_every_prerequisite() {
         };
         at += found + step.len();
     }
-    for prerequisite in ["docker daemon", "kind >= ", "kubectl", "gVisor runsc", "gVisor containerd shim"] {
+    for prerequisite in [
+        "docker daemon",
+        "kind >= ",
+        "kubectl",
+        "gVisor runsc",
+        "gVisor containerd shim",
+    ] {
         let line = text
             .lines()
             .find(|l| l.trim_start().starts_with(prerequisite))
             .unwrap_or_else(|| panic!("prerequisite {prerequisite:?} not checked:\n{text}"));
-        assert!(line.contains(" ok ") || line.contains(" MISSING "), "{line}");
+        assert!(
+            line.contains(" ok ") || line.contains(" MISSING "),
+            "{line}"
+        );
     }
     // The plan names the overlay it deploys and the suite it runs, and the last line says whether
     // a real run would go ahead.
@@ -63,7 +77,10 @@ fn qualify_dry_run_prints_every_step_and_checks_every_prerequisite() {
     assert!(text.contains("gvisor"), "{text}");
     let last = text.lines().last().unwrap_or_default();
     assert!(last.starts_with("dry run: "), "{last}");
-    assert!(!root().join("target/qualify/plan-check").exists(), "a dry run created its work directory");
+    assert!(
+        !root().join("target/qualify/plan-check").exists(),
+        "a dry run created its work directory"
+    );
 }
 
 #[test]
@@ -75,14 +92,29 @@ fn qualify_without_gvisor_stops_before_deploying_saying_which() {
         .lines()
         .find(|l| l.contains("stopping before deploying: missing"))
         .unwrap_or_else(|| panic!("no stop line: {stderr}"));
-    assert!(stop.contains("gVisor runsc") && stop.contains("gVisor containerd shim"), "{stop}");
-    assert!(!root().join("target/qualify/no-gvisor").exists(), "it created its work directory");
+    assert!(
+        stop.contains("gVisor runsc") && stop.contains("gVisor containerd shim"),
+        "{stop}"
+    );
+    assert!(
+        !root().join("target/qualify/no-gvisor").exists(),
+        "it created its work directory"
+    );
 }
 
 #[test]
 fn qualify_refuses_bad_arguments() {
-    for args in [&["--bogus"][..], &["--name"][..], &["--name", "Not_A_Name"][..]] {
+    for args in [
+        &["--bogus"][..],
+        &["--name"][..],
+        &["--name", "Not_A_Name"][..],
+    ] {
         let out = qualify(args);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -228,7 +228,11 @@ fn sup_01_every_build_input_is_pinned_and_checksummed() {
         ("kind-cluster/check-requirements.txt", 2),
     ] {
         let lines = requirement_lines(&read(&root.join(lock)));
-        assert!(lines.len() >= at_least, "{lock}: {} requirements", lines.len());
+        assert!(
+            lines.len() >= at_least,
+            "{lock}: {} requirements",
+            lines.len()
+        );
         let problems: Vec<String> = lines
             .iter()
             .filter_map(|line| requirement_problem(line))
