@@ -1,0 +1,495 @@
+//! The history checker: every rule the deployment promises under faults, read from what its
+//! clients were told. Each violation names its rule and the operations involved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use corral_core::run::outcome::Outcome;
+
+use crate::history::{Answer, History, Kind, Nanos, Op};
+
+/// One broken rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The rule's name (`double_lease`, `lost_write`, ...).
+    pub rule: &'static str,
+    /// What was seen.
+    pub detail: String,
+    /// The operations involved, by id.
+    pub ops: Vec<u64>,
+}
+
+/// What a history shows, beside its violations.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Operations by answer (`succeeded`, `refused`, `failed`, `no_answer`).
+    pub answers: BTreeMap<&'static str, u64>,
+    /// Faults by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Refusal and failure codes seen, with how often.
+    pub codes: BTreeMap<String, u64>,
+    /// The longest a fault's healing took the pool to be back at its warm target, and which.
+    pub longest_recovery: Option<(Nanos, String)>,
+    /// From the load's end until the pool was back at its warm target with nothing quarantined.
+    pub final_recovery: Option<Nanos>,
+}
+
+/// A checked history.
+#[derive(Clone, Debug, Default)]
+pub struct Verdict {
+    /// Every violation, in the order the rules were checked.
+    pub violations: Vec<Violation>,
+    /// What it shows.
+    pub summary: Summary,
+}
+
+/// The longest a code may be: a code is a word for machines, not a message.
+const CODE_MAX_CHARS: usize = 64;
+
+/// Whether `code` reads as a stable code: lower-case ASCII words joined by `_`.
+fn is_stable_code(code: &str) -> bool {
+    !code.is_empty()
+        && code.len() <= CODE_MAX_CHARS
+        && code.starts_with(|c: char| c.is_ascii_lowercase())
+        && code
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !code.ends_with('_')
+        && !code.contains("__")
+}
+
+fn answer_name(answer: &Answer) -> &'static str {
+    match answer {
+        Answer::Succeeded { .. } => "succeeded",
+        Answer::Refused { .. } => "refused",
+        Answer::Failed { .. } => "failed",
+        Answer::NoAnswer { .. } => "no_answer",
+    }
+}
+
+/// How an operation reads in a violation.
+fn describe(op: &Op) -> String {
+    let answer = match &op.answer {
+        Answer::Succeeded {
+            worker,
+            generation,
+            seen,
+            exec_start_ns,
+            exec_end_ns,
+        } => format!(
+            "succeeded on {worker} (generation {generation:?}, ran {exec_start_ns}..{exec_end_ns}, saw {} token(s))",
+            seen.len()
+        ),
+        Answer::Refused { status, code } => format!("refused {status} {code:?}"),
+        Answer::Failed {
+            status,
+            outcome,
+            code,
+        } => format!("failed {status} {outcome:?} {code:?}"),
+        Answer::NoAnswer { why } => format!("no answer ({why})"),
+    };
+    format!(
+        "#{} {:?} {}/{} member {} token {} sent {} answered {}: {answer}",
+        op.id, op.kind, op.actor, op.conversation, op.member, op.token, op.start_ns, op.end_ns
+    )
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for violation in &self.violations {
+            writeln!(f, "VIOLATION {}: {}", violation.rule, violation.detail)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks `history`. The violations come with the operations they involve described from it.
+#[must_use]
+pub fn check(history: &History) -> Verdict {
+    let mut checker = Checker {
+        history,
+        violations: Vec::new(),
+    };
+    checker.double_lease();
+    checker.member_limit();
+    checker.streams();
+    checker.codes();
+    checker.ceiling();
+    let summary = checker.summary();
+    if history.quiet_ns > 0 && summary.final_recovery.is_none() {
+        let last = history.pool.last();
+        checker.violations.push(Violation {
+            rule: "pool_not_recovered",
+            detail: format!(
+                "from the load's end at {} to the end at {}, the pool never had {} warm workers \
+                 with none quarantined (last seen: {last:?})",
+                history.quiet_ns, history.end_ns, history.warm_target
+            ),
+            ops: Vec::new(),
+        });
+    }
+    Verdict {
+        violations: checker.violations,
+        summary,
+    }
+}
+
+struct Checker<'a> {
+    history: &'a History,
+    violations: Vec<Violation>,
+}
+
+/// A succeeded operation's execution.
+struct Execution<'a> {
+    op: &'a Op,
+    worker: &'a str,
+    start: Nanos,
+    end: Nanos,
+}
+
+impl<'a> Checker<'a> {
+    fn violation(&mut self, rule: &'static str, summary: String, ops: &[&Op]) {
+        let mut detail = summary;
+        for op in ops {
+            detail.push_str("\n    ");
+            detail.push_str(&describe(op));
+        }
+        self.violations.push(Violation {
+            rule,
+            detail,
+            ops: ops.iter().map(|op| op.id).collect(),
+        });
+    }
+
+    fn executions(&self) -> Vec<Execution<'a>> {
+        self.history
+            .ops
+            .iter()
+            .filter_map(|op| match &op.answer {
+                Answer::Succeeded {
+                    worker,
+                    exec_start_ns,
+                    exec_end_ns,
+                    ..
+                } => Some(Execution {
+                    op,
+                    worker,
+                    start: *exec_start_ns,
+                    end: *exec_end_ns,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// No worker ran two operations at once: a worker is leased to one holder at a time, and a
+    /// run executes only under its lease.
+    fn double_lease(&mut self) {
+        let mut by_worker: BTreeMap<&str, Vec<Execution<'a>>> = BTreeMap::new();
+        for execution in self.executions() {
+            by_worker
+                .entry(execution.worker)
+                .or_default()
+                .push(execution);
+        }
+        for (worker, mut runs) in by_worker {
+            runs.sort_by_key(|r| (r.start, r.end));
+            // Against the run that ends last among those before: overlaps chain.
+            let mut latest: Option<&Execution<'a>> = None;
+            let mut found = Vec::new();
+            for run in &runs {
+                if let Some(before) = latest {
+                    if run.start < before.end {
+                        found.push((before.op, run.op));
+                    }
+                    if run.end > before.end {
+                        latest = Some(run);
+                    }
+                } else {
+                    latest = Some(run);
+                }
+            }
+            for (a, b) in found {
+                self.violation(
+                    "double_lease",
+                    format!("{worker} ran two operations at once"),
+                    &[a, b],
+                );
+            }
+        }
+    }
+
+    /// No member ever had more operations executing at once than its limit.
+    fn member_limit(&mut self) {
+        let limit = self.history.member_limit;
+        if limit == 0 {
+            return;
+        }
+        let mut by_member: BTreeMap<&str, Vec<Execution<'a>>> = BTreeMap::new();
+        for execution in self.executions() {
+            by_member
+                .entry(&execution.op.member)
+                .or_default()
+                .push(execution);
+        }
+        for (member, runs) in by_member {
+            let mut edges: Vec<(Nanos, i32, &Op)> = Vec::new();
+            for run in &runs {
+                edges.push((run.start, 1, run.op));
+                edges.push((run.end, -1, run.op));
+            }
+            // Ends before starts at the same instant.
+            edges.sort_by_key(|(at, delta, op)| (*at, *delta, op.id));
+            let mut open: Vec<&Op> = Vec::new();
+            for (_, delta, op) in edges {
+                if delta < 0 {
+                    open.retain(|o| o.id != op.id);
+                    continue;
+                }
+                open.push(op);
+                if open.len() > limit as usize {
+                    let involved = open.clone();
+                    self.violation(
+                        "member_limit",
+                        format!(
+                            "member {member} had {} operations executing at once (limit {limit})",
+                            involved.len()
+                        ),
+                        &involved,
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Per workspace and per kernel: what a succeeded operation saw is exactly what the
+    /// operations before it left, with nothing lost, repeated, reordered or invented.
+    fn streams(&mut self) {
+        let mut streams: BTreeMap<(Kind, &str, &str), Vec<&'a Op>> = BTreeMap::new();
+        for op in &self.history.ops {
+            streams
+                .entry((op.kind, &op.actor, &op.conversation))
+                .or_default()
+                .push(op);
+        }
+        for ((kind, actor, conversation), ops) in streams {
+            let writer: BTreeMap<&str, &Op> =
+                ops.iter().map(|op| (op.token.as_str(), *op)).collect();
+            let succeeded: Vec<&Op> = ops
+                .iter()
+                .copied()
+                .filter(|op| matches!(op.answer, Answer::Succeeded { .. }))
+                .collect();
+            let (lost, repeated) = match kind {
+                Kind::Workspace => ("lost_write", "duplicate_write"),
+                Kind::Kernel => ("lost_element", "duplicate_element"),
+            };
+            for reader in &succeeded {
+                let Answer::Succeeded {
+                    seen, generation, ..
+                } = &reader.answer
+                else {
+                    continue;
+                };
+                let mut positions: BTreeMap<&str, usize> = BTreeMap::new();
+                for (index, token) in seen.iter().enumerate() {
+                    if positions.insert(token.as_str(), index).is_some() {
+                        let writer_op = writer.get(token.as_str()).copied();
+                        let involved: Vec<&Op> = writer_op.into_iter().chain([*reader]).collect();
+                        self.violation(
+                            repeated,
+                            format!("{actor}/{conversation}: token {token} seen twice"),
+                            &involved,
+                        );
+                    }
+                    match writer.get(token.as_str()) {
+                        None => self.violation(
+                            "phantom",
+                            format!("{actor}/{conversation}: token {token} was never written"),
+                            &[*reader],
+                        ),
+                        Some(w) if w.id == reader.id || w.start_ns >= reader.end_ns => self
+                            .violation(
+                                "phantom",
+                                format!(
+                                    "{actor}/{conversation}: token {token} seen before it was written"
+                                ),
+                                &[*w, *reader],
+                            ),
+                        Some(w) if matches!(w.answer, Answer::Refused { .. }) => self.violation(
+                            "refused_applied",
+                            format!(
+                                "{actor}/{conversation}: token {token} of a refused operation was kept"
+                            ),
+                            &[*w, *reader],
+                        ),
+                        Some(_) => {}
+                    }
+                }
+                for before in &succeeded {
+                    if before.end_ns >= reader.start_ns {
+                        continue;
+                    }
+                    if !positions.contains_key(before.token.as_str()) {
+                        self.violation(
+                            lost,
+                            format!(
+                                "{actor}/{conversation}: token {} of a succeeded operation is gone",
+                                before.token
+                            ),
+                            &[*before, *reader],
+                        );
+                    }
+                    if kind == Kind::Workspace {
+                        let Answer::Succeeded {
+                            generation: earlier,
+                            ..
+                        } = &before.answer
+                        else {
+                            continue;
+                        };
+                        if let (Some(earlier), Some(later)) = (earlier, generation)
+                            && later <= earlier
+                        {
+                            self.violation(
+                                "generation_regressed",
+                                format!(
+                                    "{actor}/{conversation}: generation {later} saved after {earlier}"
+                                ),
+                                &[*before, *reader],
+                            );
+                        }
+                    }
+                }
+                // Order: of two succeeded operations one after the other, the earlier's token
+                // comes first.
+                for first in &succeeded {
+                    for second in &succeeded {
+                        if first.end_ns >= second.start_ns {
+                            continue;
+                        }
+                        if let (Some(a), Some(b)) = (
+                            positions.get(first.token.as_str()),
+                            positions.get(second.token.as_str()),
+                        ) && a > b
+                        {
+                            self.violation(
+                                "reordered",
+                                format!(
+                                    "{actor}/{conversation}: {} seen after {}, written the other way round",
+                                    first.token, second.token
+                                ),
+                                &[*first, *second, *reader],
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every refusal and every failure the API answered with an error status carries a stable
+    /// code; every outcome named is one of corral-core's.
+    fn codes(&mut self) {
+        let outcomes: BTreeSet<&str> = Outcome::ALL.iter().map(|o| o.as_str()).collect();
+        for op in &self.history.ops {
+            match &op.answer {
+                Answer::Refused { code, .. } => match code {
+                    Some(code) if is_stable_code(code) => {}
+                    _ => self.violation("refusal_without_code", "a refusal".to_owned(), &[op]),
+                },
+                Answer::Failed {
+                    status,
+                    code,
+                    outcome,
+                } => {
+                    if let Some(outcome) = outcome
+                        && !outcomes.contains(outcome.as_str())
+                    {
+                        self.violation(
+                            "unknown_outcome",
+                            format!("outcome {outcome:?} is not one of corral-core's"),
+                            &[op],
+                        );
+                    }
+                    let needs_code = *status >= 400 || outcome.as_deref() == Some("error");
+                    if needs_code && !code.as_deref().is_some_and(is_stable_code) {
+                        self.violation(
+                            "refusal_without_code",
+                            format!("an error answer ({status})"),
+                            &[op],
+                        );
+                    }
+                }
+                Answer::Succeeded { .. } | Answer::NoAnswer { .. } => {}
+            }
+        }
+    }
+
+    /// Never more workers allocated than the ceiling.
+    fn ceiling(&mut self) {
+        let ceiling = self.history.ceiling;
+        if let Some(sample) = self
+            .history
+            .pool
+            .iter()
+            .find(|sample| sample.allocated > ceiling)
+        {
+            let sample = sample.clone();
+            self.violation(
+                "ceiling",
+                format!(
+                    "{} workers allocated at {} (ceiling {ceiling})",
+                    sample.allocated, sample.at_ns
+                ),
+                &[],
+            );
+        }
+    }
+
+    fn recovered_after(&self, at: Nanos, quarantine_too: bool) -> Option<Nanos> {
+        self.history
+            .pool
+            .iter()
+            .find(|s| {
+                s.at_ns >= at
+                    && s.warm >= self.history.warm_target
+                    && (!quarantine_too || s.quarantined == 0)
+            })
+            .map(|s| s.at_ns - at)
+    }
+
+    fn summary(&self) -> Summary {
+        let mut summary = Summary::default();
+        for op in &self.history.ops {
+            *summary.answers.entry(answer_name(&op.answer)).or_default() += 1;
+            let code = match &op.answer {
+                Answer::Refused { code, .. } | Answer::Failed { code, .. } => code.clone(),
+                _ => None,
+            };
+            if let Some(code) = code {
+                *summary.codes.entry(code).or_default() += 1;
+            }
+        }
+        for fault in &self.history.faults {
+            *summary.faults.entry(fault.kind.clone()).or_default() += 1;
+            if let Some(took) = self.recovered_after(fault.healed_ns, false)
+                && summary
+                    .longest_recovery
+                    .as_ref()
+                    .is_none_or(|(t, _)| took > *t)
+            {
+                summary.longest_recovery =
+                    Some((took, format!("{} of {}", fault.kind, fault.target)));
+            }
+        }
+        if self.history.quiet_ns > 0 {
+            summary.final_recovery = self.recovered_after(self.history.quiet_ns, true);
+        }
+        summary
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,320 @@
+//! The checker's own tests: a clean history passes, and each planted violation is caught with the
+//! operations involved.
+
+use super::*;
+use crate::history::{Fault, PoolSample};
+
+/// A history of `ops` with a ceiling of 4, a warm target of 2, a member limit of 1, recovered.
+fn history(ops: Vec<Op>) -> History {
+    History {
+        seed: 1,
+        clock_origin_ns: 0,
+        ceiling: 4,
+        warm_target: 2,
+        member_limit: 1,
+        ops,
+        pool: vec![
+            PoolSample {
+                at_ns: 0,
+                allocated: 2,
+                warm: 2,
+                quarantined: 0,
+            },
+            PoolSample {
+                at_ns: 10_000,
+                allocated: 3,
+                warm: 2,
+                quarantined: 0,
+            },
+        ],
+        faults: Vec::new(),
+        quiet_ns: 9_000,
+        end_ns: 11_000,
+    }
+}
+
+/// A succeeded operation `id` of `kind` in `conv` (actor and member `a`), sent at `start`,
+/// running on `worker` over `start+1..end-1`, having seen `seen`.
+fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen: &[&str]) -> Op {
+    Op {
+        id,
+        kind,
+        actor: "a".to_owned(),
+        conversation: conv.to_owned(),
+        member: format!("m-{conv}"),
+        token: format!("t{id}"),
+        start_ns: start,
+        end_ns: end,
+        answer: Answer::Succeeded {
+            worker: worker.to_owned(),
+            generation: Some(id),
+            seen: seen.iter().map(|s| (*s).to_owned()).collect(),
+            exec_start_ns: start + 1,
+            exec_end_ns: end - 1,
+        },
+    }
+}
+
+fn with(mut op: Op, answer: Answer) -> Op {
+    op.answer = answer;
+    op
+}
+
+fn rules(verdict: &Verdict) -> Vec<&'static str> {
+    verdict.violations.iter().map(|v| v.rule).collect()
+}
+
+/// A workspace and a kernel, each three operations one after the other on two workers.
+fn clean() -> Vec<Op> {
+    vec![
+        ok(1, Kind::Workspace, "c1", "w-1", 100, 200, &[]),
+        ok(2, Kind::Workspace, "c1", "w-2", 300, 400, &["t1"]),
+        ok(3, Kind::Workspace, "c1", "w-1", 500, 600, &["t1", "t2"]),
+        ok(4, Kind::Kernel, "c2", "w-2", 100, 200, &[]),
+        ok(5, Kind::Kernel, "c2", "w-1", 300, 400, &["t4"]),
+        ok(6, Kind::Kernel, "c2", "w-2", 700, 800, &["t4", "t5"]),
+    ]
+}
+
+#[test]
+fn a_clean_history_has_no_violation() {
+    let verdict = check(&history(clean()));
+    assert!(verdict.violations.is_empty(), "{verdict}");
+    assert_eq!(verdict.summary.answers.get("succeeded"), Some(&6));
+    assert_eq!(verdict.summary.final_recovery, Some(1_000));
+}
+
+#[test]
+fn pool_05_a_planted_double_lease_is_caught_with_both_holders() {
+    let mut ops = clean();
+    // Op 5 ran on w-1 while op 3 did: one worker, two holders.
+    ops[4] = ok(5, Kind::Kernel, "c2", "w-1", 520, 580, &["t4"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["double_lease"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [3, 5]);
+    assert!(
+        verdict.violations[0]
+            .detail
+            .contains("w-1 ran two operations at once")
+    );
+    assert!(
+        verdict.violations[0].detail.contains("#5 Kernel a/c2"),
+        "{verdict}"
+    );
+}
+
+#[test]
+fn a_double_lease_hidden_behind_a_long_run_is_caught() {
+    // A long run on w-1, then two short ones inside it: both overlap the long one.
+    let ops = vec![
+        ok(1, Kind::Workspace, "c1", "w-1", 0, 1_000, &[]),
+        ok(2, Kind::Workspace, "c3", "w-1", 100, 200, &[]),
+        ok(3, Kind::Workspace, "c4", "w-1", 300, 400, &[]),
+    ];
+    let verdict = check(&history(ops));
+    assert_eq!(
+        rules(&verdict),
+        ["double_lease", "double_lease"],
+        "{verdict}"
+    );
+    assert_eq!(verdict.violations[1].ops, [1, 3]);
+}
+
+#[test]
+fn ws_05_a_planted_lost_write_is_caught() {
+    let mut ops = clean();
+    // Op 3 began after op 2 succeeded, and does not see op 2's token.
+    ops[2] = ok(3, Kind::Workspace, "c1", "w-1", 500, 600, &["t1"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["lost_write"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [2, 3]);
+}
+
+#[test]
+fn ws_05_a_generation_that_goes_back_is_caught() {
+    let mut ops = clean();
+    if let Answer::Succeeded { generation, .. } = &mut ops[2].answer {
+        *generation = Some(1);
+    }
+    let verdict = check(&history(ops));
+    assert_eq!(
+        rules(&verdict),
+        ["generation_regressed", "generation_regressed"]
+    );
+    assert_eq!(verdict.violations[0].ops, [1, 3]);
+}
+
+#[test]
+fn ker_02_a_planted_lost_kernel_element_is_caught() {
+    let mut ops = clean();
+    ops[5] = ok(6, Kind::Kernel, "c2", "w-2", 700, 800, &["t5"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["lost_element"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [4, 6]);
+}
+
+#[test]
+fn ker_02_a_kernel_element_shown_twice_is_caught() {
+    let mut ops = clean();
+    ops[5] = ok(6, Kind::Kernel, "c2", "w-2", 700, 800, &["t4", "t5", "t5"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["duplicate_element"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [5, 6]);
+}
+
+#[test]
+fn pool_04_a_planted_ceiling_breach_is_caught() {
+    let mut h = history(clean());
+    h.pool.push(PoolSample {
+        at_ns: 450,
+        allocated: 5,
+        warm: 3,
+        quarantined: 0,
+    });
+    h.pool.sort_by_key(|s| s.at_ns);
+    let verdict = check(&h);
+    assert_eq!(rules(&verdict), ["ceiling"], "{verdict}");
+    assert!(
+        verdict.violations[0]
+            .detail
+            .contains("5 workers allocated at 450 (ceiling 4)")
+    );
+}
+
+#[test]
+fn an_indefinite_operation_may_be_seen_or_not_but_a_refused_one_never() {
+    let mut ops = clean();
+    // Op 2 got no answer: op 3 may see its token (it does) ...
+    ops[1] = with(
+        ops[1].clone(),
+        Answer::NoAnswer {
+            why: "connection reset".to_owned(),
+        },
+    );
+    // ... and op 5's failure may have taken effect or not (op 6 does not see it).
+    ops[4] = with(
+        ops[4].clone(),
+        Answer::Failed {
+            status: 502,
+            outcome: None,
+            code: Some("worker_lost".to_owned()),
+        },
+    );
+    ops[5] = ok(6, Kind::Kernel, "c2", "w-2", 700, 800, &["t4"]);
+    let verdict = check(&history(ops.clone()));
+    assert!(verdict.violations.is_empty(), "{verdict}");
+    // A refusal is definite: its token must never be seen.
+    ops[1] = with(
+        ops[1].clone(),
+        Answer::Refused {
+            status: 503,
+            code: Some("coordination_unavailable".to_owned()),
+        },
+    );
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["refused_applied"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [2, 3]);
+}
+
+#[test]
+fn a_token_never_written_or_seen_before_its_write_is_a_phantom() {
+    let mut ops = clean();
+    ops[1] = ok(2, Kind::Workspace, "c1", "w-2", 300, 400, &["t1", "t9"]);
+    ops[2] = ok(3, Kind::Workspace, "c1", "w-1", 500, 600, &["t1", "t2"]);
+    ops[0] = ok(1, Kind::Workspace, "c1", "w-1", 100, 200, &["t3"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["phantom", "phantom"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [3, 1]);
+    assert_eq!(verdict.violations[1].ops, [2]);
+}
+
+#[test]
+fn writes_seen_out_of_order_are_caught() {
+    let mut ops = clean();
+    ops[2] = ok(3, Kind::Workspace, "c1", "w-1", 500, 600, &["t2", "t1"]);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["reordered"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [1, 2, 3]);
+}
+
+#[test]
+fn pool_06_a_member_over_its_limit_is_caught() {
+    let mut ops = clean();
+    // Op 5 of member m-c1 runs on w-2 while op 3 of the same member runs on w-1.
+    ops[4] = ok(5, Kind::Kernel, "c2", "w-2", 520, 580, &["t4"]);
+    ops[4].member = "m-c1".to_owned();
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["member_limit"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [3, 5]);
+}
+
+#[test]
+fn every_refusal_carries_a_stable_code() {
+    let mut ops = clean();
+    for (index, code) in [None, Some("No capacity, try later"), Some("")]
+        .iter()
+        .enumerate()
+    {
+        ops.push(with(
+            ok(
+                10 + index as u64,
+                Kind::Workspace,
+                "c9",
+                "w-1",
+                900,
+                950,
+                &[],
+            ),
+            Answer::Refused {
+                status: 503,
+                code: code.map(str::to_owned),
+            },
+        ));
+    }
+    ops.push(with(
+        ok(20, Kind::Workspace, "c9", "w-1", 960, 970, &[]),
+        Answer::Failed {
+            status: 200,
+            outcome: Some("exploded".to_owned()),
+            code: None,
+        },
+    ));
+    ops.push(with(
+        ok(21, Kind::Workspace, "c9", "w-1", 980, 990, &[]),
+        Answer::Refused {
+            status: 429,
+            code: Some("queue_full".to_owned()),
+        },
+    ));
+    let verdict = check(&history(ops));
+    assert_eq!(
+        rules(&verdict),
+        [
+            "refusal_without_code",
+            "refusal_without_code",
+            "refusal_without_code",
+            "unknown_outcome"
+        ],
+        "{verdict}"
+    );
+    assert_eq!(verdict.summary.codes.get("queue_full"), Some(&1));
+}
+
+#[test]
+fn pool_09_a_pool_that_never_returns_to_its_warm_target_is_caught() {
+    let mut h = history(clean());
+    h.pool[1].quarantined = 1;
+    h.faults.push(Fault {
+        kind: "kill_worker".to_owned(),
+        target: "w-1".to_owned(),
+        at_ns: 1_000,
+        healed_ns: 1_500,
+    });
+    let verdict = check(&h);
+    assert_eq!(rules(&verdict), ["pool_not_recovered"], "{verdict}");
+    // Warm again (though one is quarantined) 8.5 µs after the fault healed.
+    assert_eq!(
+        verdict.summary.longest_recovery,
+        Some((8_500, "kill_worker of w-1".to_owned()))
+    );
+}

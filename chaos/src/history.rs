@@ -1,0 +1,135 @@
+//! What the chaos run's clients record: operations, pool observations and faults, each stamped
+//! with the harness's monotonic clock (nanoseconds since the run started).
+
+use serde::{Deserialize, Serialize};
+
+/// Nanoseconds on the harness's monotonic clock. Code inside a jail reads the same clock
+/// (`CLOCK_MONOTONIC`; the jail makes no time namespace), offset by [`History::clock_origin_ns`].
+pub type Nanos = u64;
+
+/// Which state an operation reads and extends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// An ephemeral run: it prints the tokens file of its workspace, then appends its own token.
+    Workspace,
+    /// A persistent cell: it prints the list kept in its kernel, then appends its own token.
+    Kernel,
+}
+
+/// One client operation and its answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Op {
+    /// Unique in the history.
+    pub id: u64,
+    /// Workspace or kernel.
+    pub kind: Kind,
+    /// The actor.
+    pub actor: String,
+    /// The conversation (with the actor, the workspace).
+    pub conversation: String,
+    /// The member who asked.
+    pub member: String,
+    /// The token this operation appends; unique in the history.
+    pub token: String,
+    /// When the request was sent.
+    pub start_ns: Nanos,
+    /// When the answer (or the failure to get one) arrived.
+    pub end_ns: Nanos,
+    /// What the client was told.
+    pub answer: Answer,
+}
+
+/// What a client was told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum Answer {
+    /// `outcome: succeeded`: the code ran to its end and the run's state was kept.
+    Succeeded {
+        /// The worker that ran it.
+        worker: String,
+        /// The workspace generation the run saved (none when nothing changed).
+        generation: Option<u64>,
+        /// The tokens the code read before appending its own, in order.
+        seen: Vec<String>,
+        /// When the code started and ended, on the harness's clock.
+        exec_start_ns: Nanos,
+        /// See `exec_start_ns`.
+        exec_end_ns: Nanos,
+    },
+    /// A refusal before anything ran: nothing of the operation may ever be seen.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The stable code the answer carried, if any.
+        code: Option<String>,
+    },
+    /// An answer that is neither: the code failed, timed out or its worker was lost, so the
+    /// operation may or may not have taken effect.
+    Failed {
+        /// The HTTP status.
+        status: u16,
+        /// The run's outcome, when the answer had one.
+        outcome: Option<String>,
+        /// The stable code the answer carried, if any.
+        code: Option<String>,
+    },
+    /// No answer: the connection failed or the client gave up. It may or may not have taken
+    /// effect.
+    NoAnswer {
+        /// Why.
+        why: String,
+    },
+}
+
+/// The pool as the harness read it from Valkey.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolSample {
+    /// When.
+    pub at_ns: Nanos,
+    /// Workers that count against the ceiling (every worker the pool holds, in any state).
+    pub allocated: u32,
+    /// Workers warm and free.
+    pub warm: u32,
+    /// Workers quarantined (awaiting proof of cleanliness or deletion).
+    pub quarantined: u32,
+}
+
+/// A fault the harness injected, and when it was over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// The fault's kind (`kill_api`, `pause_worker`, `valkey_restart_empty`, ...).
+    pub kind: String,
+    /// What it hit.
+    pub target: String,
+    /// When it began.
+    pub at_ns: Nanos,
+    /// When it was healed (the process restarted, resumed, ...).
+    pub healed_ns: Nanos,
+}
+
+/// A whole run's record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct History {
+    /// The seed the schedule came from.
+    pub seed: u64,
+    /// `CLOCK_MONOTONIC` in nanoseconds when the harness's clock read zero.
+    pub clock_origin_ns: u64,
+    /// The pool's ceiling (`SANDBOX_POOL_CEILING`).
+    pub ceiling: u32,
+    /// The pool's warm target (`SANDBOX_WARM_POOL_MIN`).
+    pub warm_target: u32,
+    /// Most runs one member may have at once (`SANDBOX_MAX_CONCURRENT_PER_MEMBER`).
+    pub member_limit: u32,
+    /// Operations, in the order they ended.
+    pub ops: Vec<Op>,
+    /// Pool observations, in time order.
+    pub pool: Vec<PoolSample>,
+    /// Faults, in the order they began.
+    pub faults: Vec<Fault>,
+    /// When the last fault was healed and the load stopped: from here the pool must return to
+    /// its warm target with nothing quarantined.
+    pub quiet_ns: Nanos,
+    /// When the harness stopped watching.
+    pub end_ns: Nanos,
+}
