@@ -1,22 +1,166 @@
 //! `corral-chaos`: chaos on real processes (issue 27).
 //!
-//! - `corral-chaos check HISTORY.json`: checks a recorded history, prints every violation with the
-//!   operations involved and a summary; exit 1 on a violation.
+//! - `corral-chaos run [--seed N] [--duration SECONDS] [--faults KIND,...] [--dir DIR]
+//!   [--corral PATH] [--history FILE]`: starts a deployment of the real binaries in DIR (default
+//!   `/var/tmp/corral-chaos`), drives the load and injects faults for SECONDS (default 150) from
+//!   the seed (default: from the clock, printed), lets the pool recover, stops everything, writes
+//!   the history (default DIR.history.json), checks it and prints the report. Exit 1 on a
+//!   violation; 2 when the run could not be made or left something behind. Needs root.
+//! - `corral-chaos check HISTORY.json`: checks a recorded history and prints the report.
+//! - `corral-chaos clean [--dir DIR]`: removes what an interrupted run left behind.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use corral_chaos::check::{Verdict, check};
+use corral_chaos::deploy::PoolSettings;
+use corral_chaos::faults::KINDS;
+use corral_chaos::harness::{self, Plan};
 use corral_chaos::history::History;
+
+const USAGE: &str = "usage: corral-chaos run [--seed N] [--duration SECONDS] [--faults KIND,...] [--dir DIR] [--corral PATH] [--history FILE]
+       corral-chaos check HISTORY.json
+       corral-chaos clean [--dir DIR]";
+const DEFAULT_DIR: &str = "/var/tmp/corral-chaos";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("check") if args.len() == 2 => check_file(&args[1]),
-        _ => {
-            eprintln!("usage: corral-chaos check HISTORY.json");
-            ExitCode::from(2)
+    let result = match args.first().map(String::as_str) {
+        Some("check") if args.len() == 2 => return check_file(&args[1]),
+        Some("run") => options(&args[1..]).and_then(run),
+        Some("clean") => options(&args[1..]).map(|o| {
+            let dir = o.dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+            let left = corral_chaos::hygiene::clean(&dir);
+            let _ = std::fs::remove_dir_all(&dir);
+            for line in &left {
+                eprintln!("corral-chaos: could not remove {line}");
+            }
+            if left.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(2)
+            }
+        }),
+        _ => Err(USAGE.to_owned()),
+    };
+    result.unwrap_or_else(|error| {
+        eprintln!("corral-chaos: {error}");
+        ExitCode::from(2)
+    })
+}
+
+#[derive(Default)]
+struct Options {
+    seed: Option<u64>,
+    duration: Option<u64>,
+    faults: Option<Vec<String>>,
+    dir: Option<PathBuf>,
+    corral: Option<PathBuf>,
+    history: Option<PathBuf>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let mut options = Options::default();
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} {value:?}: not a number"))
+        };
+        match flag.as_str() {
+            "--seed" => options.seed = Some(number()?),
+            "--duration" => options.duration = Some(number()?),
+            "--faults" => {
+                let kinds: Vec<String> = value.split(',').map(str::to_owned).collect();
+                if let Some(unknown) = kinds.iter().find(|k| !KINDS.contains(&k.as_str())) {
+                    return Err(format!(
+                        "--faults: no fault {unknown:?} (the faults: {})",
+                        KINDS.join(", ")
+                    ));
+                }
+                options.faults = Some(kinds);
+            }
+            "--dir" => options.dir = Some(PathBuf::from(value)),
+            "--corral" => options.corral = Some(PathBuf::from(value)),
+            "--history" => options.history = Some(PathBuf::from(value)),
+            _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
+    Ok(options)
+}
+
+fn run(options: Options) -> Result<ExitCode, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("a chaos run needs root (it builds jails and mounts its store)".to_owned());
+    }
+    let corral = options
+        .corral
+        .or_else(|| std::env::var_os("CORRAL").map(PathBuf::from))
+        .or_else(harness::sibling_corral)
+        .ok_or("no corral binary: build it (cargo build -p corral) or pass --corral PATH")?;
+    if !harness::executable(&corral) {
+        return Err(format!("{}: not an executable", corral.display()));
+    }
+    let seed = options.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            % 1_000_000_007
+    });
+    let dir = options.dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    let history_path = options
+        .history
+        .unwrap_or_else(|| PathBuf::from(format!("{}.history.json", dir.display())));
+    let plan = Plan {
+        seed,
+        duration: Duration::from_secs(options.duration.unwrap_or(150)),
+        dir,
+        corral,
+        kinds: options
+            .faults
+            .unwrap_or_else(|| KINDS.iter().map(|k| (*k).to_owned()).collect()),
+        clients: (3, 2),
+        recovery: Duration::from_secs(90),
+        pool: PoolSettings::default(),
+    };
+    println!(
+        "chaos: seed {seed} (replay with --seed {seed}), {} s, faults {}",
+        plan.duration.as_secs(),
+        plan.kinds.join(",")
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let dir = plan.dir.clone();
+    let history = runtime.block_on(async move {
+        tokio::select! {
+            history = harness::run(plan) => history,
+            _ = tokio::signal::ctrl_c() => {
+                let left = tokio::task::spawn_blocking(move || corral_chaos::hygiene::clean(&dir))
+                    .await
+                    .unwrap_or_default();
+                Err(format!("interrupted; left behind: {left:?}"))
+            }
+        }
+    })?;
+    let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
+    std::fs::write(&history_path, json)
+        .map_err(|e| format!("{}: {e}", history_path.display()))?;
+    println!("chaos: history in {}", history_path.display());
+    let verdict = check(&history);
+    report(&history, &verdict);
+    Ok(if verdict.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn check_file(path: &str) -> ExitCode {

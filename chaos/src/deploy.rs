@@ -1,0 +1,430 @@
+//! The deployment under test, from the real binaries: Valkey, three API replicas each reaching
+//! Valkey through its own [`Link`](crate::link::Link), the controller with the `local` backend
+//! and its warm pool of worker processes, and the egress proxy. Workspaces live on a small tmpfs
+//! of their own so that the object store can be filled and made read-only.
+//!
+//! Every process is a child of the harness (a child subreaper, so that workers orphaned by a
+//! killed controller stay its descendants) and carries [`MARKER`] in its environment, which is how
+//! [`crate::hygiene`] finds what a run left behind.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::link::Link;
+
+/// The environment variable every process of a chaos run carries: its directory.
+pub const MARKER: &str = "CORRAL_CHAOS_RUN";
+/// How many API replicas.
+pub const REPLICAS: usize = 3;
+/// The workspace store's size: small, so that it can be filled.
+pub const STORE_BYTES: u64 = 256 << 20;
+
+/// The pool's settings for a chaos run.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolSettings {
+    /// `SANDBOX_WARM_POOL_MIN`.
+    pub warm_min: u32,
+    /// `SANDBOX_POOL_MAX_ALLOCATED`.
+    pub ceiling: u32,
+    /// `SANDBOX_MAX_CONCURRENT_PER_MEMBER`.
+    pub member_limit: u32,
+    /// `SANDBOX_LEASE_HEARTBEAT_SECONDS`.
+    pub heartbeat_seconds: u32,
+    /// `SANDBOX_LEASE_TTL_SECONDS`.
+    pub lease_ttl_seconds: u32,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            warm_min: 3,
+            ceiling: 8,
+            member_limit: 1,
+            heartbeat_seconds: 1,
+            lease_ttl_seconds: 4,
+        }
+    }
+}
+
+/// One started process, restartable with the same command.
+pub struct Proc {
+    /// What it is (`api-1`, `controller`, ...).
+    pub name: String,
+    command: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
+    /// The running child, if any.
+    pub child: Option<Child>,
+}
+
+impl Proc {
+    fn start(&mut self) -> Result<(), String> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("{}: {e}", self.log.display()))?;
+        let child = Command::new(&self.command[0])
+            .args(&self.command[1..])
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("start {}: {e}", self.name))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Its pid while it runs.
+    #[must_use]
+    pub fn pid(&self) -> Option<i32> {
+        self.child
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+    }
+
+    /// SIGKILLs it and reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again (after [`Proc::kill`]).
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.kill();
+        self.start()
+    }
+}
+
+/// The running deployment.
+pub struct Deployment {
+    /// The run's directory.
+    pub dir: PathBuf,
+    /// The corral binary.
+    pub corral: PathBuf,
+    /// Valkey's port.
+    pub valkey_port: u16,
+    /// Valkey's URL (direct: the controller's and the harness's).
+    pub valkey_url: String,
+    /// Valkey.
+    pub valkey: Proc,
+    /// The API replicas.
+    pub apis: Vec<Proc>,
+    /// Each replica's URL.
+    pub api_urls: Vec<String>,
+    /// Each replica's link to Valkey, which a partition cuts.
+    pub links: Vec<Link>,
+    /// The controller.
+    pub controller: Proc,
+    /// The egress proxy.
+    pub proxy: Proc,
+    /// The caller credential.
+    pub caller: String,
+    /// The pool's settings.
+    pub pool: PoolSettings,
+    /// Where workspaces are kept (a tmpfs).
+    pub store: PathBuf,
+}
+
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("a free port: {e}"))
+}
+
+fn secret(path: &Path) -> Result<String, String> {
+    let mut bytes = [0u8; 32];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    let text: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    fs::write(path, &text).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(text)
+}
+
+fn wait_for(what: &str, bound: Duration, mut ready: impl FnMut() -> bool) -> Result<(), String> {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!("{what} was not ready within {bound:?}"))
+}
+
+fn answers_http(url: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Whether Valkey on `port` answers PING.
+#[must_use]
+pub fn valkey_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    stream
+        .read(&mut reply)
+        .is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
+}
+
+impl Deployment {
+    /// Starts everything in `dir` (which [`crate::hygiene`] has made and checked) and waits until
+    /// the pool has its warm minimum.
+    ///
+    /// # Errors
+    /// When a part does not start or never becomes ready.
+    pub fn start(dir: &Path, corral: &Path, pool: PoolSettings) -> Result<Self, String> {
+        let valkey_binary = corral_store::valkey_server::find_binary()
+            .ok_or("no valkey-server (scripts/setup-services installs it)")?;
+        for sub in ["valkey", "workers", "logs", "store"] {
+            fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{sub}: {e}"))?;
+        }
+        let store = dir.join("store");
+        crate::hygiene::mount_tmpfs(&store, STORE_BYTES)?;
+        let caller = secret(&dir.join("api-token"))?;
+        secret(&dir.join("admin-token"))?;
+        secret(&dir.join("worker-token"))?;
+        secret(&dir.join("field-key"))?;
+        let marker = (MARKER.to_owned(), dir.display().to_string());
+        let logs = dir.join("logs");
+
+        let valkey_port = free_port()?;
+        let valkey_url = format!("redis://127.0.0.1:{valkey_port}");
+        let mut valkey = Proc {
+            name: "valkey".to_owned(),
+            command: [
+                valkey_binary.display().to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                valkey_port.to_string(),
+                "--dir".into(),
+                dir.join("valkey").display().to_string(),
+                // A snapshot each second with a change: what "restarted from its snapshot" loads.
+                "--save".into(),
+                "1 1".into(),
+                "--appendonly".into(),
+                "no".into(),
+            ]
+            .to_vec(),
+            env: vec![marker.clone()],
+            log: logs.join("valkey.log"),
+            child: None,
+        };
+        valkey.start()?;
+        wait_for("valkey", Duration::from_secs(10), || {
+            valkey_answers(valkey_port)
+        })?;
+
+        let proxy_port = free_port()?;
+        let proxy_url = format!("http://127.0.0.1:{proxy_port}");
+        let file = |name: &str| dir.join(name).display().to_string();
+        let settings: Vec<(String, String)> = [
+            ("SANDBOX_WARM_POOL_MIN", pool.warm_min.to_string()),
+            ("SANDBOX_POOL_TARGET_IDLE", "1".to_owned()),
+            ("SANDBOX_POOL_MAX_ALLOCATED", pool.ceiling.to_string()),
+            (
+                "SANDBOX_MAX_CONCURRENT_PER_MEMBER",
+                pool.member_limit.to_string(),
+            ),
+            (
+                "SANDBOX_LEASE_HEARTBEAT_SECONDS",
+                pool.heartbeat_seconds.to_string(),
+            ),
+            ("SANDBOX_LEASE_TTL_SECONDS", pool.lease_ttl_seconds.to_string()),
+            ("SANDBOX_ACQUIRE_WAIT_SECONDS", "20".to_owned()),
+            ("SANDBOX_EGRESS_MODE", "public_internet".to_owned()),
+            ("SANDBOX_EGRESS_PROXY_URL", proxy_url.clone()),
+            ("SANDBOX_FIELD_KEY_FILE", file("field-key")),
+            ("CORRAL_WORKER_TOKEN_FILE", file("worker-token")),
+            ("CORRAL_POOL", "default".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain([marker.clone()])
+        .collect();
+
+        let mut links = Vec::new();
+        let mut apis = Vec::new();
+        let mut api_urls = Vec::new();
+        for index in 1..=REPLICAS {
+            let link = Link::start(valkey_port)?;
+            let port = free_port()?;
+            let url = format!("http://127.0.0.1:{port}");
+            let mut env = settings.clone();
+            env.extend(
+                [
+                    ("CORRAL_VALKEY_URL", format!("redis://127.0.0.1:{}", link.port)),
+                    ("CORRAL_API_LISTEN", format!("127.0.0.1:{port}")),
+                    (
+                        "CORRAL_WORKSPACE_URL",
+                        format!("file://{}", store.display()),
+                    ),
+                    ("CORRAL_WORKER_STATE_DIR", file("workers")),
+                    ("CORRAL_API_TOKEN_FILE", file("api-token")),
+                    ("CORRAL_ADMIN_TOKEN_FILE", file("admin-token")),
+                    ("SANDBOX_PACKAGE_BROKER_URL", url.clone()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v)),
+            );
+            let mut api = Proc {
+                name: format!("api-{index}"),
+                command: vec![corral.display().to_string(), "api".to_owned()],
+                env,
+                log: logs.join(format!("api-{index}.log")),
+                child: None,
+            };
+            api.start()?;
+            apis.push(api);
+            api_urls.push(url);
+            links.push(link);
+        }
+        for url in &api_urls {
+            wait_for(url, Duration::from_secs(60), || {
+                answers_http(url, "/healthz").is_some_and(|(s, _)| s == 200)
+            })?;
+        }
+
+        // The egress proxy verifies grants with the API's key, read once into a file.
+        let key = answers_http(&api_urls[0], "/v1/egress/verifying_key")
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, body)| body)
+            .ok_or("the API did not give its verifying key")?;
+        fs::write(dir.join("verifying-key"), key.trim()).map_err(|e| e.to_string())?;
+        let mut proxy = Proc {
+            name: "egress-proxy".to_owned(),
+            command: vec![corral.display().to_string(), "egress-proxy".to_owned()],
+            env: vec![
+                ("CORRAL_EGRESS_LISTEN".to_owned(), format!("127.0.0.1:{proxy_port}")),
+                (
+                    "CORRAL_EGRESS_VERIFYING_KEY_FILE".to_owned(),
+                    file("verifying-key"),
+                ),
+                marker.clone(),
+            ],
+            log: logs.join("egress-proxy.log"),
+            child: None,
+        };
+        proxy.start()?;
+
+        let mut controller_env = settings.clone();
+        controller_env.push(("CORRAL_POOL_MODE".to_owned(), "controller".to_owned()));
+        controller_env.push(("SANDBOX_PACKAGE_BROKER_URL".to_owned(), api_urls[0].clone()));
+        let mut controller = Proc {
+            name: "controller".to_owned(),
+            command: vec![
+                corral.display().to_string(),
+                "controller".to_owned(),
+                "--valkey".to_owned(),
+                valkey_url.clone(),
+                "--backend".to_owned(),
+                "local".to_owned(),
+                "--state-dir".to_owned(),
+                file("workers"),
+                "--period-ms".to_owned(),
+                "250".to_owned(),
+            ],
+            env: controller_env,
+            log: logs.join("controller.log"),
+            child: None,
+        };
+        controller.start()?;
+
+        Ok(Self {
+            dir: dir.to_owned(),
+            corral: corral.to_owned(),
+            valkey_port,
+            valkey_url,
+            valkey,
+            apis,
+            api_urls,
+            links,
+            controller,
+            proxy,
+            caller,
+            pool,
+            store,
+        })
+    }
+
+    /// The worker processes the local backend's records name, by worker id.
+    #[must_use]
+    pub fn workers(&self) -> BTreeMap<String, i32> {
+        let mut found = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(self.dir.join("workers")) else {
+            return found;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(id) = name.strip_suffix(".worker") else {
+                continue;
+            };
+            let Ok(text) = fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            if let Some(pid) = text
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+            {
+                found.insert(id.to_owned(), pid);
+            }
+        }
+        found
+    }
+
+    /// Restarts Valkey; `empty` deletes its snapshot first.
+    ///
+    /// # Errors
+    /// When it does not answer again.
+    pub fn restart_valkey(&mut self, empty: bool) -> Result<(), String> {
+        self.valkey.kill();
+        if empty {
+            let _ = fs::remove_file(self.dir.join("valkey").join("dump.rdb"));
+        }
+        self.valkey.start()?;
+        let port = self.valkey_port;
+        wait_for("valkey", Duration::from_secs(10), || valkey_answers(port))
+    }
+
+    /// Stops everything it started (SIGKILL), the links too.
+    pub fn stop(&mut self) {
+        self.controller.kill();
+        for api in &mut self.apis {
+            api.kill();
+        }
+        self.proxy.kill();
+        self.valkey.kill();
+        for link in &self.links {
+            link.stop();
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The faults, injected one at a time at points of the load a seed chooses, each healed before
+//! the next.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::deploy::{Deployment, REPLICAS};
+use crate::rng::Rng;
+
+/// Every kind of fault, by its name in the report.
+pub const KINDS: [&str; 12] = [
+    "kill_api",
+    "pause_api",
+    "kill_controller",
+    "kill_worker",
+    "pause_worker",
+    "kill_egress_proxy",
+    "valkey_stop",
+    "valkey_restart_empty",
+    "valkey_restart_snapshot",
+    "partition_api_valkey",
+    "store_full",
+    "store_read_only",
+];
+
+/// A fault in progress: how to heal it.
+pub enum Healing {
+    /// Nothing to heal (the pool replaces a killed worker).
+    Nothing,
+    /// Restart this API replica.
+    RestartApi(usize),
+    /// Resume this process.
+    Resume(i32),
+    /// Restart the controller.
+    RestartController,
+    /// Restart the egress proxy.
+    RestartProxy,
+    /// Restart Valkey from its snapshot.
+    RestartValkey,
+    /// Heal this replica's link.
+    HealLink(usize),
+    /// Remove the ballast that filled the store.
+    EmptyStore,
+    /// Make the store writable again.
+    StoreWritable,
+}
+
+fn signal(pid: i32, signal: Signal) -> Result<(), String> {
+    kill(Pid::from_raw(pid), signal).map_err(|e| format!("{signal:?} {pid}: {e}"))
+}
+
+/// Fills the filesystem at `dir` with a ballast file until it is full.
+fn fill(dir: &Path) -> Result<(), String> {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(dir.join(".chaos-ballast")).map_err(|e| e.to_string())?;
+    let block = vec![0u8; 1 << 20];
+    loop {
+        match file.write(&block) {
+            Ok(0) | Err(_) => return Ok(()),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Injects `kind` into `deployment`, choosing its target with `rng`; returns what it hit and how
+/// to heal it.
+///
+/// # Errors
+/// When the fault could not be injected (its target is not there).
+pub fn inject(
+    deployment: &Arc<Mutex<Deployment>>,
+    kind: &str,
+    rng: &mut Rng,
+) -> Result<(String, Healing), String> {
+    let mut d = deployment.lock().map_err(|_| "the deployment's lock is poisoned")?;
+    let replica = usize::try_from(rng.below(REPLICAS as u64)).unwrap_or(0);
+    Ok(match kind {
+        "kill_api" => {
+            d.apis[replica].kill();
+            (d.apis[replica].name.clone(), Healing::RestartApi(replica))
+        }
+        "pause_api" => {
+            let pid = d.apis[replica].pid().ok_or("the replica is not running")?;
+            signal(pid, Signal::SIGSTOP)?;
+            (d.apis[replica].name.clone(), Healing::Resume(pid))
+        }
+        "kill_controller" => {
+            d.controller.kill();
+            ("controller".to_owned(), Healing::RestartController)
+        }
+        "kill_worker" | "pause_worker" => {
+            let workers: Vec<(String, i32)> = d.workers().into_iter().collect();
+            if workers.is_empty() {
+                return Err("no worker to hit".to_owned());
+            }
+            let (id, pid) = rng.pick(&workers).clone();
+            if kind == "kill_worker" {
+                signal(pid, Signal::SIGKILL)?;
+                (id, Healing::Nothing)
+            } else {
+                signal(pid, Signal::SIGSTOP)?;
+                (id, Healing::Resume(pid))
+            }
+        }
+        "kill_egress_proxy" => {
+            d.proxy.kill();
+            ("egress-proxy".to_owned(), Healing::RestartProxy)
+        }
+        "valkey_stop" => {
+            let pid = d.valkey.pid().ok_or("valkey is not running")?;
+            signal(pid, Signal::SIGSTOP)?;
+            ("valkey".to_owned(), Healing::Resume(pid))
+        }
+        "valkey_restart_empty" => {
+            d.restart_valkey(true)?;
+            ("valkey".to_owned(), Healing::Nothing)
+        }
+        "valkey_restart_snapshot" => {
+            d.valkey.kill();
+            ("valkey".to_owned(), Healing::RestartValkey)
+        }
+        "partition_api_valkey" => {
+            d.links[replica].set_cut(true);
+            (d.apis[replica].name.clone(), Healing::HealLink(replica))
+        }
+        "store_full" => {
+            fill(&d.store)?;
+            ("workspace store".to_owned(), Healing::EmptyStore)
+        }
+        "store_read_only" => {
+            crate::hygiene::remount(&d.store, true)?;
+            ("workspace store".to_owned(), Healing::StoreWritable)
+        }
+        other => return Err(format!("no fault {other:?}")),
+    })
+}
+
+/// Heals a fault.
+///
+/// # Errors
+/// When the healing fails (a process does not start again).
+pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(), String> {
+    let mut d = deployment.lock().map_err(|_| "the deployment's lock is poisoned")?;
+    match healing {
+        Healing::Nothing => Ok(()),
+        Healing::RestartApi(replica) => d.apis[replica].restart(),
+        Healing::Resume(pid) => signal(pid, Signal::SIGCONT).or_else(|e| {
+            // A paused worker may have been deleted (and its process killed) meanwhile.
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                Err(e)
+            } else {
+                Ok(())
+            }
+        }),
+        Healing::RestartController => d.controller.restart(),
+        Healing::RestartProxy => d.proxy.restart(),
+        Healing::RestartValkey => d.restart_valkey(false),
+        Healing::HealLink(replica) => {
+            d.links[replica].set_cut(false);
+            Ok(())
+        }
+        Healing::EmptyStore => std::fs::remove_file(d.store.join(".chaos-ballast"))
+            .map_err(|e| format!("remove the ballast: {e}")),
+        Healing::StoreWritable => crate::hygiene::remount(&d.store, false),
+    }
+}
+
+/// How long a fault lasts: longer than the lease's time to live for a pause, so that a paused
+/// holder wakes as a zombie with its old token.
+#[must_use]
+pub fn duration(kind: &str, lease_ttl_seconds: u32, rng: &mut Rng) -> Duration {
+    let ttl_ms = u64::from(lease_ttl_seconds) * 1_000;
+    let ms = match kind {
+        "pause_api" | "pause_worker" | "valkey_stop" => rng.between(ttl_ms / 2, ttl_ms * 2),
+        "kill_worker" | "valkey_restart_empty" => 0,
+        _ => rng.between(500, 4_000),
+    };
+    Duration::from_millis(ms)
+}

@@ -1,0 +1,213 @@
+//! What a chaos run must never leave behind: a process, a mount, a cgroup, a tmpfs. Checked
+//! before a run starts (a run refuses to start over what an earlier one left) and after it ends,
+//! interrupted or not.
+//!
+//! Processes are found by [`MARKER`] in their environment, and, for jailed processes (whose
+//! environment the jail replaces), as descendants of the harness, which is a child subreaper so
+//! that whatever a killed parent orphans stays its descendant. Mounts are those under the run's
+//! directory; cgroups are the jail's per-run groups (`run-<supervisor pid>-…`) under the
+//! harness's own group, which the workers inherit.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::mount::{MntFlags, MsFlags};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::deploy::MARKER;
+
+/// The cgroup v1 controllers the jail makes per-run groups in.
+const CONTROLLERS: [&str; 2] = ["memory", "pids"];
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Makes this process a child subreaper.
+///
+/// # Errors
+/// When the kernel refuses.
+pub fn become_subreaper() -> Result<(), String> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| format!("PR_SET_CHILD_SUBREAPER: {e}"))
+}
+
+/// Mounts a tmpfs of `bytes` at `path`.
+///
+/// # Errors
+/// When the mount fails.
+pub fn mount_tmpfs(path: &Path, bytes: u64) -> Result<(), String> {
+    nix::mount::mount(
+        Some("tmpfs"),
+        path,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(format!("size={bytes},mode=0755").as_str()),
+    )
+    .map_err(|e| format!("mount a tmpfs at {}: {e}", path.display()))
+}
+
+/// Remounts the tmpfs at `path` read-only or read-write.
+///
+/// # Errors
+/// When the remount fails.
+pub fn remount(path: &Path, read_only: bool) -> Result<(), String> {
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(None::<&str>, path, None::<&str>, flags, None::<&str>)
+        .map_err(|e| format!("remount {}: {e}", path.display()))
+}
+
+/// Processes carrying `dir` as their [`MARKER`].
+fn marked(dir: &Path) -> BTreeSet<i32> {
+    let wanted = format!("{MARKER}={}", dir.display());
+    let mut found = BTreeSet::new();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Ok(environ) = fs::read(entry.path().join("environ"))
+            && environ.split(|b| *b == 0).any(|var| var == wanted.as_bytes())
+        {
+            found.insert(pid);
+        }
+    }
+    found
+}
+
+/// Every descendant of this process.
+fn descendants() -> BTreeSet<i32> {
+    let me = std::process::id() as i32;
+    let mut parents: Vec<(i32, i32)> = Vec::new();
+    if let Ok(entries) = fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // The parent is the second field after the command's closing parenthesis.
+            let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse().ok())
+            else {
+                continue;
+            };
+            parents.push((pid, ppid));
+        }
+    }
+    let mut found = BTreeSet::new();
+    let mut frontier = vec![me];
+    while let Some(parent) = frontier.pop() {
+        for (pid, ppid) in &parents {
+            if *ppid == parent && found.insert(*pid) {
+                frontier.push(*pid);
+            }
+        }
+    }
+    found
+}
+
+/// Mount points at or under `dir`.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let Ok(table) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    table
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .map(PathBuf::from)
+        .filter(|point| point.starts_with(dir))
+        .collect()
+}
+
+/// This process's group in `controller`'s hierarchy, where the workers' `corral` groups are.
+fn jail_groups(controller: &str) -> Vec<PathBuf> {
+    let own = fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|table| {
+            table.lines().find_map(|line| {
+                let mut fields = line.splitn(3, ':');
+                let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+                controllers
+                    .split(',')
+                    .any(|name| name == controller)
+                    .then(|| path.trim_start_matches('/').to_owned())
+            })
+        })
+        .unwrap_or_default();
+    let base = Path::new(CGROUP_ROOT).join(controller).join(own).join("corral");
+    let Ok(entries) = fs::read_dir(&base) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// What is left of a run in `dir`, each as a line; empty when nothing is.
+#[must_use]
+pub fn leftovers(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for pid in marked(dir).union(&descendants()) {
+        let command = fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .unwrap_or_default();
+        found.push(format!("process {pid}: {}", command.trim()));
+    }
+    for point in mounts_under(dir) {
+        found.push(format!("mount {}", point.display()));
+    }
+    for controller in CONTROLLERS {
+        for group in jail_groups(controller) {
+            found.push(format!("cgroup {}", group.display()));
+        }
+    }
+    found
+}
+
+/// Kills every process of the run, unmounts what it mounted and removes its groups, then says
+/// what could not be removed.
+pub fn clean(dir: &Path) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pids: BTreeSet<i32> = marked(dir).union(&descendants()).copied().collect();
+        if pids.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        for pid in &pids {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGCONT);
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        // Reap what was ours (children, and orphans reparented to this subreaper).
+        while let Ok(status) = nix::sys::wait::waitpid(
+            Pid::from_raw(-1),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        ) {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut points = mounts_under(dir);
+    // Deepest first.
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for point in points {
+        let _ = nix::mount::umount2(&point, MntFlags::MNT_DETACH);
+    }
+    for controller in CONTROLLERS {
+        for group in jail_groups(controller) {
+            let _ = fs::remove_dir(&group);
+        }
+    }
+    leftovers(dir)
+}

@@ -1,0 +1,280 @@
+//! The load: clients that each own one workspace or one persistent kernel and extend it one
+//! operation at a time, recording every operation and its answer in the history.
+//!
+//! An ephemeral run prints the tokens file of its workspace and appends its own token; a
+//! persistent cell prints the list its kernel keeps and appends its own token. Both print when
+//! their code started and ended on the host's monotonic clock, which the jail shares, so that the
+//! checker can tell which operations ran on one worker at once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use corral_api::client::Client;
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::history::{Answer, Kind, Op};
+use crate::rng::Rng;
+
+/// How long a client waits for one answer before recording none.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(90);
+
+/// The line the code prints: `CHAOS <start> <end> <token> <token> ...`.
+const LINE: &str = "CHAOS";
+
+/// The harness's clock: nanoseconds since `origin`, and `CLOCK_MONOTONIC` at `origin`.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    origin: Instant,
+    /// `CLOCK_MONOTONIC` in nanoseconds at `origin`.
+    pub origin_ns: u64,
+}
+
+impl Clock {
+    /// Starts the clock now.
+    #[must_use]
+    pub fn start() -> Self {
+        let origin = Instant::now();
+        let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+            .map(|t| {
+                u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                    + u64::try_from(t.tv_nsec()).unwrap_or(0)
+            })
+            .unwrap_or(0);
+        Self {
+            origin,
+            origin_ns: now,
+        }
+    }
+
+    /// Nanoseconds since the clock started.
+    #[must_use]
+    pub fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A `CLOCK_MONOTONIC` reading on this clock.
+    #[must_use]
+    pub fn from_monotonic(&self, ns: u64) -> u64 {
+        ns.saturating_sub(self.origin_ns)
+    }
+}
+
+/// The code of one operation appending `token`, after a pause of `pause_ms` inside the code (the
+/// window a fault can land in).
+#[must_use]
+pub fn code(kind: Kind, token: &str, pause_ms: u64) -> String {
+    let read = match kind {
+        Kind::Workspace => format!(
+            "try:\n    seen = open('tokens.txt').read().split()\nexcept FileNotFoundError:\n    seen = []\n\
+             time.sleep({pause})\nopen('tokens.txt', 'a').write('{token}\\n')\n",
+            pause = pause_ms as f64 / 1000.0
+        ),
+        Kind::Kernel => format!(
+            "try:\n    chaos_list\nexcept NameError:\n    chaos_list = []\nseen = list(chaos_list)\n\
+             time.sleep({pause})\nchaos_list.append('{token}')\n",
+            pause = pause_ms as f64 / 1000.0
+        ),
+    };
+    format!(
+        "import time\nstarted = time.monotonic_ns()\n{read}print('{LINE}', started, time.monotonic_ns(), *seen)\n"
+    )
+}
+
+/// What the answer `(status, body)` to `kind` tells, or why it tells nothing.
+#[must_use]
+pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
+    let code = body["error"]["code"].as_str().map(str::to_owned);
+    let outcome = body["outcome"].as_str().map(str::to_owned);
+    match outcome.as_deref() {
+        Some("succeeded") => {
+            let stdout = body["model"]["stdout"]["text"].as_str().unwrap_or_default();
+            let line = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(LINE).map(str::split_whitespace));
+            let worker = body["model"]["worker"].as_str().map(str::to_owned);
+            if let (Some(mut words), Some(worker)) = (line, worker) {
+                let start = words.next().and_then(|w| w.parse().ok());
+                let end = words.next().and_then(|w| w.parse().ok());
+                if let (Some(start), Some(end)) = (start, end) {
+                    return Answer::Succeeded {
+                        worker,
+                        generation: body["model"]["workspace"]["generation"].as_u64(),
+                        seen: words.map(str::to_owned).collect(),
+                        exec_start_ns: clock.from_monotonic(start),
+                        exec_end_ns: clock.from_monotonic(end),
+                    };
+                }
+            }
+            // Succeeded, but not with what the code prints: the answer lost the code's output.
+            Answer::Failed {
+                status,
+                outcome,
+                code: Some("chaos_unreadable_success".to_owned()),
+            }
+        }
+        // Nothing of the code ran.
+        Some("not_run") => Answer::Refused {
+            status,
+            code: body["model"]["not_run"].as_str().map(str::to_owned).or(code),
+        },
+        // A refusal (`outcome: refused`): admission, the store, a lost worker; nothing of the
+        // run was kept.
+        Some("refused") => Answer::Refused { status, code },
+        Some(_) => Answer::Failed {
+            status,
+            outcome,
+            code,
+        },
+        // No outcome at all: not an answer the API gives, so nothing can be concluded from it.
+        None => Answer::Failed {
+            status,
+            outcome: None,
+            code,
+        },
+    }
+}
+
+/// One client's stream.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    /// Workspace or kernel.
+    pub kind: Kind,
+    /// The actor (also the member).
+    pub actor: String,
+    /// The conversation.
+    pub conversation: String,
+}
+
+/// What the clients share.
+pub struct Shared {
+    /// The clock.
+    pub clock: Clock,
+    /// Each replica's client.
+    pub replicas: Vec<Client>,
+    /// The recorded operations.
+    pub ops: Mutex<Vec<Op>>,
+    /// Raised to stop the load.
+    pub stop: AtomicBool,
+    /// The next operation id.
+    pub next_id: AtomicU64,
+}
+
+/// Runs one client on `stream` until the load stops.
+pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: Rng) {
+    let mut n = 0u64;
+    while !shared.stop.load(Ordering::Relaxed) {
+        n += 1;
+        let token = format!("c{index}n{n}");
+        let pause_ms = rng.between(0, 300);
+        let mut body = json!({
+            "actor": stream.actor,
+            "conversation": stream.conversation,
+            "member": stream.actor,
+            "language": "python",
+            "code": code(stream.kind, &token, pause_ms),
+        });
+        if stream.kind == Kind::Kernel {
+            body["kernel"] = json!("persistent");
+        }
+        let replica = &shared.replicas[usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0)];
+        let start_ns = shared.clock.now();
+        let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
+        let end_ns = shared.clock.now();
+        let answer = match answered {
+            Ok(Ok((status, body))) => classify(&shared.clock, status, &body),
+            Ok(Err(why)) => Answer::NoAnswer { why },
+            Err(_) => Answer::NoAnswer {
+                why: format!("no answer within {ANSWER_WAIT:?}"),
+            },
+        };
+        let definite_refusal = matches!(answer, Answer::Refused { .. });
+        let op = Op {
+            id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+            kind: stream.kind,
+            actor: stream.actor.clone(),
+            conversation: stream.conversation.clone(),
+            member: stream.actor.clone(),
+            token,
+            start_ns,
+            end_ns,
+            answer,
+        };
+        shared.ops.lock().await.push(op);
+        // After a refusal, back off a little, as a platform honouring Retry-After would.
+        let think = if definite_refusal {
+            rng.between(200, 1_000)
+        } else {
+            rng.between(0, 100)
+        };
+        tokio::time::sleep(Duration::from_millis(think)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn clock() -> Clock {
+        Clock {
+            origin: Instant::now(),
+            origin_ns: 1_000,
+        }
+    }
+
+    #[test]
+    fn a_succeeded_answer_reads_as_what_the_code_saw() {
+        let body = json!({"outcome": "succeeded", "model": {
+            "stdout": {"text": "CHAOS 1500 2500 c1n1 c1n2\n"}, "worker": "w-1-3",
+            "workspace": {"generation": 7}}});
+        assert_eq!(
+            classify(&clock(), 200, &body),
+            Answer::Succeeded {
+                worker: "w-1-3".to_owned(),
+                generation: Some(7),
+                seen: vec!["c1n1".to_owned(), "c1n2".to_owned()],
+                exec_start_ns: 500,
+                exec_end_ns: 1_500,
+            }
+        );
+    }
+
+    #[test]
+    fn refusals_are_definite_and_failures_are_not() {
+        let refused = json!({"outcome": "refused", "error": {"code": "coordination_unavailable"}});
+        assert_eq!(
+            classify(&clock(), 503, &refused),
+            Answer::Refused {
+                status: 503,
+                code: Some("coordination_unavailable".to_owned())
+            }
+        );
+        let not_run = json!({"outcome": "not_run", "model": {"not_run": "isolation_unavailable"}});
+        assert!(matches!(
+            classify(&clock(), 200, &not_run),
+            Answer::Refused { code: Some(c), .. } if c == "isolation_unavailable"
+        ));
+        let failed = json!({"outcome": "error", "error": {"code": "workspace_conflict"}});
+        assert!(matches!(
+            classify(&clock(), 409, &failed),
+            Answer::Failed { code: Some(c), .. } if c == "workspace_conflict"
+        ));
+        let garbled = json!({"outcome": "succeeded", "model": {"stdout": {"text": "hello"}}});
+        assert!(matches!(
+            classify(&clock(), 200, &garbled),
+            Answer::Failed { code: Some(c), .. } if c == "chaos_unreadable_success"
+        ));
+    }
+
+    #[test]
+    fn the_code_reads_before_it_appends() {
+        for kind in [Kind::Workspace, Kind::Kernel] {
+            let code = code(kind, "c3n9", 50);
+            let read = code.find("seen =").expect("reads");
+            let append = code.find("c3n9").expect("appends");
+            assert!(read < append, "{code}");
+            assert!(code.contains("time.sleep(0.05)"), "{code}");
+        }
+    }
+}
