@@ -82,9 +82,7 @@ impl Proc {
     /// Its pid while it runs.
     #[must_use]
     pub fn pid(&self) -> Option<i32> {
-        self.child
-            .as_ref()
-            .and_then(|c| i32::try_from(c.id()).ok())
+        self.child.as_ref().and_then(|c| i32::try_from(c.id()).ok())
     }
 
     /// SIGKILLs it and reaps it.
@@ -258,7 +256,10 @@ impl Deployment {
                 "SANDBOX_LEASE_HEARTBEAT_SECONDS",
                 pool.heartbeat_seconds.to_string(),
             ),
-            ("SANDBOX_LEASE_TTL_SECONDS", pool.lease_ttl_seconds.to_string()),
+            (
+                "SANDBOX_LEASE_TTL_SECONDS",
+                pool.lease_ttl_seconds.to_string(),
+            ),
             ("SANDBOX_ACQUIRE_WAIT_SECONDS", "20".to_owned()),
             ("SANDBOX_EGRESS_MODE", "public_internet".to_owned()),
             ("SANDBOX_EGRESS_PROXY_URL", proxy_url.clone()),
@@ -281,7 +282,10 @@ impl Deployment {
             let mut env = settings.clone();
             env.extend(
                 [
-                    ("CORRAL_VALKEY_URL", format!("redis://127.0.0.1:{}", link.port)),
+                    (
+                        "CORRAL_VALKEY_URL",
+                        format!("redis://127.0.0.1:{}", link.port),
+                    ),
                     ("CORRAL_API_LISTEN", format!("127.0.0.1:{port}")),
                     (
                         "CORRAL_WORKSPACE_URL",
@@ -323,7 +327,10 @@ impl Deployment {
             name: "egress-proxy".to_owned(),
             command: vec![corral.display().to_string(), "egress-proxy".to_owned()],
             env: vec![
-                ("CORRAL_EGRESS_LISTEN".to_owned(), format!("127.0.0.1:{proxy_port}")),
+                (
+                    "CORRAL_EGRESS_LISTEN".to_owned(),
+                    format!("127.0.0.1:{proxy_port}"),
+                ),
                 (
                     "CORRAL_EGRESS_VERIFYING_KEY_FILE".to_owned(),
                     file("verifying-key"),
@@ -390,11 +397,7 @@ impl Deployment {
             let Ok(text) = fs::read_to_string(entry.path()) else {
                 continue;
             };
-            if let Some(pid) = text
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-            {
+            if let Some(pid) = text.split_whitespace().next().and_then(|p| p.parse().ok()) {
                 found.insert(id.to_owned(), pid);
             }
         }

@@ -76,7 +76,9 @@ pub fn inject(
     kind: &str,
     rng: &mut Rng,
 ) -> Result<(String, Healing), String> {
-    let mut d = deployment.lock().map_err(|_| "the deployment's lock is poisoned")?;
+    let mut d = deployment
+        .lock()
+        .map_err(|_| "the deployment's lock is poisoned")?;
     let replica = usize::try_from(rng.below(REPLICAS as u64)).unwrap_or(0);
     Ok(match kind {
         "kill_api" => {
@@ -144,7 +146,9 @@ pub fn inject(
 /// # Errors
 /// When the healing fails (a process does not start again).
 pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(), String> {
-    let mut d = deployment.lock().map_err(|_| "the deployment's lock is poisoned")?;
+    let mut d = deployment
+        .lock()
+        .map_err(|_| "the deployment's lock is poisoned")?;
     match healing {
         Healing::Nothing => Ok(()),
         Healing::RestartApi(replica) => d.apis[replica].restart(),

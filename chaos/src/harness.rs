@@ -46,7 +46,7 @@ pub struct Plan {
 /// something is left behind at the end.
 pub async fn run(plan: Plan) -> Result<History, String> {
     crate::hygiene::become_subreaper()?;
-    let left = crate::hygiene::leftovers(&plan.dir);
+    let left = crate::hygiene::leftovers(&plan.dir, false);
     if !left.is_empty() {
         return Err(format!(
             "an earlier run left these behind; remove them first (`corral-chaos clean --dir {}` does):\n  {}",
@@ -244,11 +244,10 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
     // The pool returns to its warm target, nothing quarantined.
     let deadline = Instant::now() + plan.recovery;
     while Instant::now() < deadline {
-        let recovered = samples
-            .lock()
-            .await
-            .last()
-            .is_some_and(|s| s.at_ns >= quiet_ns && s.warm >= pool.warm_min && s.quarantined == 0);
+        let recovered =
+            samples.lock().await.last().is_some_and(|s| {
+                s.at_ns >= quiet_ns && s.warm >= pool.warm_min && s.quarantined == 0
+            });
         if recovered {
             break;
         }

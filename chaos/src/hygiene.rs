@@ -67,11 +67,17 @@ fn marked(dir: &Path) -> BTreeSet<i32> {
         return found;
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         if let Ok(environ) = fs::read(entry.path().join("environ"))
-            && environ.split(|b| *b == 0).any(|var| var == wanted.as_bytes())
+            && environ
+                .split(|b| *b == 0)
+                .any(|var| var == wanted.as_bytes())
         {
             found.insert(pid);
         }
@@ -85,7 +91,11 @@ fn descendants() -> BTreeSet<i32> {
     let mut parents: Vec<(i32, i32)> = Vec::new();
     if let Ok(entries) = fs::read_dir("/proc") {
         for entry in entries.flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<i32>().ok())
+            else {
                 continue;
             };
             let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
@@ -142,7 +152,10 @@ fn jail_groups(controller: &str) -> Vec<PathBuf> {
             })
         })
         .unwrap_or_default();
-    let base = Path::new(CGROUP_ROOT).join(controller).join(own).join("corral");
+    let base = Path::new(CGROUP_ROOT)
+        .join(controller)
+        .join(own)
+        .join("corral");
     let Ok(entries) = fs::read_dir(&base) else {
         return Vec::new();
     };
@@ -153,11 +166,17 @@ fn jail_groups(controller: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// What is left of a run in `dir`, each as a line; empty when nothing is.
+/// What is left of a run in `dir`, each as a line; empty when nothing is. Before a run, only
+/// what carries the run's marker counts as its process (`descendants` false: a test process may
+/// have other children); after one, every descendant of the harness is its too.
 #[must_use]
-pub fn leftovers(dir: &Path) -> Vec<String> {
+pub fn leftovers(dir: &Path, descendants_too: bool) -> Vec<String> {
     let mut found = Vec::new();
-    for pid in marked(dir).union(&descendants()) {
+    let mut pids = marked(dir);
+    if descendants_too {
+        pids.extend(descendants());
+    }
+    for pid in &pids {
         let command = fs::read(format!("/proc/{pid}/cmdline"))
             .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
             .unwrap_or_default();
@@ -209,5 +228,5 @@ pub fn clean(dir: &Path) -> Vec<String> {
             let _ = fs::remove_dir(&group);
         }
     }
-    leftovers(dir)
+    leftovers(dir, true)
 }

@@ -117,7 +117,10 @@ pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
         // Nothing of the code ran.
         Some("not_run") => Answer::Refused {
             status,
-            code: body["model"]["not_run"].as_str().map(str::to_owned).or(code),
+            code: body["model"]["not_run"]
+                .as_str()
+                .map(str::to_owned)
+                .or(code),
         },
         // A refusal (`outcome: refused`): admission, the store, a lost worker; nothing of the
         // run was kept.
@@ -178,7 +181,8 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         if stream.kind == Kind::Kernel {
             body["kernel"] = json!("persistent");
         }
-        let replica = &shared.replicas[usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0)];
+        let replica =
+            &shared.replicas[usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0)];
         let start_ns = shared.clock.now();
         let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
         let end_ns = shared.clock.now();

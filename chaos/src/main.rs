@@ -151,8 +151,7 @@ fn run(options: Options) -> Result<ExitCode, String> {
         }
     })?;
     let json = serde_json::to_vec(&history).map_err(|e| e.to_string())?;
-    std::fs::write(&history_path, json)
-        .map_err(|e| format!("{}: {e}", history_path.display()))?;
+    std::fs::write(&history_path, json).map_err(|e| format!("{}: {e}", history_path.display()))?;
     println!("chaos: history in {}", history_path.display());
     let verdict = check(&history);
     report(&history, &verdict);

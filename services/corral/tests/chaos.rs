@@ -1,0 +1,176 @@
+//! The requirements under faults (issue 27): short chaos runs of this build's `corral` (the
+//! harness of `chaos/`, on real processes), each with the faults one requirement is about, each
+//! checked by the history checker and for the clause the requirement states. `just chaos` runs
+//! every fault together for longer.
+//!
+//! Needs root (the jail, the store's tmpfs) and a Valkey server; without them each test skips,
+//! which CI turns into a failure. The runs take turns: a chaos run refuses to start beside
+//! another deployment's jails.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use corral_chaos::check::{Verdict, check};
+use corral_chaos::deploy::PoolSettings;
+use corral_chaos::harness::{self, Plan};
+use corral_chaos::history::{Answer, History, Kind};
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// A chaos run of `seconds` with `faults` and `clients` (workspaces, kernels), checked; or `None`
+/// when the test skipped.
+fn chaos(
+    test: &str,
+    faults: &[&str],
+    clients: (usize, usize),
+    seconds: u64,
+) -> Option<(History, Verdict)> {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    if !corral_testkit::is_root() {
+        corral_testkit::skip(test, corral_testkit::Need::Root, "a chaos run builds jails");
+        return None;
+    }
+    if corral_store::valkey_server::find_binary().is_none() {
+        corral_testkit::skip(test, corral_testkit::Need::Services, "no valkey-server");
+        return None;
+    }
+    let plan = Plan {
+        seed: 0x00C0_FFEE ^ test.len() as u64,
+        duration: Duration::from_secs(seconds),
+        dir: PathBuf::from(format!("/var/tmp/corral-chaos-test-{test}")),
+        corral: PathBuf::from(env!("CARGO_BIN_EXE_corral")),
+        kinds: faults.iter().map(|k| (*k).to_owned()).collect(),
+        clients,
+        recovery: Duration::from_secs(90),
+        pool: PoolSettings::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let history = runtime
+        .block_on(harness::run(plan))
+        .unwrap_or_else(|e| panic!("{test}: the chaos run failed: {e}"));
+    let verdict = check(&history);
+    assert!(verdict.violations.is_empty(), "{test}:\n{verdict}");
+    // The faults were injected, and the pool came back.
+    let injected: u64 = verdict.summary.faults.values().sum();
+    assert!(injected >= 3, "{test}: {:?}", verdict.summary.faults);
+    assert!(
+        verdict.summary.final_recovery.is_some(),
+        "{test}: the pool never returned to its warm target"
+    );
+    Some((history, verdict))
+}
+
+fn succeeded(history: &History, kind: Kind) -> impl Iterator<Item = (&str, &[String])> {
+    history.ops.iter().filter_map(move |op| match &op.answer {
+        Answer::Succeeded { worker, seen, .. } if op.kind == kind => {
+            Some((worker.as_str(), seen.as_slice()))
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn pool_04_pool_08_killed_and_paused_workers_never_serve_two_holders_and_are_replaced() {
+    let test = "pool_04_pool_08_killed_and_paused_workers_never_serve_two_holders_and_are_replaced";
+    let Some((history, verdict)) = chaos(test, &["kill_worker", "pause_worker"], (3, 1), 30) else {
+        return;
+    };
+    // Both faults hit; by the checker no worker ever ran two operations at once, and after them
+    // the pool was back at its warm target with nothing quarantined.
+    for kind in ["kill_worker", "pause_worker"] {
+        assert!(
+            verdict.summary.faults.get(kind).is_some_and(|n| *n > 0),
+            "{kind}: {:?}",
+            verdict.summary.faults
+        );
+    }
+    assert!(succeeded(&history, Kind::Workspace).count() > 0);
+}
+
+#[test]
+fn pool_05_pool_11_valkey_stopped_or_cut_off_fails_admission_closed_with_a_code() {
+    let test = "pool_05_pool_11_valkey_stopped_or_cut_off_fails_admission_closed_with_a_code";
+    let Some((_, verdict)) = chaos(test, &["valkey_stop", "partition_api_valkey"], (3, 1), 30)
+    else {
+        return;
+    };
+    // The outages were answered, with coordination's codes (every refusal's code is checked).
+    let coordination: u64 = [
+        "coordination_unavailable",
+        "inventory_unavailable",
+        "ticket_lost",
+    ]
+    .iter()
+    .filter_map(|c| verdict.summary.codes.get(*c))
+    .sum();
+    assert!(coordination > 0, "{:?}", verdict.summary);
+}
+
+#[test]
+fn pool_09_pool_12_valkey_restarted_empty_or_from_its_snapshot_loses_no_kept_state() {
+    let test = "pool_09_pool_12_valkey_restarted_empty_or_from_its_snapshot_loses_no_kept_state";
+    let Some((history, _)) = chaos(
+        test,
+        &[
+            "valkey_restart_empty",
+            "valkey_restart_snapshot",
+            "kill_controller",
+        ],
+        (2, 2),
+        30,
+    ) else {
+        return;
+    };
+    // The workspaces and kernels went on growing across the restarts.
+    for kind in [Kind::Workspace, Kind::Kernel] {
+        let longest = succeeded(&history, kind).map(|(_, seen)| seen.len()).max();
+        assert!(longest.is_some_and(|n| n >= 5), "{kind:?}: {longest:?}");
+    }
+}
+
+#[test]
+fn ws_05_a_full_or_read_only_store_loses_no_succeeded_write() {
+    let test = "ws_05_a_full_or_read_only_store_loses_no_succeeded_write";
+    let Some((_, verdict)) = chaos(test, &["store_full", "store_read_only"], (4, 0), 30) else {
+        return;
+    };
+    // The store's faults were met: runs that could not keep their snapshot failed the
+    // durability check (and, by the checker, none of their writes is seen, none kept is lost).
+    assert!(
+        verdict
+            .summary
+            .codes
+            .get("workspace_storage_unavailable")
+            .is_some_and(|n| *n > 0),
+        "{:?}",
+        verdict.summary
+    );
+}
+
+#[test]
+fn ker_02_a_kernel_continues_on_another_worker_after_its_worker_or_replica_dies() {
+    let test = "ker_02_a_kernel_continues_on_another_worker_after_its_worker_or_replica_dies";
+    let Some((history, _)) = chaos(test, &["kill_worker", "kill_api", "pause_api"], (1, 3), 30)
+    else {
+        return;
+    };
+    // One kernel's cells ran on several workers, each seeing every element before it (checked).
+    let mut by_conversation: std::collections::BTreeMap<&str, std::collections::BTreeSet<&str>> =
+        std::collections::BTreeMap::new();
+    for op in &history.ops {
+        if let (Kind::Kernel, Answer::Succeeded { worker, .. }) = (op.kind, &op.answer) {
+            by_conversation
+                .entry(&op.conversation)
+                .or_default()
+                .insert(worker);
+        }
+    }
+    assert!(
+        by_conversation.values().any(|workers| workers.len() >= 2),
+        "{by_conversation:?}"
+    );
+}
