@@ -35,10 +35,10 @@ mutations:
     done
 
 # Chaos on real processes: every fault for SECONDS (150 by default; 1800 for release
-# qualification), checked from the history (`just chaos 1800 42` replays seed 42 for 30 minutes).
-chaos seconds="150" *seed:
+# qualification), checked from the history (`just chaos 1800 --seed 42` replays seed 42).
+chaos seconds="150" *args:
     cargo build --locked -p corral -p corral-chaos
-    target/debug/corral-chaos run --duration {{seconds}} {{ if seed == "" { "" } else { "--seed " + seed } }}
+    target/debug/corral-chaos run --duration {{seconds}} {{args}}
 
 # The criterion benchmarks (`just bench -- --warm-up-time 1 --measurement-time 3` for a quick run).
 bench *args:
