@@ -43,6 +43,9 @@ pub struct Verdict {
     pub summary: Summary,
 }
 
+/// The violations printed in full; the rest are counted by rule.
+const SHOWN_MAX: usize = 25;
+
 /// The longest a code may be: a code is a word for machines, not a message.
 const CODE_MAX_CHARS: usize = 64;
 
@@ -96,8 +99,19 @@ fn describe(op: &Op) -> String {
 
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for violation in &self.violations {
+        for violation in self.violations.iter().take(SHOWN_MAX) {
             writeln!(f, "VIOLATION {}: {}", violation.rule, violation.detail)?;
+        }
+        if self.violations.len() > SHOWN_MAX {
+            let mut rest: BTreeMap<&str, usize> = BTreeMap::new();
+            for violation in &self.violations[SHOWN_MAX..] {
+                *rest.entry(violation.rule).or_default() += 1;
+            }
+            writeln!(
+                f,
+                "... and {} more: {rest:?}",
+                self.violations.len() - SHOWN_MAX
+            )?;
         }
         Ok(())
     }
@@ -111,6 +125,7 @@ pub fn check(history: &History) -> Verdict {
         violations: Vec::new(),
     };
     checker.double_lease();
+    checker.ran_without_lease();
     checker.member_limit();
     checker.streams();
     checker.codes();
@@ -219,6 +234,40 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// While an operation's code ran on a worker, the pool held that worker leased to the
+    /// operation's member: a read of the pool taken wholly inside the execution that shows the
+    /// worker warm, resetting, leased to another member or leaving means it ran without its lease
+    /// (a zombie's release accepted, an expired lease's worker handed on, ...).
+    fn ran_without_lease(&mut self) {
+        let samples = &self.history.pool;
+        let mut found = Vec::new();
+        for run in self.executions() {
+            let wanted = format!("leased:{}", run.op.member);
+            let inside = samples
+                .iter()
+                .filter(|s| s.requested_ns > run.start && s.at_ns < run.end && s.requested_ns > 0);
+            for sample in inside {
+                let state = sample
+                    .workers
+                    .get(run.worker)
+                    .map_or("absent", String::as_str);
+                if state != wanted {
+                    found.push((
+                        run.op,
+                        format!(
+                            "{} was {state} in the pool read at {}..{} while this code ran on it",
+                            run.worker, sample.requested_ns, sample.at_ns
+                        ),
+                    ));
+                    break;
+                }
+            }
+        }
+        for (op, detail) in found {
+            self.violation("ran_without_lease", detail, &[op]);
+        }
+    }
+
     /// No member ever had more operations executing at once than its limit.
     fn member_limit(&mut self) {
         let limit = self.history.member_limit;
@@ -281,6 +330,8 @@ impl<'a> Checker<'a> {
                 .copied()
                 .filter(|op| matches!(op.answer, Answer::Succeeded { .. }))
                 .collect();
+            // Each lost token is reported once, at the first operation that should have seen it.
+            let mut reported: BTreeSet<&str> = BTreeSet::new();
             let (lost, repeated) = match kind {
                 Kind::Workspace => ("lost_write", "duplicate_write"),
                 Kind::Kernel => ("lost_element", "duplicate_element"),
@@ -331,7 +382,9 @@ impl<'a> Checker<'a> {
                     if before.end_ns >= reader.start_ns {
                         continue;
                     }
-                    if !positions.contains_key(before.token.as_str()) {
+                    if !positions.contains_key(before.token.as_str())
+                        && reported.insert(before.token.as_str())
+                    {
                         self.violation(
                             lost,
                             format!(

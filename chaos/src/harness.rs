@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corral_api::client::Client;
+use corral_core::pool::WorkerState;
 use corral_core::store::Loaded;
 use corral_store::ValkeyStore;
 
@@ -29,8 +30,10 @@ pub struct Plan {
     pub corral: PathBuf,
     /// The fault kinds to inject (by default every one).
     pub kinds: Vec<String>,
-    /// How many clients on workspaces and how many on kernels.
+    /// How many workspaces and how many kernels the load extends.
     pub clients: (usize, usize),
+    /// How many clients (each its own member) extend each workspace at once.
+    pub writers: usize,
     /// How long the pool has after the load to be back at its warm target.
     pub recovery: Duration,
     /// The pool's settings.
@@ -92,15 +95,33 @@ async fn sample(store: &mut Option<ValkeyStore>, url: &str, clock: &Clock) -> Op
             .ok()
             .and_then(Result::ok);
     }
+    let requested_ns = clock.now();
     let loaded = tokio::time::timeout(Duration::from_secs(1), store.as_ref()?.load()).await;
     match loaded {
         Ok(Ok(Loaded::Found { doc, .. })) => {
             let counts = doc.counts();
+            let workers = doc
+                .workers()
+                .iter()
+                .map(|(id, worker)| {
+                    let state = match &worker.state {
+                        WorkerState::Leased(lease) => format!("leased:{}", lease.member.0),
+                        WorkerState::Warm => "warm".to_owned(),
+                        WorkerState::Creating { .. } => "creating".to_owned(),
+                        WorkerState::Resetting { .. } => "resetting".to_owned(),
+                        WorkerState::Retiring(_) => "retiring".to_owned(),
+                        WorkerState::Quarantined(_) => "quarantined".to_owned(),
+                    };
+                    (id.to_string(), state)
+                })
+                .collect();
             Some(PoolSample {
+                requested_ns,
                 at_ns: clock.now(),
                 allocated: counts.allocated(),
                 warm: counts.warm,
                 quarantined: counts.quarantined,
+                workers,
             })
         }
         Ok(Ok(_)) => None,
@@ -166,17 +187,23 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
     // The clients.
     let mut clients = Vec::new();
     let (workspaces, kernels) = plan.clients;
+    let mut streams = Vec::new();
     for index in 0..workspaces + kernels {
-        let kind = if index < workspaces {
-            Kind::Workspace
+        let (kind, writers) = if index < workspaces {
+            (Kind::Workspace, plan.writers.max(1))
         } else {
-            Kind::Kernel
+            (Kind::Kernel, 1)
         };
-        let stream = Stream {
-            kind,
-            actor: format!("actor-{index}"),
-            conversation: format!("conversation-{index}"),
-        };
+        for writer in 0..writers {
+            streams.push(Stream {
+                kind,
+                actor: format!("actor-{index}"),
+                conversation: format!("conversation-{index}"),
+                member: format!("member-{index}-{writer}"),
+            });
+        }
+    }
+    for (index, stream) in streams.into_iter().enumerate() {
         clients.push(tokio::spawn(load::client(
             shared.clone(),
             index,
@@ -187,13 +214,25 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
     // The faults.
     let mut schedule = rng.fork(u64::MAX);
     let mut fault_log = Vec::new();
+    let mut bag: Vec<String> = Vec::new();
     let load_end = Instant::now() + plan.duration;
     while Instant::now() < load_end && !plan.kinds.is_empty() {
         tokio::time::sleep(Duration::from_millis(schedule.between(1_000, 4_000))).await;
         if Instant::now() >= load_end {
             break;
         }
-        let kind = schedule.pick(&plan.kinds).clone();
+        // Every kind once per round, in an order the seed shuffles: a long run has as many of
+        // each.
+        if bag.is_empty() {
+            bag = plan.kinds.clone();
+            for i in (1..bag.len()).rev() {
+                let j = usize::try_from(schedule.below(i as u64 + 1)).unwrap_or(0);
+                bag.swap(i, j);
+            }
+        }
+        let Some(kind) = bag.pop() else {
+            break;
+        };
         let lasts = faults::duration(&kind, pool.lease_ttl_seconds, &mut schedule);
         let at_ns = clock.now();
         let injected = {

@@ -1,6 +1,8 @@
 //! What the chaos run's clients record: operations, pool observations and faults, each stamped
 //! with the harness's monotonic clock (nanoseconds since the run started).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// Nanoseconds on the harness's monotonic clock. Code inside a jail reads the same clock
@@ -82,10 +84,14 @@ pub enum Answer {
     },
 }
 
-/// The pool as the harness read it from Valkey.
+/// The pool as the harness read it from Valkey, at some instant between `requested_ns` and
+/// `at_ns`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolSample {
-    /// When.
+    /// When the read was sent.
+    #[serde(default)]
+    pub requested_ns: Nanos,
+    /// When its answer arrived.
     pub at_ns: Nanos,
     /// Workers that count against the ceiling (every worker the pool holds, in any state).
     pub allocated: u32,
@@ -93,6 +99,10 @@ pub struct PoolSample {
     pub warm: u32,
     /// Workers quarantined (awaiting proof of cleanliness or deletion).
     pub quarantined: u32,
+    /// Each worker's state: `leased:<member>`, `warm`, `creating`, `resetting`, `retiring` or
+    /// `quarantined`.
+    #[serde(default)]
+    pub workers: BTreeMap<String, String>,
 }
 
 /// A fault the harness injected, and when it was over.

@@ -122,6 +122,11 @@ pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
                 .map(str::to_owned)
                 .or(code),
         },
+        // Another run saved the workspace first: the create-only save was refused, so nothing of
+        // this run was kept (WS-5).
+        Some("error") if code.as_deref() == Some("workspace_conflict") => {
+            Answer::Refused { status, code }
+        }
         // A refusal (`outcome: refused`): admission, the store, a lost worker; nothing of the
         // run was kept.
         Some("refused") => Answer::Refused { status, code },
@@ -139,15 +144,18 @@ pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
     }
 }
 
-/// One client's stream.
+/// One client's stream: the workspace or kernel it extends, as one member. Two clients may
+/// extend one workspace as two members at once (only one save of a generation may win).
 #[derive(Clone, Debug)]
 pub struct Stream {
     /// Workspace or kernel.
     pub kind: Kind,
-    /// The actor (also the member).
+    /// The actor.
     pub actor: String,
     /// The conversation.
     pub conversation: String,
+    /// The member who asks.
+    pub member: String,
 }
 
 /// What the clients share.
@@ -170,11 +178,17 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let token = format!("c{index}n{n}");
-        let pause_ms = rng.between(0, 300);
+        // Mostly short; one in twenty outlasts the lease's time to live, so that a paused
+        // holder's lease can expire while its code still runs.
+        let pause_ms = if rng.below(20) == 0 {
+            rng.between(3_000, 6_000)
+        } else {
+            rng.between(0, 300)
+        };
         let mut body = json!({
             "actor": stream.actor,
             "conversation": stream.conversation,
-            "member": stream.actor,
+            "member": stream.member,
             "language": "python",
             "code": code(stream.kind, &token, pause_ms),
         });
@@ -199,7 +213,7 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
             kind: stream.kind,
             actor: stream.actor.clone(),
             conversation: stream.conversation.clone(),
-            member: stream.actor.clone(),
+            member: stream.member.clone(),
             token,
             start_ns,
             end_ns,
@@ -259,10 +273,16 @@ mod tests {
             classify(&clock(), 200, &not_run),
             Answer::Refused { code: Some(c), .. } if c == "isolation_unavailable"
         ));
-        let failed = json!({"outcome": "error", "error": {"code": "workspace_conflict"}});
+        let conflict = json!({"outcome": "error", "error": {"code": "workspace_conflict"}});
         assert!(matches!(
-            classify(&clock(), 409, &failed),
-            Answer::Failed { code: Some(c), .. } if c == "workspace_conflict"
+            classify(&clock(), 409, &conflict),
+            Answer::Refused { code: Some(c), .. } if c == "workspace_conflict"
+        ));
+        let failed =
+            json!({"outcome": "error", "error": {"code": "workspace_storage_unavailable"}});
+        assert!(matches!(
+            classify(&clock(), 503, &failed),
+            Answer::Failed { code: Some(c), .. } if c == "workspace_storage_unavailable"
         ));
         let garbled = json!({"outcome": "succeeded", "model": {"stdout": {"text": "hello"}}});
         assert!(matches!(

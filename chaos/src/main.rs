@@ -125,7 +125,8 @@ fn run(options: Options) -> Result<ExitCode, String> {
         kinds: options
             .faults
             .unwrap_or_else(|| KINDS.iter().map(|k| (*k).to_owned()).collect()),
-        clients: (3, 2),
+        clients: (2, 2),
+        writers: 2,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
     };
@@ -211,6 +212,24 @@ fn report(history: &History, verdict: &Verdict) {
             nanos as f64 / 1e9
         ),
         None => println!("after the load: never back at the warm target"),
+    }
+    // When the first violation became evident: the latest answer among its operations.
+    let evident = verdict
+        .violations
+        .iter()
+        .filter_map(|v| {
+            v.ops
+                .iter()
+                .filter_map(|id| history.ops.iter().find(|op| op.id == *id))
+                .map(|op| op.end_ns)
+                .max()
+        })
+        .min();
+    if let Some(at) = evident {
+        println!(
+            "first violation evident {:.1} s into the load",
+            at as f64 / 1e9
+        );
     }
     println!("violations: {}", verdict.violations.len());
 }

@@ -1,6 +1,8 @@
 //! The checker's own tests: a clean history passes, and each planted violation is caught with the
 //! operations involved.
 
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::history::{Fault, PoolSample};
 
@@ -15,16 +17,20 @@ fn history(ops: Vec<Op>) -> History {
         ops,
         pool: vec![
             PoolSample {
+                requested_ns: 0,
                 at_ns: 0,
                 allocated: 2,
                 warm: 2,
                 quarantined: 0,
+                workers: BTreeMap::new(),
             },
             PoolSample {
+                requested_ns: 9_990,
                 at_ns: 10_000,
                 allocated: 3,
                 warm: 2,
                 quarantined: 0,
+                workers: BTreeMap::new(),
             },
         ],
         faults: Vec::new(),
@@ -166,10 +172,12 @@ fn ker_02_a_kernel_element_shown_twice_is_caught() {
 fn pool_04_a_planted_ceiling_breach_is_caught() {
     let mut h = history(clean());
     h.pool.push(PoolSample {
+        requested_ns: 440,
         at_ns: 450,
         allocated: 5,
         warm: 3,
         quarantined: 0,
+        workers: BTreeMap::new(),
     });
     h.pool.sort_by_key(|s| s.at_ns);
     let verdict = check(&h);
@@ -317,4 +325,45 @@ fn pool_09_a_pool_that_never_returns_to_its_warm_target_is_caught() {
         verdict.summary.longest_recovery,
         Some((8_500, "kill_worker of w-1".to_owned()))
     );
+}
+
+/// A pool read at `requested..at` showing `worker` in `state`.
+fn read(requested: u64, at: u64, worker: &str, state: &str) -> PoolSample {
+    // Op 5 (member m-c2) runs on w-1 over the same time as op 2 on w-2.
+    let mut workers = BTreeMap::from([("w-1".to_owned(), "leased:m-c2".to_owned())]);
+    workers.insert(worker.to_owned(), state.to_owned());
+    PoolSample {
+        requested_ns: requested,
+        at_ns: at,
+        allocated: 3,
+        warm: 2,
+        quarantined: 0,
+        workers,
+    }
+}
+
+#[test]
+fn pool_06_code_that_runs_on_a_worker_the_pool_gave_away_ran_without_its_lease() {
+    let mut h = history(clean());
+    // Op 2 (member m-c1) ran on w-2 over 301..399: a read inside it shows w-2 leased to it
+    // (fine), then one shows it leased to another member, one reset, and one read that began
+    // before the code started proves nothing.
+    h.pool.push(read(310, 320, "w-2", "leased:m-c1"));
+    h.pool.push(read(290, 330, "w-2", "warm"));
+    h.pool.sort_by_key(|s| s.at_ns);
+    assert!(check(&h).violations.is_empty(), "{}", check(&h));
+    h.pool.push(read(340, 350, "w-2", "leased:m-c2"));
+    h.pool.sort_by_key(|s| s.at_ns);
+    let verdict = check(&h);
+    assert_eq!(rules(&verdict), ["ran_without_lease"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [2]);
+    assert!(
+        verdict.violations[0].detail.contains("w-2 was leased:m-c2"),
+        "{verdict}"
+    );
+    // Resetting under running code is as wrong.
+    let mut h = history(clean());
+    h.pool.push(read(520, 530, "w-1", "resetting"));
+    h.pool.sort_by_key(|s| s.at_ns);
+    assert_eq!(rules(&check(&h)), ["ran_without_lease"]);
 }

@@ -267,6 +267,11 @@ pub struct Settings {
     pub prepare: PrepareSettings,
     /// How the worker builds its jails.
     pub jail: JailSettings,
+    /// `CORRAL_SIM_MUTATION`, read only by builds with the `sim-mutations` feature (never the
+    /// shipped binary, decision 0003): one pool rule broken on purpose (a
+    /// [`crate::pool::Mutation`]'s name), so that the chaos suite can prove it notices.
+    #[cfg(feature = "sim-mutations")]
+    pub sim_mutation: Option<crate::pool::Mutation>,
 }
 
 /// The live view's TURN settings (BROW-9, ISO-5), kept as given: the URL is judged by
@@ -349,6 +354,8 @@ impl Default for Settings {
                 cgroup_root: "/sys/fs/cgroup".to_owned(),
                 python_stack: "/opt/corral/python".to_owned(),
             },
+            #[cfg(feature = "sim-mutations")]
+            sim_mutation: None,
         }
     }
 }
@@ -377,6 +384,20 @@ impl Settings {
     /// The first setting, in [`SETTINGS`] order, that is malformed or out of range, else the first
     /// relation between settings that does not hold. Egress values never cause an error.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        #[cfg(feature = "sim-mutations")]
+        let sim_mutation = match lookup("CORRAL_SIM_MUTATION") {
+            None => None,
+            Some(name) => Some(
+                crate::pool::Mutation::ALL
+                    .into_iter()
+                    .find(|m| m.name() == name.trim())
+                    .ok_or(ConfigError::InvalidChoice {
+                        setting: "CORRAL_SIM_MUTATION",
+                        value: name,
+                        expected: "a corral-core pool mutation's name (corral-sim --help)",
+                    })?,
+            ),
+        };
         let r = Reader { lookup };
         let d = Self::default();
         let settings = Self {
@@ -426,6 +447,8 @@ impl Settings {
                 cgroup_root: r.path(JAIL_CGROUP_ROOT, &d.jail.cgroup_root)?,
                 python_stack: r.path(JAIL_PYTHON_STACK, &d.jail.python_stack)?,
             },
+            #[cfg(feature = "sim-mutations")]
+            sim_mutation,
         };
         settings.validate()?;
         Ok(settings)
@@ -509,7 +532,7 @@ impl Settings {
                 },
             },
             #[cfg(feature = "sim-mutations")]
-            mutation: None,
+            mutation: self.sim_mutation,
         }
     }
 }

@@ -42,6 +42,7 @@ fn chaos(
         corral: PathBuf::from(env!("CARGO_BIN_EXE_corral")),
         kinds: faults.iter().map(|k| (*k).to_owned()).collect(),
         clients,
+        writers: 2,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
     };
@@ -135,7 +136,7 @@ fn pool_09_pool_12_valkey_restarted_empty_or_from_its_snapshot_loses_no_kept_sta
 #[test]
 fn ws_05_a_full_or_read_only_store_loses_no_succeeded_write() {
     let test = "ws_05_a_full_or_read_only_store_loses_no_succeeded_write";
-    let Some((_, verdict)) = chaos(test, &["store_full", "store_read_only"], (4, 0), 30) else {
+    let Some((_, verdict)) = chaos(test, &["store_full", "store_read_only"], (2, 0), 30) else {
         return;
     };
     // The store's faults were met: runs that could not keep their snapshot failed the
