@@ -66,20 +66,23 @@ fn fill(dir: &Path) -> Result<(), String> {
     }
 }
 
-/// Injects `kind` into `deployment`, choosing its target with `rng`; returns what it hit and how
-/// to heal it.
+/// Injects `kind` into `deployment`, choosing its target with `rng` (a replica: `busiest`, the one
+/// with the most requests in flight, when there is one, so that it is hit mid-operation); returns
+/// what it hit and how to heal it.
 ///
 /// # Errors
 /// When the fault could not be injected (its target is not there).
 pub fn inject(
     deployment: &Arc<Mutex<Deployment>>,
     kind: &str,
+    busiest: Option<usize>,
     rng: &mut Rng,
 ) -> Result<(String, Healing), String> {
     let mut d = deployment
         .lock()
         .map_err(|_| "the deployment's lock is poisoned")?;
-    let replica = usize::try_from(rng.below(REPLICAS as u64)).unwrap_or(0);
+    let drawn = usize::try_from(rng.below(REPLICAS as u64)).unwrap_or(0);
+    let replica = busiest.filter(|r| *r < REPLICAS).unwrap_or(drawn);
     Ok(match kind {
         "kill_api" => {
             d.apis[replica].kill();

@@ -168,6 +168,9 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         ops: tokio::sync::Mutex::new(Vec::new()),
         stop: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
+        in_flight: (0..crate::deploy::REPLICAS)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
     });
     // The pool's sampler.
     let samples = Arc::new(tokio::sync::Mutex::new(Vec::new()));
@@ -238,9 +241,12 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         let injected = {
             let (deployment, kind) = (deployment.clone(), kind.clone());
             let mut rng = schedule.fork(at_ns);
-            tokio::task::spawn_blocking(move || faults::inject(&deployment, &kind, &mut rng))
-                .await
-                .map_err(|e| e.to_string())?
+            let busiest = shared.busiest();
+            tokio::task::spawn_blocking(move || {
+                faults::inject(&deployment, &kind, busiest, &mut rng)
+            })
+            .await
+            .map_err(|e| e.to_string())?
         };
         let (target, healing) = match injected {
             Ok(injected) => injected,

@@ -34,6 +34,9 @@ pub struct Op {
     pub member: String,
     /// The token this operation appends; unique in the history.
     pub token: String,
+    /// The API replica it was sent to (0-based).
+    #[serde(default)]
+    pub replica: usize,
     /// When the request was sent.
     pub start_ns: Nanos,
     /// When the answer (or the failure to get one) arrived.

@@ -170,6 +170,22 @@ pub struct Shared {
     pub stop: AtomicBool,
     /// The next operation id.
     pub next_id: AtomicU64,
+    /// Requests in flight per replica: faults aimed at a replica hit the busiest, mid-operation.
+    pub in_flight: Vec<AtomicU64>,
+}
+
+impl Shared {
+    /// The replica with the most requests in flight, if any has one.
+    #[must_use]
+    pub fn busiest(&self) -> Option<usize> {
+        self.in_flight
+            .iter()
+            .map(|n| n.load(Ordering::Relaxed))
+            .enumerate()
+            .filter(|(_, n)| *n > 0)
+            .max_by_key(|(_, n)| *n)
+            .map(|(index, _)| index)
+    }
 }
 
 /// Runs one client on `stream` until the load stops.
@@ -195,10 +211,12 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         if stream.kind == Kind::Kernel {
             body["kernel"] = json!("persistent");
         }
-        let replica =
-            &shared.replicas[usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0)];
+        let replica_index = usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0);
+        let replica = &shared.replicas[replica_index];
         let start_ns = shared.clock.now();
+        shared.in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
         let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
+        shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
         let end_ns = shared.clock.now();
         let answer = match answered {
             Ok(Ok((status, body))) => classify(&shared.clock, status, &body),
@@ -215,6 +233,7 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
             conversation: stream.conversation.clone(),
             member: stream.member.clone(),
             token,
+            replica: replica_index,
             start_ns,
             end_ns,
             answer,
@@ -289,6 +308,22 @@ mod tests {
             classify(&clock(), 200, &garbled),
             Answer::Failed { code: Some(c), .. } if c == "chaos_unreadable_success"
         ));
+    }
+
+    #[test]
+    fn the_busiest_replica_is_the_one_with_most_in_flight_and_none_when_idle() {
+        let shared = Shared {
+            clock: clock(),
+            replicas: Vec::new(),
+            ops: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
+        };
+        assert_eq!(shared.busiest(), None);
+        shared.in_flight[1].store(2, Ordering::Relaxed);
+        shared.in_flight[2].store(1, Ordering::Relaxed);
+        assert_eq!(shared.busiest(), Some(1));
     }
 
     #[test]

@@ -49,6 +49,7 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
         conversation: conv.to_owned(),
         member: format!("m-{conv}"),
         token: format!("t{id}"),
+        replica: 0,
         start_ns: start,
         end_ns: end,
         answer: Answer::Succeeded {
