@@ -22,6 +22,26 @@ pub const REPLICAS: usize = 3;
 /// The workspace store's size: small, so that it can be filled.
 pub const STORE_BYTES: u64 = 256 << 20;
 
+/// Where workspaces are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreKind {
+    /// A `file://` store on a tmpfs of its own, which can be filled and made read-only.
+    Local,
+    /// An S3-compatible server (moto's), which can be paused.
+    S3,
+}
+
+/// moto's S3 server, serving one request at a time so that its create-only put is atomic, as
+/// S3's is (see `services/api/tests/workspaces.rs`).
+const MOTO_SERVER: &str = "
+import moto.server as server
+run_simple = server.run_simple
+server.run_simple = lambda *args, **kwargs: run_simple(*args, **dict(kwargs, threaded=False))
+server.main(__import__('sys').argv[1:])
+";
+/// The workspaces' bucket on the S3 variant.
+const BUCKET: &str = "corral-chaos";
+
 /// The pool's settings for a chaos run.
 #[derive(Clone, Copy, Debug)]
 pub struct PoolSettings {
@@ -126,8 +146,12 @@ pub struct Deployment {
     pub caller: String,
     /// The pool's settings.
     pub pool: PoolSettings,
-    /// Where workspaces are kept (a tmpfs).
+    /// Where workspaces are kept (a tmpfs) on the local variant.
     pub store: PathBuf,
+    /// Which store.
+    pub store_kind: StoreKind,
+    /// The S3 server on the S3 variant.
+    pub s3: Option<Proc>,
 }
 
 fn free_port() -> Result<u16, String> {
@@ -175,6 +199,22 @@ fn answers_http(url: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// The status of `method path` with an empty body at `url`.
+fn request(url: &str, method: &str, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether Valkey on `port` answers PING.
 #[must_use]
 pub fn valkey_answers(port: u16) -> bool {
@@ -198,14 +238,18 @@ impl Deployment {
     ///
     /// # Errors
     /// When a part does not start or never becomes ready.
-    pub fn start(dir: &Path, corral: &Path, pool: PoolSettings) -> Result<Self, String> {
+    pub fn start(
+        dir: &Path,
+        corral: &Path,
+        pool: PoolSettings,
+        store_kind: StoreKind,
+    ) -> Result<Self, String> {
         let valkey_binary = corral_store::valkey_server::find_binary()
             .ok_or("no valkey-server (scripts/setup-services installs it)")?;
         for sub in ["valkey", "workers", "logs", "store"] {
             fs::create_dir_all(dir.join(sub)).map_err(|e| format!("{sub}: {e}"))?;
         }
         let store = dir.join("store");
-        crate::hygiene::mount_tmpfs(&store, STORE_BYTES)?;
         let caller = secret(&dir.join("api-token"))?;
         secret(&dir.join("admin-token"))?;
         secret(&dir.join("worker-token"))?;
@@ -241,9 +285,62 @@ impl Deployment {
             valkey_answers(valkey_port)
         })?;
 
+        let file = |name: &str| dir.join(name).display().to_string();
+        // The workspaces' store.
+        let mut s3 = None;
+        let store_env: Vec<(String, String)> = match store_kind {
+            StoreKind::Local => {
+                crate::hygiene::mount_tmpfs(&store, STORE_BYTES)?;
+                vec![(
+                    "CORRAL_WORKSPACE_URL".to_owned(),
+                    format!("file://{}", store.display()),
+                )]
+            }
+            StoreKind::S3 => {
+                let port = free_port()?;
+                let mut moto = Proc {
+                    name: "s3".to_owned(),
+                    command: vec![
+                        "python3".to_owned(),
+                        "-c".to_owned(),
+                        MOTO_SERVER.to_owned(),
+                        "-H".to_owned(),
+                        "127.0.0.1".to_owned(),
+                        "-p".to_owned(),
+                        port.to_string(),
+                    ],
+                    env: vec![marker.clone()],
+                    log: logs.join("s3.log"),
+                    child: None,
+                };
+                moto.start()?;
+                let url = format!("http://127.0.0.1:{port}");
+                wait_for("the S3 server", Duration::from_secs(60), || {
+                    answers_http(&url, "/").is_some()
+                })?;
+                let created = request(&url, "PUT", &format!("/{BUCKET}"))
+                    .ok_or("the S3 server did not answer the bucket's creation")?;
+                if created != 200 {
+                    return Err(format!("creating the bucket: HTTP {created}"));
+                }
+                s3 = Some(moto);
+                [
+                    ("CORRAL_WORKSPACE_URL", format!("s3://{BUCKET}/workspaces")),
+                    ("AWS_ENDPOINT", url),
+                    ("AWS_ALLOW_HTTP", "true".to_owned()),
+                    ("AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "false".to_owned()),
+                    ("AWS_REGION", "us-east-1".to_owned()),
+                    ("AWS_ACCESS_KEY_ID", "corral-chaos".to_owned()),
+                    ("AWS_SECRET_ACCESS_KEY", "corral-chaos".to_owned()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect()
+            }
+        };
+
         let proxy_port = free_port()?;
         let proxy_url = format!("http://127.0.0.1:{proxy_port}");
-        let file = |name: &str| dir.join(name).display().to_string();
         let settings: Vec<(String, String)> = [
             ("SANDBOX_WARM_POOL_MIN", pool.warm_min.to_string()),
             ("SANDBOX_POOL_TARGET_IDLE", "1".to_owned()),
@@ -287,17 +384,14 @@ impl Deployment {
                         format!("redis://127.0.0.1:{}", link.port),
                     ),
                     ("CORRAL_API_LISTEN", format!("127.0.0.1:{port}")),
-                    (
-                        "CORRAL_WORKSPACE_URL",
-                        format!("file://{}", store.display()),
-                    ),
                     ("CORRAL_WORKER_STATE_DIR", file("workers")),
                     ("CORRAL_API_TOKEN_FILE", file("api-token")),
                     ("CORRAL_ADMIN_TOKEN_FILE", file("admin-token")),
                     ("SANDBOX_PACKAGE_BROKER_URL", url.clone()),
                 ]
                 .into_iter()
-                .map(|(k, v)| (k.to_owned(), v)),
+                .map(|(k, v)| (k.to_owned(), v))
+                .chain(store_env.iter().cloned()),
             );
             let mut api = Proc {
                 name: format!("api-{index}"),
@@ -379,6 +473,8 @@ impl Deployment {
             caller,
             pool,
             store,
+            store_kind,
+            s3,
         })
     }
 
@@ -426,6 +522,9 @@ impl Deployment {
         }
         self.proxy.kill();
         self.valkey.kill();
+        if let Some(s3) = &mut self.s3 {
+            s3.kill();
+        }
         for link in &self.links {
             link.stop();
         }

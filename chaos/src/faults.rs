@@ -8,11 +8,11 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::deploy::{Deployment, REPLICAS};
+use crate::deploy::{Deployment, REPLICAS, StoreKind};
 use crate::rng::Rng;
 
 /// Every kind of fault, by its name in the report.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 13] = [
     "kill_api",
     "pause_api",
     "kill_controller",
@@ -25,7 +25,22 @@ pub const KINDS: [&str; 12] = [
     "partition_api_valkey",
     "store_full",
     "store_read_only",
+    "store_pause",
 ];
+
+/// The kinds that apply to a deployment with `store`: a local store can be filled and made
+/// read-only, an S3 server paused.
+#[must_use]
+pub fn kinds_for(store: StoreKind) -> Vec<&'static str> {
+    KINDS
+        .into_iter()
+        .filter(|kind| match *kind {
+            "store_full" | "store_read_only" => store == StoreKind::Local,
+            "store_pause" => store == StoreKind::S3,
+            _ => true,
+        })
+        .collect()
+}
 
 /// A fault in progress: how to heal it.
 pub enum Healing {
@@ -132,6 +147,17 @@ pub fn inject(
             d.links[replica].set_cut(true);
             (d.apis[replica].name.clone(), Healing::HealLink(replica))
         }
+        "store_full" | "store_read_only" if d.store_kind != StoreKind::Local => {
+            return Err(format!("{kind} is for the local store"));
+        }
+        "store_pause" => {
+            let pid =
+                d.s3.as_ref()
+                    .and_then(super::deploy::Proc::pid)
+                    .ok_or("store_pause is for the S3 store")?;
+            signal(pid, Signal::SIGSTOP)?;
+            ("S3 server".to_owned(), Healing::Resume(pid))
+        }
         "store_full" => {
             fill(&d.store)?;
             ("workspace store".to_owned(), Healing::EmptyStore)
@@ -182,7 +208,9 @@ pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(),
 pub fn duration(kind: &str, lease_ttl_seconds: u32, rng: &mut Rng) -> Duration {
     let ttl_ms = u64::from(lease_ttl_seconds) * 1_000;
     let ms = match kind {
-        "pause_api" | "pause_worker" | "valkey_stop" => rng.between(ttl_ms / 2, ttl_ms * 2),
+        "pause_api" | "pause_worker" | "valkey_stop" | "store_pause" => {
+            rng.between(ttl_ms / 2, ttl_ms * 2)
+        }
         "kill_worker" | "valkey_restart_empty" => 0,
         _ => rng.between(500, 4_000),
     };

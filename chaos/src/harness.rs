@@ -11,7 +11,7 @@ use corral_core::pool::WorkerState;
 use corral_core::store::Loaded;
 use corral_store::ValkeyStore;
 
-use crate::deploy::{Deployment, PoolSettings};
+use crate::deploy::{Deployment, PoolSettings, StoreKind};
 use crate::faults;
 use crate::history::{Fault, History, Kind, PoolSample};
 use crate::load::{self, Clock, Shared, Stream};
@@ -38,6 +38,8 @@ pub struct Plan {
     pub recovery: Duration,
     /// The pool's settings.
     pub pool: PoolSettings,
+    /// Where workspaces are kept.
+    pub store: StoreKind,
 }
 
 /// Runs `plan`, calling `on_start` once the deployment is up. The history is returned whatever
@@ -60,11 +62,12 @@ pub async fn run(plan: Plan) -> Result<History, String> {
     let _ = std::fs::remove_dir_all(&plan.dir);
     std::fs::create_dir_all(&plan.dir).map_err(|e| format!("{}: {e}", plan.dir.display()))?;
     let started = {
-        let (dir, corral, pool) = (plan.dir.clone(), plan.corral.clone(), plan.pool);
+        let (dir, corral, pool, store) =
+            (plan.dir.clone(), plan.corral.clone(), plan.pool, plan.store);
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _entered = handle.enter();
-            Deployment::start(&dir, &corral, pool)
+            Deployment::start(&dir, &corral, pool, store)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -169,6 +172,9 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         stop: AtomicBool::new(false),
         next_id: AtomicU64::new(1),
         in_flight: (0..crate::deploy::REPLICAS)
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+        long_in_flight: (0..crate::deploy::REPLICAS)
             .map(|_| AtomicU64::new(0))
             .collect(),
     });

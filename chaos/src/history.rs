@@ -43,6 +43,23 @@ pub struct Op {
     pub end_ns: Nanos,
     /// What the client was told.
     pub answer: Answer,
+    /// Where and when its code ran, when an answer other than `succeeded` still carried the line
+    /// the code printed (a succeeded answer carries it itself).
+    #[serde(default)]
+    pub ran: Option<Ran>,
+}
+
+/// Where and when an operation's code ran, as it printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ran {
+    /// The worker.
+    pub worker: String,
+    /// When the code started, on the harness's clock.
+    pub start_ns: Nanos,
+    /// When it ended.
+    pub end_ns: Nanos,
+    /// What it saw.
+    pub seen: Vec<String>,
 }
 
 /// What a client was told.

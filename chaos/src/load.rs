@@ -14,11 +14,14 @@ use corral_api::client::Client;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::history::{Answer, Kind, Op};
+use crate::history::{Answer, Kind, Op, Ran};
 use crate::rng::Rng;
 
 /// How long a client waits for one answer before recording none.
 pub const ANSWER_WAIT: Duration = Duration::from_secs(90);
+
+/// A long operation's least pause inside its code: most of the lease's time to live.
+const LONG_MS: u64 = 3_000;
 
 /// The line the code prints: `CHAOS <start> <end> <token> <token> ...`.
 const LINE: &str = "CHAOS";
@@ -82,6 +85,25 @@ pub fn code(kind: Kind, token: &str, pause_ms: u64) -> String {
     )
 }
 
+/// The line the code printed, read from an answer of any outcome: where and when the code ran,
+/// and what it saw.
+#[must_use]
+pub fn execution(clock: &Clock, body: &Value) -> Option<Ran> {
+    let stdout = body["model"]["stdout"]["text"].as_str()?;
+    let mut words = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(LINE).map(str::split_whitespace))?;
+    let worker = body["model"]["worker"].as_str()?.to_owned();
+    let start = words.next()?.parse().ok()?;
+    let end = words.next()?.parse().ok()?;
+    Some(Ran {
+        worker,
+        start_ns: clock.from_monotonic(start),
+        end_ns: clock.from_monotonic(end),
+        seen: words.map(str::to_owned).collect(),
+    })
+}
+
 /// What the answer `(status, body)` to `kind` tells, or why it tells nothing.
 #[must_use]
 pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
@@ -89,23 +111,14 @@ pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
     let outcome = body["outcome"].as_str().map(str::to_owned);
     match outcome.as_deref() {
         Some("succeeded") => {
-            let stdout = body["model"]["stdout"]["text"].as_str().unwrap_or_default();
-            let line = stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(LINE).map(str::split_whitespace));
-            let worker = body["model"]["worker"].as_str().map(str::to_owned);
-            if let (Some(mut words), Some(worker)) = (line, worker) {
-                let start = words.next().and_then(|w| w.parse().ok());
-                let end = words.next().and_then(|w| w.parse().ok());
-                if let (Some(start), Some(end)) = (start, end) {
-                    return Answer::Succeeded {
-                        worker,
-                        generation: body["model"]["workspace"]["generation"].as_u64(),
-                        seen: words.map(str::to_owned).collect(),
-                        exec_start_ns: clock.from_monotonic(start),
-                        exec_end_ns: clock.from_monotonic(end),
-                    };
-                }
+            if let Some(ran) = execution(clock, body) {
+                return Answer::Succeeded {
+                    worker: ran.worker,
+                    generation: body["model"]["workspace"]["generation"].as_u64(),
+                    seen: ran.seen,
+                    exec_start_ns: ran.start_ns,
+                    exec_end_ns: ran.end_ns,
+                };
             }
             // Succeeded, but not with what the code prints: the answer lost the code's output.
             Answer::Failed {
@@ -172,19 +185,26 @@ pub struct Shared {
     pub next_id: AtomicU64,
     /// Requests in flight per replica: faults aimed at a replica hit the busiest, mid-operation.
     pub in_flight: Vec<AtomicU64>,
+    /// Of those, the ones whose code outlasts the lease's time to live.
+    pub long_in_flight: Vec<AtomicU64>,
 }
 
 impl Shared {
-    /// The replica with the most requests in flight, if any has one.
+    /// The replica with a long operation in flight (one whose holder, paused, would wake as a
+    /// zombie with its code still running), else the one with the most requests in flight, if
+    /// any has one.
     #[must_use]
     pub fn busiest(&self) -> Option<usize> {
-        self.in_flight
-            .iter()
-            .map(|n| n.load(Ordering::Relaxed))
-            .enumerate()
-            .filter(|(_, n)| *n > 0)
-            .max_by_key(|(_, n)| *n)
-            .map(|(index, _)| index)
+        let most = |counts: &[AtomicU64]| {
+            counts
+                .iter()
+                .map(|n| n.load(Ordering::Relaxed))
+                .enumerate()
+                .filter(|(_, n)| *n > 0)
+                .max_by_key(|(_, n)| *n)
+                .map(|(index, _)| index)
+        };
+        most(&self.long_in_flight).or_else(|| most(&self.in_flight))
     }
 }
 
@@ -197,7 +217,7 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         // Mostly short; one in twenty outlasts the lease's time to live, so that a paused
         // holder's lease can expire while its code still runs.
         let pause_ms = if rng.below(20) == 0 {
-            rng.between(3_000, 6_000)
+            rng.between(LONG_MS, 2 * LONG_MS)
         } else {
             rng.between(0, 300)
         };
@@ -214,12 +234,27 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         let replica_index = usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0);
         let replica = &shared.replicas[replica_index];
         let start_ns = shared.clock.now();
+        let long = pause_ms >= LONG_MS;
         shared.in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
+        if long {
+            shared.long_in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
+        }
         let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
         shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
+        if long {
+            shared.long_in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
+        }
         let end_ns = shared.clock.now();
+        let mut ran = None;
         let answer = match answered {
-            Ok(Ok((status, body))) => classify(&shared.clock, status, &body),
+            Ok(Ok((status, body))) => {
+                let answer = classify(&shared.clock, status, &body);
+                // Code that ran but was not answered `succeeded` still ran where it says.
+                if !matches!(answer, Answer::Succeeded { .. }) {
+                    ran = execution(&shared.clock, &body);
+                }
+                answer
+            }
             Ok(Err(why)) => Answer::NoAnswer { why },
             Err(_) => Answer::NoAnswer {
                 why: format!("no answer within {ANSWER_WAIT:?}"),
@@ -234,6 +269,7 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
             member: stream.member.clone(),
             token,
             replica: replica_index,
+            ran,
             start_ns,
             end_ns,
             answer,
@@ -311,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn the_busiest_replica_is_the_one_with_most_in_flight_and_none_when_idle() {
+    fn the_busiest_replica_is_one_with_a_long_operation_else_the_most_in_flight() {
         let shared = Shared {
             clock: clock(),
             replicas: Vec::new(),
@@ -319,11 +355,14 @@ mod tests {
             stop: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
+            long_in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
         };
         assert_eq!(shared.busiest(), None);
         shared.in_flight[1].store(2, Ordering::Relaxed);
         shared.in_flight[2].store(1, Ordering::Relaxed);
         assert_eq!(shared.busiest(), Some(1));
+        shared.long_in_flight[2].store(1, Ordering::Relaxed);
+        assert_eq!(shared.busiest(), Some(2));
     }
 
     #[test]

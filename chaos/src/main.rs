@@ -1,7 +1,7 @@
 //! `corral-chaos`: chaos on real processes (issue 27).
 //!
 //! - `corral-chaos run [--seed N] [--duration SECONDS] [--faults KIND,...] [--dir DIR]
-//!   [--corral PATH] [--history FILE]`: starts a deployment of the real binaries in DIR (default
+//!   [--store local|s3] [--corral PATH] [--history FILE]`: starts a deployment of the real binaries in DIR (default
 //!   `/var/tmp/corral-chaos`), drives the load and injects faults for SECONDS (default 150) from
 //!   the seed (default: from the clock, printed), lets the pool recover, stops everything, writes
 //!   the history (default DIR.history.json), checks it and prints the report. Exit 1 on a
@@ -14,12 +14,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use corral_chaos::check::{Verdict, check};
-use corral_chaos::deploy::PoolSettings;
-use corral_chaos::faults::KINDS;
+use corral_chaos::deploy::{PoolSettings, StoreKind};
+use corral_chaos::faults::{KINDS, kinds_for};
 use corral_chaos::harness::{self, Plan};
 use corral_chaos::history::History;
 
-const USAGE: &str = "usage: corral-chaos run [--seed N] [--duration SECONDS] [--faults KIND,...] [--dir DIR] [--corral PATH] [--history FILE]
+const USAGE: &str = "usage: corral-chaos run [--seed N] [--duration SECONDS] [--faults KIND,...] [--store local|s3] [--dir DIR] [--corral PATH] [--history FILE]
        corral-chaos check HISTORY.json
        corral-chaos clean [--dir DIR]";
 const DEFAULT_DIR: &str = "/var/tmp/corral-chaos";
@@ -58,6 +58,7 @@ struct Options {
     dir: Option<PathBuf>,
     corral: Option<PathBuf>,
     history: Option<PathBuf>,
+    store: Option<StoreKind>,
 }
 
 fn options(args: &[String]) -> Result<Options, String> {
@@ -88,6 +89,13 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--dir" => options.dir = Some(PathBuf::from(value)),
             "--corral" => options.corral = Some(PathBuf::from(value)),
             "--history" => options.history = Some(PathBuf::from(value)),
+            "--store" => {
+                options.store = Some(match value.as_str() {
+                    "local" => StoreKind::Local,
+                    "s3" => StoreKind::S3,
+                    other => return Err(format!("--store {other:?}: local or s3")),
+                });
+            }
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -114,6 +122,7 @@ fn run(options: Options) -> Result<ExitCode, String> {
             % 1_000_000_007
     });
     let dir = options.dir.unwrap_or_else(|| PathBuf::from(DEFAULT_DIR));
+    let store = options.store.unwrap_or(StoreKind::Local);
     let history_path = options
         .history
         .unwrap_or_else(|| PathBuf::from(format!("{}.history.json", dir.display())));
@@ -124,11 +133,12 @@ fn run(options: Options) -> Result<ExitCode, String> {
         corral,
         kinds: options
             .faults
-            .unwrap_or_else(|| KINDS.iter().map(|k| (*k).to_owned()).collect()),
+            .unwrap_or_else(|| kinds_for(store).into_iter().map(str::to_owned).collect()),
         clients: (2, 2),
         writers: 2,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
+        store,
     };
     println!(
         "chaos: seed {seed} (replay with --seed {seed}), {} s, faults {}",

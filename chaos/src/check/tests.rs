@@ -50,6 +50,7 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
         member: format!("m-{conv}"),
         token: format!("t{id}"),
         replica: 0,
+        ran: None,
         start_ns: start,
         end_ns: end,
         answer: Answer::Succeeded {
@@ -362,9 +363,37 @@ fn pool_06_code_that_runs_on_a_worker_the_pool_gave_away_ran_without_its_lease()
         verdict.violations[0].detail.contains("w-2 was leased:m-c2"),
         "{verdict}"
     );
-    // Resetting under running code is as wrong.
+    // Resetting under running code is as wrong; quarantined (an expired lease's worker on its
+    // way out, POOL-9) is not.
     let mut h = history(clean());
-    h.pool.push(read(520, 530, "w-1", "resetting"));
+    h.pool.push(read(520, 530, "w-1", "quarantined"));
+    h.pool.sort_by_key(|s| s.at_ns);
+    assert!(check(&h).violations.is_empty(), "{}", check(&h));
+    h.pool.push(read(540, 550, "w-1", "resetting"));
     h.pool.sort_by_key(|s| s.at_ns);
     assert_eq!(rules(&check(&h)), ["ran_without_lease"]);
+}
+
+#[test]
+fn pool_05_code_that_ran_under_a_failed_answer_still_counts_for_single_tenancy() {
+    let mut ops = clean();
+    // Op 7 failed (its save was refused), but its code ran on w-1 while op 3 did.
+    let mut failed = with(
+        ok(7, Kind::Workspace, "c7", "w-1", 450, 650, &[]),
+        Answer::Failed {
+            status: 503,
+            outcome: Some("error".to_owned()),
+            code: Some("workspace_storage_unavailable".to_owned()),
+        },
+    );
+    failed.ran = Some(crate::history::Ran {
+        worker: "w-1".to_owned(),
+        start_ns: 540,
+        end_ns: 560,
+        seen: Vec::new(),
+    });
+    ops.push(failed);
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["double_lease"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [3, 7]);
 }

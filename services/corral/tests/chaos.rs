@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use corral_chaos::check::{Verdict, check};
-use corral_chaos::deploy::PoolSettings;
+use corral_chaos::deploy::{PoolSettings, StoreKind};
 use corral_chaos::harness::{self, Plan};
 use corral_chaos::history::{Answer, History, Kind};
 
@@ -26,9 +26,28 @@ fn chaos(
     clients: (usize, usize),
     seconds: u64,
 ) -> Option<(History, Verdict)> {
+    chaos_on(test, StoreKind::Local, faults, clients, seconds)
+}
+
+/// [`chaos`] with workspaces in `store`.
+fn chaos_on(
+    test: &str,
+    store: StoreKind,
+    faults: &[&str],
+    clients: (usize, usize),
+    seconds: u64,
+) -> Option<(History, Verdict)> {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     if !corral_testkit::is_root() {
         corral_testkit::skip(test, corral_testkit::Need::Root, "a chaos run builds jails");
+        return None;
+    }
+    let moto = std::process::Command::new("python3")
+        .args(["-c", "import moto.server"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if store == StoreKind::S3 && !moto {
+        corral_testkit::skip(test, corral_testkit::Need::Services, "no moto S3 server");
         return None;
     }
     if corral_store::valkey_server::find_binary().is_none() {
@@ -45,6 +64,7 @@ fn chaos(
         writers: 2,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
+        store,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -174,4 +194,32 @@ fn ker_02_a_kernel_continues_on_another_worker_after_its_worker_or_replica_dies(
         by_conversation.values().any(|workers| workers.len() >= 2),
         "{by_conversation:?}"
     );
+}
+
+#[test]
+fn ws_05_on_an_s3_store_paused_under_load_no_succeeded_write_is_lost() {
+    let test = "ws_05_on_an_s3_store_paused_under_load_no_succeeded_write_is_lost";
+    let Some((history, verdict)) = chaos_on(
+        test,
+        StoreKind::S3,
+        &["store_pause", "kill_worker", "valkey_restart_snapshot"],
+        (2, 1),
+        30,
+    ) else {
+        return;
+    };
+    assert!(
+        verdict
+            .summary
+            .faults
+            .get("store_pause")
+            .is_some_and(|n| *n > 0),
+        "{:?}",
+        verdict.summary.faults
+    );
+    // The workspaces grew on S3 across the pauses (and, by the checker, lost nothing).
+    let longest = succeeded(&history, Kind::Workspace)
+        .map(|(_, seen)| seen.len())
+        .max();
+    assert!(longest.is_some_and(|n| n >= 5), "{longest:?}");
 }
