@@ -215,23 +215,6 @@ fn request(url: &str, method: &str, path: &str) -> Option<u16> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Whether Valkey on `port` answers PING.
-#[must_use]
-pub fn valkey_answers(port: u16) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream
-        .read(&mut reply)
-        .is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
-}
-
 impl Deployment {
     /// Starts everything in `dir` (which [`crate::hygiene`] has made and checked) and waits until
     /// the pool has its warm minimum.
@@ -282,7 +265,7 @@ impl Deployment {
         };
         valkey.start()?;
         wait_for("valkey", Duration::from_secs(10), || {
-            valkey_answers(valkey_port)
+            corral_store::valkey_server::ping(valkey_port)
         })?;
 
         let file = |name: &str| dir.join(name).display().to_string();
@@ -511,7 +494,9 @@ impl Deployment {
         }
         self.valkey.start()?;
         let port = self.valkey_port;
-        wait_for("valkey", Duration::from_secs(10), || valkey_answers(port))
+        wait_for("valkey", Duration::from_secs(10), || {
+            corral_store::valkey_server::ping(port)
+        })
     }
 
     /// Stops everything it started (SIGKILL), the links too.

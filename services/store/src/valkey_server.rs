@@ -136,8 +136,9 @@ impl ValkeyServer {
     }
 }
 
-/// One `PING` over a plain socket.
-fn ping(port: u16) -> bool {
+/// Whether a server on `port` of 127.0.0.1 answers one `PING` over a plain socket.
+#[must_use]
+pub fn ping(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
