@@ -70,6 +70,7 @@ fn chaos_on(
         .enable_all()
         .build()
         .expect("a runtime");
+    let dir = plan.dir.clone();
     let history = runtime
         .block_on(harness::run(plan))
         .unwrap_or_else(|e| panic!("{test}: the chaos run failed: {e}"));
@@ -82,6 +83,8 @@ fn chaos_on(
         verdict.summary.final_recovery.is_some(),
         "{test}: the pool never returned to its warm target"
     );
+    // Its logs stay for a failing run only.
+    let _ = std::fs::remove_dir_all(&dir);
     Some((history, verdict))
 }
 
