@@ -258,19 +258,41 @@ impl<'a> Checker<'a> {
             // A lease that expired under running code leaves its worker on the way out
             // (quarantined or retiring) until its deletion is confirmed (POOL-9): that is the
             // design, not a violation. Anything else is.
-            let inside = samples
+            // The reads are in time order: start at the first sent after the code started.
+            let first = samples.partition_point(|s| s.requested_ns <= run.start);
+            let inside = samples[first..]
                 .iter()
-                .filter(|s| s.requested_ns > run.start && s.at_ns < run.end && s.requested_ns > 0);
+                .take_while(|s| s.requested_ns < run.end)
+                .filter(|s| s.at_ns < run.end);
             for sample in inside {
                 let state = sample
                     .workers
                     .get(run.worker)
                     .map_or("absent", String::as_str);
                 if state != wanted && state != "quarantined" && state != "retiring" {
+                    // Say when Valkey was restored from a snapshot just before: a rolled-back
+                    // pool document forgets the leases granted since (decision 0033).
+                    let restored = self
+                        .history
+                        .faults
+                        .iter()
+                        .filter(|f| {
+                            f.kind == "valkey_restart_snapshot" && f.healed_ns <= sample.at_ns
+                        })
+                        .map(|f| sample.at_ns - f.healed_ns)
+                        .min()
+                        .filter(|since| *since < 10_000_000_000)
+                        .map(|since| {
+                            format!(
+                                " ({:.1} s after Valkey was restored from its snapshot)",
+                                since as f64 / 1e9
+                            )
+                        })
+                        .unwrap_or_default();
                     found.push((
                         run.op,
                         format!(
-                            "{} was {state} in the pool read at {}..{} while this code ran on it",
+                            "{} was {state} in the pool read at {}..{} while this code ran on it{restored}",
                             run.worker, sample.requested_ns, sample.at_ns
                         ),
                     ));
@@ -345,8 +367,10 @@ impl<'a> Checker<'a> {
                 .copied()
                 .filter(|op| matches!(op.answer, Answer::Succeeded { .. }))
                 .collect();
-            // Each lost token is reported once, at the first operation that should have seen it.
+            // Each lost token is reported once, at the first operation that should have seen it;
+            // each reordered pair once.
             let mut reported: BTreeSet<&str> = BTreeSet::new();
+            let mut reordered: BTreeSet<(u64, u64)> = BTreeSet::new();
             let (lost, repeated) = match kind {
                 Kind::Workspace => ("lost_write", "duplicate_write"),
                 Kind::Kernel => ("lost_element", "duplicate_element"),
@@ -431,26 +455,38 @@ impl<'a> Checker<'a> {
                     }
                 }
                 // Order: of two succeeded operations one after the other, the earlier's token
-                // comes first.
-                for first in &succeeded {
-                    for second in &succeeded {
-                        if first.end_ns >= second.start_ns {
-                            continue;
+                // comes first. Swept by start time against the largest position among those
+                // already ended, so a long history is checked in n log n per reader.
+                let mut shown: Vec<(&Op, usize)> = succeeded
+                    .iter()
+                    .filter_map(|op| positions.get(op.token.as_str()).map(|p| (*op, *p)))
+                    .collect();
+                let mut by_end = shown.clone();
+                by_end.sort_by_key(|(op, _)| op.end_ns);
+                shown.sort_by_key(|(op, _)| op.start_ns);
+                let mut ended = 0;
+                let mut furthest: Option<(&Op, usize)> = None;
+                for (second, at) in shown {
+                    while let Some(&(op, position)) = by_end.get(ended)
+                        && op.end_ns < second.start_ns
+                    {
+                        if furthest.is_none_or(|(_, p)| position > p) {
+                            furthest = Some((op, position));
                         }
-                        if let (Some(a), Some(b)) = (
-                            positions.get(first.token.as_str()),
-                            positions.get(second.token.as_str()),
-                        ) && a > b
-                        {
-                            self.violation(
-                                "reordered",
-                                format!(
-                                    "{actor}/{conversation}: {} seen after {}, written the other way round",
-                                    first.token, second.token
-                                ),
-                                &[*first, *second, *reader],
-                            );
-                        }
+                        ended += 1;
+                    }
+                    if let Some((first, position)) = furthest
+                        && position > at
+                        && reordered.insert((first.id, second.id))
+                    {
+                        self.violation(
+                            "reordered",
+                            format!(
+                                "{actor}/{conversation}: {} seen after {}, written the other way round",
+                                first.token, second.token
+                            ),
+                            &[first, second, *reader],
+                        );
                     }
                 }
             }
