@@ -6,7 +6,9 @@
 //! environment the jail replaces), as descendants of the harness, which is a child subreaper so
 //! that whatever a killed parent orphans stays its descendant. Mounts are those under the run's
 //! directory; cgroups are the jail's per-run groups (`run-<supervisor pid>-…`) under the
-//! harness's own group, which the workers inherit.
+//! harness's own group, which the workers inherit: one in use (a process in it, or its
+//! supervisor alive) is another deployment's running jail or what this run left, and one unused
+//! is stale (an earlier deployment's supervisor killed before it could remove it) and is removed.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -166,6 +168,32 @@ fn jail_groups(controller: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether a jail's group is in use: it holds a process, or the supervisor whose pid its name
+/// carries (`run-<pid>-…`) is alive. An unused one is stale (its supervisor was killed before it
+/// could remove it) and is removed rather than counted.
+fn in_use(group: &Path) -> bool {
+    let holds_process = fs::read_to_string(group.join("cgroup.procs"))
+        .map_or(true, |procs| !procs.trim().is_empty());
+    let owner_alive = group
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix("run-"))
+        .and_then(|rest| rest.split('-').next())
+        .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+    holds_process || owner_alive
+}
+
+/// Removes the jails' groups nobody uses.
+pub fn remove_stale_groups() {
+    for controller in CONTROLLERS {
+        for group in jail_groups(controller) {
+            if !in_use(&group) {
+                let _ = fs::remove_dir(&group);
+            }
+        }
+    }
+}
+
 /// What is left of a run in `dir`, each as a line; empty when nothing is. Before a run, only
 /// what carries the run's marker counts as its process (`descendants` false: a test process may
 /// have other children); after one, every descendant of the harness is its too.
@@ -185,9 +213,10 @@ pub fn leftovers(dir: &Path, descendants_too: bool) -> Vec<String> {
     for point in mounts_under(dir) {
         found.push(format!("mount {}", point.display()));
     }
+    remove_stale_groups();
     for controller in CONTROLLERS {
         for group in jail_groups(controller) {
-            found.push(format!("cgroup {}", group.display()));
+            found.push(format!("cgroup {} (in use)", group.display()));
         }
     }
     found
@@ -223,10 +252,6 @@ pub fn clean(dir: &Path) -> Vec<String> {
     for point in points {
         let _ = nix::mount::umount2(&point, MntFlags::MNT_DETACH);
     }
-    for controller in CONTROLLERS {
-        for group in jail_groups(controller) {
-            let _ = fs::remove_dir(&group);
-        }
-    }
+    remove_stale_groups();
     leftovers(dir, true)
 }
