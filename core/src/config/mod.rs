@@ -360,6 +360,11 @@ impl Default for Settings {
     }
 }
 
+/// The setting a `sim-mutations` build reads to break one pool rule on purpose (decision 0033):
+/// not in [`SETTINGS`], since the shipped binary has no such setting.
+#[cfg(feature = "sim-mutations")]
+pub const SIM_MUTATION_SETTING: &str = "CORRAL_SIM_MUTATION";
+
 impl Settings {
     /// The settings a controller hands the workers it creates where they do not share its
     /// environment (kube pods): the egress proxy it was configured with, and the operator's
@@ -385,14 +390,14 @@ impl Settings {
     /// relation between settings that does not hold. Egress values never cause an error.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         #[cfg(feature = "sim-mutations")]
-        let sim_mutation = match lookup("CORRAL_SIM_MUTATION") {
+        let sim_mutation = match lookup(SIM_MUTATION_SETTING) {
             None => None,
             Some(name) => Some(
                 crate::pool::Mutation::ALL
                     .into_iter()
                     .find(|m| m.name() == name.trim())
                     .ok_or(ConfigError::InvalidChoice {
-                        setting: "CORRAL_SIM_MUTATION",
+                        setting: SIM_MUTATION_SETTING,
                         value: name,
                         expected: "a corral-core pool mutation's name (corral-sim --help)",
                     })?,
