@@ -139,58 +139,16 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// This process's group in `controller`'s hierarchy, where the workers' `corral` groups are.
+/// The jail's per-run groups in `controller`'s hierarchy, under this process's group, which the
+/// workers inherit (corral-worker's one definition of where they are).
 fn jail_groups(controller: &str) -> Vec<PathBuf> {
-    let own = fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|table| {
-            table.lines().find_map(|line| {
-                let mut fields = line.splitn(3, ':');
-                let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
-                controllers
-                    .split(',')
-                    .any(|name| name == controller)
-                    .then(|| path.trim_start_matches('/').to_owned())
-            })
-        })
-        .unwrap_or_default();
-    let base = Path::new(CGROUP_ROOT)
-        .join(controller)
-        .join(own)
-        .join("corral");
-    let Ok(entries) = fs::read_dir(&base) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
-        .map(|e| e.path())
-        .collect()
+    corral_worker::run_groups(Path::new(CGROUP_ROOT), controller)
 }
 
-/// Whether a jail's group is in use: it holds a process, or the supervisor whose pid its name
-/// carries (`run-<pid>-…`) is alive. An unused one is stale (its supervisor was killed before it
-/// could remove it) and is removed rather than counted.
-fn in_use(group: &Path) -> bool {
-    let holds_process = fs::read_to_string(group.join("cgroup.procs"))
-        .map_or(true, |procs| !procs.trim().is_empty());
-    let owner_alive = group
-        .file_name()
-        .and_then(|n| n.to_str())
-        .and_then(|n| n.strip_prefix("run-"))
-        .and_then(|rest| rest.split('-').next())
-        .is_some_and(|pid| Path::new("/proc").join(pid).exists());
-    holds_process || owner_alive
-}
-
-/// Removes the jails' groups nobody uses.
+/// Removes the jail's groups nobody uses: empty, their supervisor gone (corral-worker's rule).
 pub fn remove_stale_groups() {
     for controller in CONTROLLERS {
-        for group in jail_groups(controller) {
-            if !in_use(&group) {
-                let _ = fs::remove_dir(&group);
-            }
-        }
+        corral_worker::remove_stale_run_groups(Path::new(CGROUP_ROOT), controller);
     }
 }
 

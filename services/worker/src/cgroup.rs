@@ -84,6 +84,19 @@ pub fn probe(root: &Path, controller: &str, name: &str) -> Result<(), String> {
     fs::remove_dir(&path).map_err(|e| format!("remove {}: {e}", path.display()))
 }
 
+/// The runs' groups (`run-<supervisor pid>-…`) in `controller`'s hierarchy at `root`, as a
+/// supervisor of this process's group would make them: what a harness checks for leftovers.
+pub fn run_groups(root: &Path, controller: &str) -> Vec<PathBuf> {
+    let Ok(listing) = fs::read_dir(base(root, controller).join("corral")) else {
+        return Vec::new();
+    };
+    listing
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("run-"))
+        .map(|entry| entry.path())
+        .collect()
+}
+
 /// Removes the empty groups that supervisors which are no longer running left behind (a
 /// supervisor that crashed cannot remove its own). A group's name carries its supervisor's pid.
 pub fn remove_stale(root: &Path, controller: &str) {

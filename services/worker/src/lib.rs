@@ -58,6 +58,9 @@ pub mod archive;
 pub mod cli;
 pub mod serve;
 
+/// The jail's per-run cgroups, for a harness that must leave none behind (corral-chaos).
+pub use cgroup::{remove_stale as remove_stale_run_groups, run_groups};
+
 mod capture;
 mod cgroup;
 mod mounts;
