@@ -182,25 +182,8 @@ fn wait_for(what: &str, bound: Duration, mut ready: impl FnMut() -> bool) -> Res
     Err(format!("{what} was not ready within {bound:?}"))
 }
 
-fn answers_http(url: &str, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let address = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((status, body))
-}
-
-/// The status of `method path` with an empty body at `url`.
-fn request(url: &str, method: &str, path: &str) -> Option<u16> {
+/// `method path` with an empty body at `url`: the status and the body.
+fn request(url: &str, method: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let address = url.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(address).ok()?;
@@ -212,7 +195,9 @@ fn request(url: &str, method: &str, path: &str) -> Option<u16> {
     .ok()?;
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text);
-    text.split_whitespace().nth(1)?.parse().ok()
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
 }
 
 impl Deployment {
@@ -299,9 +284,9 @@ impl Deployment {
                 moto.start()?;
                 let url = format!("http://127.0.0.1:{port}");
                 wait_for("the S3 server", Duration::from_secs(60), || {
-                    answers_http(&url, "/").is_some()
+                    request(&url, "GET", "/").is_some()
                 })?;
-                let created = request(&url, "PUT", &format!("/{BUCKET}"))
+                let (created, _) = request(&url, "PUT", &format!("/{BUCKET}"))
                     .ok_or("the S3 server did not answer the bucket's creation")?;
                 if created != 200 {
                     return Err(format!("creating the bucket: HTTP {created}"));
@@ -390,12 +375,12 @@ impl Deployment {
         }
         for url in &api_urls {
             wait_for(url, Duration::from_secs(60), || {
-                answers_http(url, "/healthz").is_some_and(|(s, _)| s == 200)
+                request(url, "GET", "/healthz").is_some_and(|(s, _)| s == 200)
             })?;
         }
 
         // The egress proxy verifies grants with the API's key, read once into a file.
-        let key = answers_http(&api_urls[0], "/v1/egress/verifying_key")
+        let key = request(&api_urls[0], "GET", "/v1/egress/verifying_key")
             .filter(|(status, _)| *status == 200)
             .map(|(_, body)| body)
             .ok_or("the API did not give its verifying key")?;
