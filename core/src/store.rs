@@ -4,7 +4,7 @@
 //! The store holds no logic of its own: it loads the versioned document and writes a new one only
 //! if the version is unchanged. Every rule runs in [`PoolDoc::apply`](crate::pool::PoolDoc::apply).
 
-use crate::pool::{Applied, Command, PoolConfig, PoolDoc};
+use crate::pool::{Applied, Command, Mutation, PoolConfig, PoolDoc};
 use crate::time::UnixMillis;
 
 /// A document's version in the store; bumped by every successful compare-and-set.
@@ -27,6 +27,42 @@ pub enum Loaded {
     },
     /// No document: a new deployment, or the store lost its data.
     Absent,
+    /// A document written before the store last restarted (or failed over). What it says may
+    /// have been rolled back: a snapshot older than the last write, a replica that had not
+    /// received it. Nothing of it is trusted: a write replaces it with a new epoch, exactly as
+    /// if the store had come back empty, and a reader treats it as absent.
+    Outlived {
+        /// Its version.
+        version: Version,
+        /// The document, for the record only (and for the simulator's mutation that trusts it).
+        doc: PoolDoc,
+    },
+}
+
+/// The stored document a write must find: its version, of its epoch, and whether it was written
+/// before the store last restarted. A write that expects a current document never lands on an
+/// outlived one, even when its version and epoch match (a replica that remembers version V of a
+/// document restored from a snapshot that also holds V still knows nothing of what came after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Expected {
+    /// Its version.
+    pub version: Version,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Whether it was written before the store last restarted.
+    pub outlived: bool,
+}
+
+impl Expected {
+    /// The current (not outlived) document of `doc`'s epoch at `version`.
+    #[must_use]
+    pub fn current(version: Version, doc: &PoolDoc) -> Self {
+        Self {
+            version,
+            epoch: doc.epoch(),
+            outlived: false,
+        }
+    }
 }
 
 /// The outcome of a compare-and-set.
@@ -51,8 +87,13 @@ pub trait PoolStore {
     fn now(&mut self) -> Result<UnixMillis, Unavailable>;
     /// Loads the document.
     fn load(&mut self) -> Result<Loaded, Unavailable>;
-    /// Writes `doc` if the stored document is still version `expected` of `doc`'s epoch.
-    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome;
+    /// Writes `doc` if the stored document is exactly the `expected` one.
+    fn write_if(&mut self, expected: Option<Expected>, doc: &PoolDoc) -> CasOutcome;
+    /// Writes `doc` if the stored document is still the current version `expected` of `doc`'s
+    /// epoch.
+    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+        self.write_if(expected.map(|v| Expected::current(v, doc)), doc)
+    }
 }
 
 /// How a command fared through the store.
@@ -81,8 +122,8 @@ pub enum Transacted {
 /// for each outcome is written once.
 #[derive(Clone, Debug)]
 pub struct Attempt {
-    /// The version the write must find (`None`: the document must still be absent).
-    pub expected: Option<Version>,
+    /// The document the write must find (`None`: the document must still be absent).
+    pub expected: Option<Expected>,
     /// The document to write.
     pub doc: PoolDoc,
     /// What the transition produced.
@@ -93,8 +134,9 @@ pub struct Attempt {
 
 impl Attempt {
     /// Applies `command` to what a load found, at deployment time `now`. When the store holds no
-    /// document, a new one with epoch `new_epoch` is started (the caller draws it at random):
-    /// after data loss nothing of the old one is trusted.
+    /// document, or only one written before it last restarted, a new one with epoch `new_epoch`
+    /// is started (the caller draws it at random): after data loss, or a restore that may have
+    /// rolled the document back, nothing of the old one is trusted.
     #[must_use]
     pub fn prepare(
         loaded: Loaded,
@@ -145,8 +187,8 @@ impl Attempt {
 /// rules do not already face.
 #[derive(Clone, Debug)]
 pub struct Batch {
-    /// The version the write must find (`None`: the document must still be absent).
-    pub expected: Option<Version>,
+    /// The document the write must find (`None`: the document must still be absent).
+    pub expected: Option<Expected>,
     /// The document to write.
     pub doc: PoolDoc,
     /// What each command produced, in order.
@@ -166,8 +208,20 @@ impl Batch {
         new_epoch: u64,
     ) -> Self {
         let (expected, mut doc) = match loaded {
-            Loaded::Found { version, doc } => (Some(version), doc),
+            Loaded::Found { version, doc } => (Some(Expected::current(version, &doc)), doc),
             Loaded::Absent => (None, PoolDoc::new(new_epoch, now)),
+            Loaded::Outlived { version, doc } => {
+                let expected = Some(Expected {
+                    version,
+                    epoch: doc.epoch(),
+                    outlived: true,
+                });
+                if config.broken(Mutation::TrustRestored) {
+                    (expected, doc)
+                } else {
+                    (expected, PoolDoc::new(new_epoch, now))
+                }
+            }
         };
         let applied = commands
             .iter()
@@ -223,7 +277,7 @@ pub fn transact<S: PoolStore>(
             return Transacted::Unavailable;
         };
         let attempt = Attempt::prepare(loaded, now, command, config, new_epoch);
-        let outcome = store.compare_and_set(attempt.expected, &attempt.doc);
+        let outcome = store.write_if(attempt.expected, &attempt.doc);
         if let Some(done) = attempt.settle(outcome) {
             return done;
         }
@@ -231,14 +285,17 @@ pub fn transact<S: PoolStore>(
     Transacted::Contended
 }
 
-/// The store as a model: one versioned document in memory, with the two failures a real store
-/// shows that matter to the rules (unreachable; restarted with its data lost). The simulator adds
-/// its faults around it, and the store contract tests hold it and the Valkey store to the same
-/// behaviour.
+/// The store as a model: one versioned document in memory, with the failures a real store shows
+/// that matter to the rules (unreachable; restarted with its data lost; restarted from an older
+/// snapshot). The simulator adds its faults around it, and the store contract tests hold it and
+/// the Valkey store to the same behaviour.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
-    doc: Option<(Version, PoolDoc)>,
+    /// The document, its version, and the run of the store that wrote it.
+    doc: Option<(Version, PoolDoc, u64)>,
     last_version: u64,
+    /// This run of the store: every restart begins a new one.
+    run: u64,
     /// Deployment time the model answers with.
     pub now: UnixMillis,
     /// While true every request is refused as unavailable.
@@ -248,14 +305,52 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// Restarts the store empty, as a Valkey without persistence does.
     pub fn lose_data(&mut self) -> Option<PoolDoc> {
+        self.run += 1;
         self.last_version = 0;
-        self.doc.take().map(|(_, doc)| doc)
+        self.doc.take().map(|(_, doc, _)| doc)
     }
 
-    /// The stored document, if any (for ground-truth checks).
+    /// What a snapshot taken now holds.
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.doc.clone())
+    }
+
+    /// Restarts the store from `snapshot`, as a Valkey does from its last RDB file: whatever was
+    /// written since is gone, and what the snapshot holds was written by an earlier run.
+    pub fn restart_from(&mut self, snapshot: Snapshot) {
+        self.run += 1;
+        self.last_version = snapshot.0.as_ref().map_or(0, |(v, _, _)| v.0);
+        self.doc = snapshot.0;
+    }
+
+    /// The pool's current document, if any (for ground-truth checks): none when the store holds
+    /// nothing, or only a document that outlived a restart (nobody acts on it; the next write
+    /// replaces it).
     #[must_use]
     pub fn peek(&self) -> Option<&PoolDoc> {
-        self.doc.as_ref().map(|(_, doc)| doc)
+        self.doc
+            .as_ref()
+            .filter(|(_, _, run)| *run == self.run)
+            .map(|(_, doc, _)| doc)
+    }
+
+    /// The epoch of the stored document, current or outlived.
+    #[must_use]
+    pub fn stored_epoch(&self) -> Option<u64> {
+        self.doc.as_ref().map(|(_, doc, _)| doc.epoch())
+    }
+}
+
+/// What a [`MemoryStore`] held when a snapshot was taken.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot(Option<(Version, PoolDoc, u64)>);
+
+impl Snapshot {
+    /// The epoch of the document it holds, if any.
+    #[must_use]
+    pub fn epoch(&self) -> Option<u64> {
+        self.0.as_ref().map(|(_, doc, _)| doc.epoch())
     }
 }
 
@@ -273,7 +368,11 @@ impl PoolStore for MemoryStore {
             return Err(Unavailable);
         }
         Ok(match &self.doc {
-            Some((version, doc)) => Loaded::Found {
+            Some((version, doc, run)) if *run == self.run => Loaded::Found {
+                version: *version,
+                doc: doc.clone(),
+            },
+            Some((version, doc, _)) => Loaded::Outlived {
                 version: *version,
                 doc: doc.clone(),
             },
@@ -281,19 +380,24 @@ impl PoolStore for MemoryStore {
         })
     }
 
-    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+    fn write_if(&mut self, expected: Option<Expected>, doc: &PoolDoc) -> CasOutcome {
         if self.down {
             return CasOutcome::Unavailable;
         }
-        // The stored document must be the expected version of this document's epoch: versions
-        // start again after data loss, so a version alone could name a later epoch's document.
-        let current = self.doc.as_ref().map(|(v, d)| (*v, d.epoch()));
-        if current != expected.map(|v| (v, doc.epoch())) {
+        // The stored document must be exactly the expected one: versions start again after data
+        // loss, so a version alone could name a later epoch's document; and one written before a
+        // restart is only ever replaced by a write that knows it is.
+        let current = self.doc.as_ref().map(|(version, stored, run)| Expected {
+            version: *version,
+            epoch: stored.epoch(),
+            outlived: *run != self.run,
+        });
+        if current != expected {
             return CasOutcome::Conflict;
         }
-        self.last_version = expected.map_or(1, |v| v.0 + 1);
+        self.last_version = expected.map_or(1, |e| e.version.0 + 1);
         let version = Version(self.last_version);
-        self.doc = Some((version, doc.clone()));
+        self.doc = Some((version, doc.clone(), self.run));
         CasOutcome::Ok { version }
     }
 }

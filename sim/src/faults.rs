@@ -18,6 +18,9 @@ pub enum Fault {
     StoreConflict,
     /// The store restarts with its data lost.
     StoreDataLoss,
+    /// The store restarts from its last snapshot, losing the writes made since (a Valkey killed
+    /// between RDB saves, or failed over to a replica that had not received them).
+    StoreRollback,
     /// The store answers slowly, delaying whoever waits on it.
     StoreSlow,
     /// A create fails outright.
@@ -30,11 +33,14 @@ pub enum Fault {
     DeleteFails,
     /// A delete succeeds but its reply is lost.
     DeleteLostReply,
+    /// A delete times out without effect: its outcome is unknown and the worker survives.
+    DeleteUnknownSurvives,
     /// The inventory cannot be listed.
     InventoryUnavailable,
     /// A worker dies on its own.
     WorkerCrash,
-    /// A reset leaves a process behind (and says so).
+    /// A reset leaves the worker dirty, and its evidence says so in one measurement: processes,
+    /// workspace entries, scratch entries or mounts left, or one of them not measured at all.
     DirtyReset,
     /// An API replica crashes and restarts.
     ReplicaCrash,
@@ -58,18 +64,20 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault kind.
-    pub const ALL: [Fault; 22] = [
+    pub const ALL: [Fault; 24] = [
         Self::StoreOutage,
         Self::StoreLostReply,
         Self::StoreUnknownNoCommit,
         Self::StoreConflict,
         Self::StoreDataLoss,
+        Self::StoreRollback,
         Self::StoreSlow,
         Self::CreateFails,
         Self::CreateLostReply,
         Self::CreateHangs,
         Self::DeleteFails,
         Self::DeleteLostReply,
+        Self::DeleteUnknownSurvives,
         Self::InventoryUnavailable,
         Self::WorkerCrash,
         Self::DirtyReset,
@@ -91,12 +99,14 @@ impl Fault {
             Self::StoreUnknownNoCommit => "store_unknown_no_commit",
             Self::StoreConflict => "store_conflict",
             Self::StoreDataLoss => "store_data_loss",
+            Self::StoreRollback => "store_rollback",
             Self::StoreSlow => "store_slow",
             Self::CreateFails => "create_fails",
             Self::CreateLostReply => "create_lost_reply",
             Self::CreateHangs => "create_hangs",
             Self::DeleteFails => "delete_fails",
             Self::DeleteLostReply => "delete_lost_reply",
+            Self::DeleteUnknownSurvives => "delete_unknown_survives",
             Self::InventoryUnavailable => "inventory_unavailable",
             Self::WorkerCrash => "worker_crash",
             Self::DirtyReset => "dirty_reset",
@@ -116,6 +126,7 @@ impl Fault {
         match self {
             Self::StoreOutage
             | Self::StoreDataLoss
+            | Self::StoreRollback
             | Self::WorkerCrash
             | Self::ReplicaCrash
             | Self::ControllerCrash
@@ -132,7 +143,8 @@ impl Fault {
             | Self::CreateLostReply
             | Self::CreateHangs
             | Self::DeleteFails
-            | Self::DeleteLostReply => 150,
+            | Self::DeleteLostReply
+            | Self::DeleteUnknownSurvives => 150,
             Self::InventoryUnavailable | Self::DirtyReset | Self::DuplicateReport => 150,
         }
     }
@@ -225,6 +237,12 @@ pub enum Invariant {
     /// A listing older than one already reported changes nothing (it could show workers since
     /// confirmed gone).
     InventoryInOrder,
+    /// A document that outlived a store restart is never written as current: the write that
+    /// replaces it starts a new epoch.
+    RestoredDistrusted,
+    /// Burst retirement never takes the provisioned capacity below the target, and never retires
+    /// in the transition that orders a create (churn).
+    NoChurn,
     /// Without faults, every ticket is served or refused before its deadline.
     LivenessServed,
     /// Without faults, the pool returns to its target with nothing orphaned.
@@ -233,7 +251,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 27] = [
+    pub const ALL: [Invariant; 29] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -259,6 +277,8 @@ impl Invariant {
         Self::AdmissionClosed,
         Self::InventoryInOrder,
         Self::GrantedWorkerExisted,
+        Self::RestoredDistrusted,
+        Self::NoChurn,
         Self::LivenessServed,
         Self::LivenessConverged,
     ];
@@ -291,6 +311,8 @@ impl Invariant {
             Self::AdmissionClosed => "admission_closed",
             Self::InventoryInOrder => "inventory_in_order",
             Self::GrantedWorkerExisted => "granted_worker_existed",
+            Self::RestoredDistrusted => "restored_distrusted",
+            Self::NoChurn => "no_churn",
             Self::LivenessServed => "liveness_served",
             Self::LivenessConverged => "liveness_converged",
         }

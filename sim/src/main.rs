@@ -2,7 +2,10 @@
 //!
 //! `--seeds N` runs N seeds (plus every seed in `regressions.txt`), prints counts per fault kind and
 //! per invariant, and ends with `seeds: N, violations: V` (exit 1 when V > 0). `--seed S` replays
-//! one seed and prints its event trace. `--mutation NAME` breaks one rule on purpose.
+//! one seed and prints its event trace. `--mutation NAME` breaks one rule on purpose: only a
+//! violation of an invariant the mutation targets catches it (others are counted and reported,
+//! and the seed goes on). `--require-every-check` fails a run in which some invariant was never
+//! checked (CI's run: an invariant no seed exercises protects nothing).
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -14,7 +17,7 @@ mod world;
 use faults::{Fault, Invariant, Stats};
 use world::{SimMutation, World};
 
-const USAGE: &str = "usage: corral-sim [--seeds N | --seed S] [--first-seed S] [--mutation NAME] [--time-budget-seconds T] [--stop-on-first] [--quiet]";
+const USAGE: &str = "usage: corral-sim [--seeds N | --seed S] [--first-seed S] [--mutation NAME] [--time-budget-seconds T] [--stop-on-first] [--require-every-check] [--quiet]";
 
 /// The usage line and every mutation's name.
 fn usage() -> String {
@@ -32,6 +35,7 @@ struct Args {
     mutation: Option<SimMutation>,
     budget_seconds: Option<u64>,
     stop_on_first: bool,
+    require_every_check: bool,
     quiet: bool,
 }
 
@@ -43,6 +47,7 @@ fn parse_args(raw: &[String]) -> Result<Args, String> {
         mutation: None,
         budget_seconds: None,
         stop_on_first: false,
+        require_every_check: false,
         quiet: false,
     };
     let mut it = raw.iter();
@@ -72,6 +77,7 @@ fn parse_args(raw: &[String]) -> Result<Args, String> {
                 args.mutation = Some(found.ok_or_else(|| format!("unknown mutation {name:?}"))?);
             }
             "--stop-on-first" => args.stop_on_first = true,
+            "--require-every-check" => args.require_every_check = true,
             "--quiet" => args.quiet = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -138,6 +144,14 @@ fn replay(seed: u64, mutation: Option<SimMutation>) -> ExitCode {
         println!("{line}");
     }
     let violations = u64::from(report.violation.is_some());
+    if let Some(v) = &report.off_target {
+        println!(
+            "seed {seed} violated {} at {}ms (not an invariant the mutation targets): {}",
+            v.invariant.name(),
+            v.at_ms,
+            v.detail
+        );
+    }
     if let Some(v) = &report.violation {
         println!(
             "seed {seed} violated {} at {}ms: {}",
@@ -163,6 +177,7 @@ fn run_many(args: &Args) -> ExitCode {
     let mut total = Stats::default();
     let mut seeds_run: u64 = 0;
     let mut violating: u64 = 0;
+    let mut off_target: u64 = 0;
     let mut seeds: Vec<u64> = if args.mutation.is_none() {
         regression_seeds()
     } else {
@@ -181,6 +196,17 @@ fn run_many(args: &Args) -> ExitCode {
         let report = World::new(seed, args.mutation, false).run();
         seeds_run += 1;
         total.absorb(&report.stats);
+        if let Some(v) = &report.off_target {
+            off_target += 1;
+            if !args.quiet {
+                println!(
+                    "seed {seed} violated {} at {}ms, which the mutation does not target: {}",
+                    v.invariant.name(),
+                    v.at_ms,
+                    v.detail
+                );
+            }
+        }
         if let Some(v) = report.violation {
             violating += 1;
             println!(
@@ -202,9 +228,31 @@ fn run_many(args: &Args) -> ExitCode {
     if !args.quiet {
         print_stats(&total, seeds_run, elapsed, regressions);
     }
+    if let Some(mutation) = args.mutation {
+        let targets: Vec<&str> = mutation.targets().iter().map(|i| i.name()).collect();
+        println!(
+            "mutation {} targets {}; seeds with a violation of another invariant: {off_target}",
+            mutation.name(),
+            targets.join(", ")
+        );
+    }
+    let unchecked: Vec<&str> = Invariant::ALL
+        .into_iter()
+        .filter(|i| total.checks.get(i).copied().unwrap_or(0) == 0)
+        .map(Invariant::name)
+        .collect();
+    let unexercised = args.require_every_check && !unchecked.is_empty();
+    if unexercised {
+        println!(
+            "never checked in {seeds_run} seeds (each protects nothing until a seed reaches it): {}",
+            unchecked.join(", ")
+        );
+    }
     println!("seeds: {seeds_run}, violations: {violating}");
     if violating > 0 {
         ExitCode::from(1)
+    } else if unexercised {
+        ExitCode::from(3)
     } else {
         ExitCode::SUCCESS
     }

@@ -64,11 +64,22 @@ pub enum Mutation {
     /// A worker its holder discarded (a browser close the worker did not confirm, BROW-13) goes
     /// straight back to the pool instead of being removed.
     ReuseDiscarded,
+    /// A document the store kept across a restart (a snapshot, a failover) is trusted as current,
+    /// though writes made since it was saved may be gone (leases granted, workers created).
+    TrustRestored,
+    /// A delete whose outcome is unknown is taken as done: the worker is forgotten (and its
+    /// capacity freed) though it may have survived.
+    UnknownDeleteDone,
+    /// Reset evidence is judged by its surviving processes alone: a workspace, scratch or mount
+    /// measurement that is missing or nonzero passes.
+    PartialEvidence,
+    /// Burst capacity is retired one worker beyond the surplus (and re-created at once).
+    OverRetire,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 21] = [
+    pub const ALL: [Mutation; 25] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -90,6 +101,10 @@ impl Mutation {
         Self::ReviveExpired,
         Self::OldListing,
         Self::ReuseDiscarded,
+        Self::TrustRestored,
+        Self::UnknownDeleteDone,
+        Self::PartialEvidence,
+        Self::OverRetire,
     ];
 
     /// The name used on the simulator's command line.
@@ -117,6 +132,10 @@ impl Mutation {
             Self::ReviveExpired => "revive-expired",
             Self::OldListing => "old-listing",
             Self::ReuseDiscarded => "reuse-discarded",
+            Self::TrustRestored => "trust-restored",
+            Self::UnknownDeleteDone => "unknown-delete-done",
+            Self::PartialEvidence => "partial-evidence",
+            Self::OverRetire => "over-retire",
         }
     }
 }

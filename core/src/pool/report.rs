@@ -82,7 +82,19 @@ impl PoolDoc {
             }
             found.token
         };
-        match reset::judge(evidence, expected) {
+        let verdict = if config.broken(Mutation::PartialEvidence) {
+            // The broken rule: only the run's surviving processes are looked at.
+            let processes_only = ResetEvidence {
+                workspace_entries: Some(0),
+                scratch_entries: Some(0),
+                mounts_remaining: Some(0),
+                ..evidence.clone()
+            };
+            reset::judge(&processes_only, expected)
+        } else {
+            reset::judge(evidence, expected)
+        };
+        match verdict {
             Verdict::Clean => self.become_warm(worker, now, config, out),
             Verdict::Discard(unproven) => {
                 self.begin_removal(
@@ -153,6 +165,10 @@ impl PoolDoc {
         }
         match outcome {
             Outcome::Done => {
+                self.forget(worker, out);
+                self.dispatch(now, config, out);
+            }
+            Outcome::Unknown if config.broken(Mutation::UnknownDeleteDone) => {
                 self.forget(worker, out);
                 self.dispatch(now, config, out);
             }

@@ -184,7 +184,12 @@ impl PoolDoc {
             .map(|(id, w)| (w.since, *id))
             .collect();
         idle.sort();
-        for (_, id) in idle.into_iter().take(surplus as usize) {
+        let retired = if config.broken(Mutation::OverRetire) {
+            surplus + 1
+        } else {
+            surplus
+        };
+        for (_, id) in idle.into_iter().take(retired as usize) {
             self.begin_removal(id, RemovalReason::BurstShrink, None, None, now, out);
         }
     }

@@ -262,7 +262,8 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
         match call {
             StoreCall::ReadImage => Answered::Image(match self.store.load().await {
                 Ok(Loaded::Found { doc, .. }) => Ok(doc.image().cloned()),
-                Ok(Loaded::Absent) => Ok(None),
+                // A document from before Valkey restarted is not trusted: nothing is published.
+                Ok(Loaded::Absent | Loaded::Outlived { .. }) => Ok(None),
                 Err(Unavailable) => Err(Unavailable),
             }),
             StoreCall::Commit(command) => {

@@ -135,18 +135,33 @@ fn pool_05_pool_11_valkey_stopped_or_cut_off_fails_admission_closed_with_a_code(
 }
 
 #[test]
-fn pool_09_pool_12_valkey_restarted_empty_loses_no_kept_state() {
-    // Valkey restored from an older snapshot is not here: it rolls the pool document back, which
-    // the pool does not detect yet (decision 0033, "Findings").
-    let test = "pool_09_pool_12_valkey_restarted_empty_loses_no_kept_state";
-    let Some((history, _)) = chaos(
+fn pool_09_pool_12_valkey_restarted_empty_or_from_an_older_snapshot_loses_no_kept_state() {
+    // A restore from the snapshot rolls the pool document back; the pool trusts nothing of it
+    // (decision 0034), so the lease check finds no code on a worker the pool handed on.
+    let test =
+        "pool_09_pool_12_valkey_restarted_empty_or_from_an_older_snapshot_loses_no_kept_state";
+    let Some((history, verdict)) = chaos(
         test,
-        &["valkey_restart_empty", "kill_controller", "valkey_stop"],
+        &[
+            "valkey_restart_empty",
+            "valkey_restart_snapshot",
+            "kill_controller",
+            "valkey_stop",
+        ],
         (2, 2),
-        30,
+        40,
     ) else {
         return;
     };
+    assert!(
+        verdict
+            .summary
+            .faults
+            .get("valkey_restart_snapshot")
+            .is_some_and(|n| *n > 0),
+        "Valkey was restored from its snapshot: {:?}",
+        verdict.summary.faults
+    );
     // The workspaces and kernels went on growing across the restarts.
     for kind in [Kind::Workspace, Kind::Kernel] {
         let longest = succeeded(&history, kind).map(|(_, seen)| seen.len()).max();

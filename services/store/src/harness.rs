@@ -51,7 +51,7 @@ impl PaperController {
     pub async fn step(&mut self, store: &ValkeyStore, config: &PoolConfig) -> bool {
         let published = match store.load().await {
             Ok(Loaded::Found { doc, .. }) => doc.image() == Some(&self.image),
-            Ok(Loaded::Absent) => false,
+            Ok(Loaded::Absent | Loaded::Outlived { .. }) => false,
             Err(_) => return false,
         };
         if !published

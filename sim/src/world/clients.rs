@@ -195,8 +195,9 @@ impl World {
         }
         let doc = match self.load() {
             Ok(Loaded::Found { doc, .. }) => doc,
-            // The document is gone with the store's data: so is the ticket.
-            Ok(Loaded::Absent) => {
+            // The document is gone with the store's data (or outlived a restart, and its next
+            // write replaces it): so is the ticket.
+            Ok(Loaded::Absent | Loaded::Outlived { .. }) => {
                 self.finish(client);
                 return;
             }

@@ -98,7 +98,7 @@ impl World {
         match call {
             StoreCall::ReadImage => StoreAnswer::Image(match self.load() {
                 Ok(Loaded::Found { doc, .. }) => Ok(doc.image().cloned()),
-                Ok(Loaded::Absent) => Ok(None),
+                Ok(Loaded::Absent | Loaded::Outlived { .. }) => Ok(None),
                 Err(unavailable) => Err(unavailable),
             }),
             StoreCall::Commit(command) => {

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use corral_core::pool::{Applied, Command, PoolDoc};
 use corral_core::store::{
-    Attempt, CasOutcome, Loaded, MemoryStore, PoolStore, Unavailable, Version,
+    Attempt, CasOutcome, Expected, Loaded, MemoryStore, PoolStore, Snapshot, Unavailable,
 };
 use corral_core::time::UnixMillis;
 
@@ -22,6 +22,9 @@ use crate::rng::Rng;
 
 /// How many compare-and-set attempts one commit makes before it answers `None`.
 const COMMIT_ATTEMPTS: u32 = 4;
+
+/// How often the store saves a snapshot while it is written to (Valkey's `save 1 1`).
+const SNAPSHOT_EVERY_MS: u64 = 1_000;
 
 /// The faulty store.
 pub(super) struct SimStore {
@@ -33,6 +36,8 @@ pub(super) struct SimStore {
     injected: Vec<Fault>,
     /// Whether the last compare-and-set wrote, whatever its reply said.
     landed: bool,
+    /// The last snapshot saved, and when.
+    saved: (Snapshot, u64),
 }
 
 impl SimStore {
@@ -45,6 +50,7 @@ impl SimStore {
             mix,
             injected: Vec::new(),
             landed: false,
+            saved: (Snapshot::default(), 0),
         }
     }
 
@@ -62,9 +68,29 @@ impl SimStore {
         self.model.peek()
     }
 
+    /// The epoch of the stored document, current or outlived.
+    pub(super) fn stored_epoch(&self) -> Option<u64> {
+        self.model.stored_epoch()
+    }
+
     /// Restarts the store empty; returns the document it lost.
     pub(super) fn lose_data(&mut self) -> Option<PoolDoc> {
         self.model.lose_data()
+    }
+
+    /// Saves a snapshot when the last one is old enough (at most every [`SNAPSHOT_EVERY_MS`]).
+    pub(super) fn maybe_save(&mut self) {
+        if self.now_ms >= self.saved.1 + SNAPSHOT_EVERY_MS {
+            self.saved = (self.model.snapshot(), self.now_ms);
+        }
+    }
+
+    /// Restarts the store from its last snapshot: every write since is lost. Returns the epoch
+    /// of the document restored, if any.
+    pub(super) fn restart_from_snapshot(&mut self) -> Option<u64> {
+        let restored = self.saved.0.epoch();
+        self.model.restart_from(self.saved.0.clone());
+        restored
     }
 
     pub(super) fn take_injected(&mut self) -> Vec<Fault> {
@@ -83,7 +109,7 @@ impl PoolStore for SimStore {
         self.model.load()
     }
 
-    fn compare_and_set(&mut self, expected: Option<Version>, doc: &PoolDoc) -> CasOutcome {
+    fn write_if(&mut self, expected: Option<Expected>, doc: &PoolDoc) -> CasOutcome {
         self.sync();
         self.landed = false;
         if self.model.down {
@@ -97,7 +123,7 @@ impl PoolStore for SimStore {
             self.injected.push(Fault::StoreUnknownNoCommit);
             return CasOutcome::Unknown;
         }
-        let outcome = self.model.compare_and_set(expected, doc);
+        let outcome = self.model.write_if(expected, doc);
         self.landed = matches!(outcome, CasOutcome::Ok { .. });
         if self.landed && self.rng.chance(self.mix.rate(Fault::StoreLostReply)) {
             self.injected.push(Fault::StoreLostReply);
@@ -116,7 +142,7 @@ impl World {
             let now = self.store.now().ok()?;
             let loaded = self.store.load().ok()?;
             let before = match &loaded {
-                Loaded::Found { doc, .. } => Some(doc.clone()),
+                Loaded::Found { doc, .. } | Loaded::Outlived { doc, .. } => Some(doc.clone()),
                 Loaded::Absent => None,
             };
             let new_epoch = self.rng.next_u64() >> 12;
@@ -138,8 +164,27 @@ impl World {
                     return None;
                 }
             };
-            let outcome = self.store.compare_and_set(attempt.expected, &attempt.doc);
+            let outcome = self.store.write_if(attempt.expected, &attempt.doc);
+            // A document that outlived a restart is replaced by a new epoch (unless a rule is
+            // broken on purpose): the transition is from nothing, and the old epoch is lost.
+            let before = before.filter(|b| b.epoch() == attempt.doc.epoch());
             if self.store.landed {
+                if let Some(expected) = attempt.expected
+                    && expected.outlived
+                {
+                    let epoch = attempt.doc.epoch();
+                    self.check(Invariant::RestoredDistrusted, epoch != expected.epoch, || {
+                        format!(
+                            "version {} of epoch {epoch:x} outlived a store restart and was written as current",
+                            expected.version.0
+                        )
+                    });
+                }
+                if let Some(Expected { epoch, .. }) = attempt.expected
+                    && epoch != attempt.doc.epoch()
+                {
+                    self.truth.lost_epochs.entry(epoch).or_insert(self.now);
+                }
                 self.stats.transitions += 1;
                 if before.is_none() {
                     let epoch = attempt.doc.epoch();
