@@ -21,7 +21,7 @@ replay seed:
 mutations:
     #!/usr/bin/env bash
     set -uo pipefail
-    for mutation in ceiling reset-token takeover-reassign ambiguous-free fifo member-limit store-fallback stale-image stale-heartbeat stale-release discard-clean burst-linger-short burst-never-retired create-while-warm refusal-reason queue-bound create-concurrency admission-open grant-after-deadline revive-expired old-listing reuse-discarded trust-restored unknown-delete-done partial-evidence over-retire; do
+    for mutation in ceiling reset-token takeover-reassign ambiguous-free fifo member-limit store-fallback stale-image stale-heartbeat stale-release discard-clean burst-linger-short burst-never-retired create-while-warm refusal-reason queue-bound create-concurrency admission-open grant-after-deadline revive-expired old-listing reuse-discarded trust-restored unknown-delete-done partial-evidence over-retire idle-early closing-callable; do
         echo "--- mutation $mutation"
         cargo run --locked -q -p corral-sim --release -- --mutation "$mutation" --seeds 500 --stop-on-first
         status=$?

@@ -358,7 +358,9 @@ pub fn judge_call(
     let Some((record, state)) = stored else {
         return Err(CallRefusal::NotFound);
     };
-    if record.actor != actor || record.conversation != conversation || state.closing.is_some() {
+    let closing = state.closing.is_some()
+        && !crate::pool::broken_on_this_thread(crate::pool::Mutation::ClosingCallable);
+    if record.actor != actor || record.conversation != conversation || closing {
         return Err(CallRefusal::NotFound);
     }
     let Call::Act(action) = call else {
@@ -379,8 +381,13 @@ pub fn judge_call(
 /// `idle_seconds` (BROW-6); a session already closing is not reaped twice.
 #[must_use]
 pub fn is_idle(state: &SessionState, now: UnixMillis, idle_seconds: u64) -> bool {
+    let per_second = if crate::pool::broken_on_this_thread(crate::pool::Mutation::IdleEarly) {
+        100
+    } else {
+        1_000
+    };
     state.closing.is_none()
-        && now.0.saturating_sub(state.last_activity.0) >= idle_seconds.saturating_mul(1_000)
+        && now.0.saturating_sub(state.last_activity.0) >= idle_seconds.saturating_mul(per_second)
 }
 
 /// How long a claimed close may take before the claim is abandoned: the worker's close and reset,

@@ -243,6 +243,11 @@ pub enum Invariant {
     /// Burst retirement never takes the provisioned capacity below the target, and never retires
     /// in the transition that orders a create (churn).
     NoChurn,
+    /// A browser session's close is claimed by a sweep exactly when it has been idle for the
+    /// limit on the deployment clock, whatever the sweeping replica's own clock says (BROW-6).
+    IdleReapExact,
+    /// No call on a browser session reaches its worker once its close was claimed (BROW-13).
+    NoCallAfterClose,
     /// Without faults, every ticket is served or refused before its deadline.
     LivenessServed,
     /// Without faults, the pool returns to its target with nothing orphaned.
@@ -251,7 +256,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 29] = [
+    pub const ALL: [Invariant; 31] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -279,6 +284,8 @@ impl Invariant {
         Self::GrantedWorkerExisted,
         Self::RestoredDistrusted,
         Self::NoChurn,
+        Self::IdleReapExact,
+        Self::NoCallAfterClose,
         Self::LivenessServed,
         Self::LivenessConverged,
     ];
@@ -313,6 +320,8 @@ impl Invariant {
             Self::GrantedWorkerExisted => "granted_worker_existed",
             Self::RestoredDistrusted => "restored_distrusted",
             Self::NoChurn => "no_churn",
+            Self::IdleReapExact => "idle_reap_exact",
+            Self::NoCallAfterClose => "no_call_after_close",
             Self::LivenessServed => "liveness_served",
             Self::LivenessConverged => "liveness_converged",
         }

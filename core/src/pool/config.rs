@@ -75,11 +75,15 @@ pub enum Mutation {
     PartialEvidence,
     /// Burst capacity is retired one worker beyond the surplus (and re-created at once).
     OverRetire,
+    /// A browser session counts as idle after a tenth of its idle limit (a unit slip).
+    IdleEarly,
+    /// A call on a browser session whose close was claimed still reaches its worker.
+    ClosingCallable,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 25] = [
+    pub const ALL: [Mutation; 27] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -105,6 +109,8 @@ impl Mutation {
         Self::UnknownDeleteDone,
         Self::PartialEvidence,
         Self::OverRetire,
+        Self::IdleEarly,
+        Self::ClosingCallable,
     ];
 
     /// The name used on the simulator's command line.
@@ -136,8 +142,39 @@ impl Mutation {
             Self::UnknownDeleteDone => "unknown-delete-done",
             Self::PartialEvidence => "partial-evidence",
             Self::OverRetire => "over-retire",
+            Self::IdleEarly => "idle-early",
+            Self::ClosingCallable => "closing-callable",
         }
     }
+}
+
+#[cfg(feature = "sim-mutations")]
+thread_local! {
+    static BROKEN_ON_THIS_THREAD: std::cell::Cell<Option<Mutation>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether `rule` is broken on purpose, for a rule with no [`PoolConfig`] at hand (a browser
+/// session's): the mutation this thread runs under ([`break_on_this_thread`]). Always false in a
+/// build without the `sim-mutations` feature.
+#[must_use]
+pub fn broken_on_this_thread(rule: Mutation) -> bool {
+    #[cfg(feature = "sim-mutations")]
+    {
+        BROKEN_ON_THIS_THREAD.get() == Some(rule)
+    }
+    #[cfg(not(feature = "sim-mutations"))]
+    {
+        let _ = rule;
+        false
+    }
+}
+
+/// Breaks `mutation` (or nothing) for the rules this thread applies with no [`PoolConfig`] at
+/// hand (the simulator runs one world per thread at a time).
+#[cfg(feature = "sim-mutations")]
+pub fn break_on_this_thread(mutation: Option<Mutation>) {
+    BROKEN_ON_THIS_THREAD.set(mutation);
 }
 
 /// The pool's limits (POOL-1, POOL-2, POOL-3, POOL-6) and the timeouts that bound unknown outcomes.

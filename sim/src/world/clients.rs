@@ -29,11 +29,7 @@ impl World {
             self.rng.range(20, 3_000)
         };
         // A browser session left idle holds its worker until the idle limit reaps it (BROW-6).
-        let run_ms = if browser && self.rng.chance(300) {
-            run_ms + super::BROWSER_IDLE_MS
-        } else {
-            run_ms
-        };
+        let idles = browser && self.rng.chance(300);
         let wait_ms = self.rng.range(500, self.config.acquire_wait_ms + 5_000);
         let ticket = TicketId(self.rng.next_u64());
         self.clients.insert(
@@ -50,6 +46,7 @@ impl World {
                 ticket,
                 wait_ms,
                 run_ms,
+                idles,
                 arrived_at: self.now + gap,
                 in_liveness: self.liveness,
                 state: ClientState::Arriving,
@@ -277,7 +274,8 @@ impl World {
         let Some(c) = self.clients.get(&client) else {
             return;
         };
-        let (ticket, member, run_ms) = (c.ticket, c.member.clone(), c.run_ms);
+        let (ticket, member, run_ms, idles) = (c.ticket, c.member.clone(), c.run_ms, c.idles);
+        let browser = c.namespace == LeaseNamespace::Browser;
         let holds = self.holder_holds(client);
         if source == GrantSource::Store && (self.client_ok(client).is_none() || !holds) {
             // The replica is gone, or the lease was lost before the code was sent: nothing runs.
@@ -343,8 +341,11 @@ impl World {
             truth.tenant = Some(client);
             truth.dirty = true;
         }
-        let _ = token;
-        self.schedule(run_ms, Ev::RunEnd { client, worker });
+        if browser {
+            self.open_session(client, worker, token, run_ms, idles);
+        } else {
+            self.schedule(run_ms, Ev::RunEnd { client, worker });
+        }
     }
 
     /// The code finished on the worker (or died with it). The worker's side happens now; the
@@ -359,6 +360,9 @@ impl World {
             .get(&client)
             .is_some_and(|c| c.namespace == LeaseNamespace::Browser);
         let unconfirmed = browser && self.rng.chance(200);
+        if browser {
+            self.session_ended(client);
+        }
         let mut died = true;
         if let Some(truth) = self.workers.get_mut(&worker)
             && truth.tenant == Some(client)

@@ -32,6 +32,7 @@ use crate::faults::{Fault, FaultMix, Invariant, Stats};
 use crate::rng::Rng;
 
 mod backend;
+mod browser;
 mod chaos;
 mod checks;
 mod clients;
@@ -155,6 +156,14 @@ enum Ev {
         token: OpToken,
         granted_at: UnixMillis,
         source: GrantSource,
+    },
+    /// A browser session's agent calls it.
+    BrowserAct {
+        client: u64,
+    },
+    /// A replica sweeps for idle browser sessions.
+    BrowserSweep {
+        replica: usize,
     },
     /// The code finished on the worker (the worker's side: never deferred).
     RunEnd {
@@ -280,6 +289,8 @@ struct Client {
     ticket: TicketId,
     wait_ms: u64,
     run_ms: u64,
+    /// A browser session's agent leaves it idle past the limit (BROW-6), then may come back.
+    idles: bool,
     arrived_at: u64,
     in_liveness: bool,
     state: ClientState,
@@ -335,6 +346,8 @@ pub struct World {
     controller: Controller,
     releases: u64,
     clients: BTreeMap<u64, Client>,
+    /// Browser sessions as the deployment's store holds them, by client.
+    sessions: BTreeMap<u64, browser::SimSession>,
     next_client: u64,
     members: u64,
     arrival_gap_ms: u64,
@@ -362,6 +375,8 @@ impl World {
             Some(SimMutation::StoreFallback) | None => None,
         };
         let config = draw_config(&mut knobs, core_mutation);
+        // The browser session's rules take no pool configuration: they read this thread's.
+        corral_core::pool::break_on_this_thread(core_mutation);
         let mix = FaultMix::draw(&mut rng.child());
         let store = SimStore::new(rng.child(), mix.clone());
         let replicas = (0..knobs.range(1, 3))
@@ -412,6 +427,7 @@ impl World {
             },
             releases: 0,
             clients: BTreeMap::new(),
+            sessions: BTreeMap::new(),
             next_client: 0,
             members,
             arrival_gap_ms,
@@ -437,6 +453,9 @@ impl World {
         world.end_ms = start + SAFETY_MS + liveness_ms;
         world.drive_controller();
         world.schedule(10, Ev::Chaos);
+        for replica in 0..world.replicas.len() {
+            world.schedule(browser::BROWSER_SWEEP_MS, Ev::BrowserSweep { replica });
+        }
         world.schedule(SAFETY_MS, Ev::Liveness);
         world.schedule_arrival();
         world
@@ -592,6 +611,13 @@ impl World {
                 }
             }
             Ev::RunEnd { client, worker } => self.run_end(client, worker),
+            Ev::BrowserAct { client } => {
+                let ev = Ev::BrowserAct { client };
+                if !self.defer_for_client(client, &ev) {
+                    self.browser_act(client);
+                }
+            }
+            Ev::BrowserSweep { replica } => self.browser_sweep(replica),
             Ev::RunEnded {
                 client,
                 worker,
@@ -743,6 +769,8 @@ impl SimMutation {
                 Mutation::UnknownDeleteDone => &[I::AmbiguousCounted],
                 Mutation::PartialEvidence => &[I::WarmIsClean, I::CleanHandoff],
                 Mutation::OverRetire => &[I::NoChurn],
+                Mutation::IdleEarly => &[I::IdleReapExact],
+                Mutation::ClosingCallable => &[I::NoCallAfterClose],
             },
         }
     }
