@@ -152,6 +152,9 @@ pub struct Deployment {
     pub store_kind: StoreKind,
     /// The S3 server on the S3 variant.
     pub s3: Option<Proc>,
+    /// Each replica's clock file ([`crate::clock`]); empty when the clock shim could not be built
+    /// (no C compiler), and then no clock is stepped.
+    pub clock_files: Vec<PathBuf>,
 }
 
 fn free_port() -> Result<u16, String> {
@@ -340,6 +343,10 @@ impl Deployment {
         let mut links = Vec::new();
         let mut apis = Vec::new();
         let mut api_urls = Vec::new();
+        let shim = crate::clock::build_shim(dir)
+            .inspect_err(|why| println!("chaos: no clock steps: {why}"))
+            .ok();
+        let mut clock_files = Vec::new();
         for index in 1..=REPLICAS {
             let link = Link::start(valkey_port)?;
             let port = free_port()?;
@@ -361,6 +368,16 @@ impl Deployment {
                 .map(|(k, v)| (k.to_owned(), v))
                 .chain(store_env.iter().cloned()),
             );
+            if let Some(shim) = &shim {
+                let clock = dir.join(format!("clock-api-{index}"));
+                crate::clock::step(&clock, 0)?;
+                env.push(("LD_PRELOAD".to_owned(), shim.display().to_string()));
+                env.push((
+                    crate::clock::CLOCK_FILE.to_owned(),
+                    clock.display().to_string(),
+                ));
+                clock_files.push(clock);
+            }
             let mut api = Proc {
                 name: format!("api-{index}"),
                 command: vec![corral.display().to_string(), "api".to_owned()],
@@ -443,6 +460,7 @@ impl Deployment {
             store,
             store_kind,
             s3,
+            clock_files,
         })
     }
 

@@ -12,7 +12,7 @@ use crate::deploy::{Deployment, REPLICAS, StoreKind};
 use crate::rng::Rng;
 
 /// Every kind of fault, by its name in the report.
-pub const KINDS: [&str; 13] = [
+pub const KINDS: [&str; 14] = [
     "kill_api",
     "pause_api",
     "kill_controller",
@@ -23,6 +23,7 @@ pub const KINDS: [&str; 13] = [
     "valkey_restart_empty",
     "valkey_restart_snapshot",
     "partition_api_valkey",
+    "clock_step",
     "store_full",
     "store_read_only",
     "store_pause",
@@ -62,6 +63,8 @@ pub enum Healing {
     EmptyStore,
     /// Make the store writable again.
     StoreWritable,
+    /// Step this replica's clock back to the true time.
+    ClockBack(usize),
 }
 
 fn signal(pid: i32, signal: Signal) -> Result<(), String> {
@@ -147,6 +150,20 @@ pub fn inject(
             d.links[replica].set_cut(true);
             (d.apis[replica].name.clone(), Healing::HealLink(replica))
         }
+        "clock_step" => {
+            let file = d
+                .clock_files
+                .get(replica)
+                .ok_or("no clock shim (no C compiler)")?;
+            let magnitude = rng.between(crate::clock::STEP_MIN_MS, crate::clock::STEP_MAX_MS);
+            let offset = i64::try_from(magnitude).unwrap_or(0);
+            let offset = if rng.below(2) == 0 { offset } else { -offset };
+            crate::clock::step(file, offset)?;
+            (
+                format!("{} by {offset} ms", d.apis[replica].name),
+                Healing::ClockBack(replica),
+            )
+        }
         "store_full" | "store_read_only" if d.store_kind != StoreKind::Local => {
             return Err(format!("{kind} is for the local store"));
         }
@@ -199,6 +216,10 @@ pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(),
         Healing::EmptyStore => std::fs::remove_file(d.store.join(".chaos-ballast"))
             .map_err(|e| format!("remove the ballast: {e}")),
         Healing::StoreWritable => crate::hygiene::remount(&d.store, false),
+        Healing::ClockBack(replica) => d
+            .clock_files
+            .get(replica)
+            .map_or(Ok(()), |file| crate::clock::step(file, 0)),
     }
 }
 

@@ -8,6 +8,7 @@
 //! leaves nothing behind ([`hygiene`]).
 
 pub mod check;
+pub mod clock;
 pub mod deploy;
 pub mod faults;
 pub mod harness;

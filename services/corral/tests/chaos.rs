@@ -88,6 +88,17 @@ fn chaos_on(
     Some((history, verdict))
 }
 
+/// Each of `kinds` was injected at least once.
+fn assert_injected(verdict: &Verdict, kinds: &[&str]) {
+    for kind in kinds {
+        assert!(
+            verdict.summary.faults.get(*kind).is_some_and(|n| *n > 0),
+            "{kind} was injected: {:?}",
+            verdict.summary.faults
+        );
+    }
+}
+
 fn succeeded(history: &History, kind: Kind) -> impl Iterator<Item = (&str, &[String])> {
     history.ops.iter().filter_map(move |op| match &op.answer {
         Answer::Succeeded { worker, seen, .. } if op.kind == kind => {
@@ -105,13 +116,7 @@ fn pool_04_pool_08_killed_and_paused_workers_never_serve_two_holders_and_are_rep
     };
     // Both faults hit; by the checker no worker ever ran two operations at once, and after them
     // the pool was back at its warm target with nothing quarantined.
-    for kind in ["kill_worker", "pause_worker"] {
-        assert!(
-            verdict.summary.faults.get(kind).is_some_and(|n| *n > 0),
-            "{kind}: {:?}",
-            verdict.summary.faults
-        );
-    }
+    assert_injected(&verdict, &["kill_worker", "pause_worker"]);
     assert!(succeeded(&history, Kind::Workspace).count() > 0);
 }
 
@@ -153,20 +158,28 @@ fn pool_09_pool_12_valkey_restarted_empty_or_from_an_older_snapshot_loses_no_kep
     ) else {
         return;
     };
-    assert!(
-        verdict
-            .summary
-            .faults
-            .get("valkey_restart_snapshot")
-            .is_some_and(|n| *n > 0),
-        "Valkey was restored from its snapshot: {:?}",
-        verdict.summary.faults
-    );
+    assert_injected(&verdict, &["valkey_restart_snapshot"]);
     // The workspaces and kernels went on growing across the restarts.
     for kind in [Kind::Workspace, Kind::Kernel] {
         let longest = succeeded(&history, kind).map(|(_, seen)| seen.len()).max();
         assert!(longest.is_some_and(|n| n >= 5), "{kind:?}: {longest:?}");
     }
+}
+
+#[test]
+fn pool_05_pool_06_a_replica_whose_wall_clock_steps_leases_nothing_wrongly() {
+    // Deployment time is Valkey's: a replica whose own clock jumps by up to two thirds of the
+    // grant's skew bound, either way, neither grants, renews nor takes over on its own clock.
+    let test = "pool_05_pool_06_a_replica_whose_wall_clock_steps_leases_nothing_wrongly";
+    let Some((_, verdict)) = chaos(
+        test,
+        &["clock_step", "pause_api", "kill_worker"],
+        (2, 1),
+        30,
+    ) else {
+        return;
+    };
+    assert_injected(&verdict, &["clock_step"]);
 }
 
 #[test]
@@ -224,15 +237,7 @@ fn ws_05_on_an_s3_store_paused_under_load_no_succeeded_write_is_lost() {
     ) else {
         return;
     };
-    assert!(
-        verdict
-            .summary
-            .faults
-            .get("store_pause")
-            .is_some_and(|n| *n > 0),
-        "{:?}",
-        verdict.summary.faults
-    );
+    assert_injected(&verdict, &["store_pause"]);
     // The workspaces grew on S3 across the pauses (and, by the checker, lost nothing).
     let longest = succeeded(&history, Kind::Workspace)
         .map(|(_, seen)| seen.len())
