@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
+use corral_core::ids::WorkerId;
 use corral_core::run::outcome::Outcome;
 
 use crate::history::{Answer, History, Kind, Nanos, Op};
@@ -257,7 +258,11 @@ impl<'a> Checker<'a> {
             let wanted = format!("leased:{}", run.op.member);
             // A lease that expired under running code leaves its worker on the way out
             // (quarantined or retiring) until its deletion is confirmed (POOL-9): that is the
-            // design, not a violation. Anything else is.
+            // design, not a violation. So is a worker absent from a pool of another epoch: the
+            // pool lost (or, restored from an older snapshot, distrusted) the document that
+            // leased it, its lease ended with that epoch, and no grant of a later epoch can
+            // name it (decision 0034); it is deleted as an orphan. Anything else is a violation.
+            let worker_epoch = WorkerId::parse(run.worker).map(|id| id.epoch);
             // The reads are in time order: start at the first sent after the code started.
             let first = samples.partition_point(|s| s.requested_ns <= run.start);
             let inside = samples[first..]
@@ -269,7 +274,11 @@ impl<'a> Checker<'a> {
                     .workers
                     .get(run.worker)
                     .map_or("absent", String::as_str);
-                if state != wanted && state != "quarantined" && state != "retiring" {
+                let orphaned = state == "absent"
+                    && sample.epoch.is_some()
+                    && worker_epoch.is_some()
+                    && sample.epoch != worker_epoch;
+                if state != wanted && state != "quarantined" && state != "retiring" && !orphaned {
                     // Say when Valkey was restored from a snapshot just before: a rolled-back
                     // pool document forgets the leases granted since (decision 0033).
                     let restored = self

@@ -125,6 +125,7 @@ async fn sample(store: &mut Option<ValkeyStore>, url: &str, clock: &Clock) -> Op
                 warm: counts.warm,
                 quarantined: counts.quarantined,
                 workers,
+                epoch: Some(doc.epoch()),
             })
         }
         Ok(Ok(_)) => None,

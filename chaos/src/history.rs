@@ -123,6 +123,9 @@ pub struct PoolSample {
     /// `quarantined`.
     #[serde(default)]
     pub workers: BTreeMap<String, String>,
+    /// The epoch of the pool document read (`None` in histories recorded before it was kept).
+    #[serde(default)]
+    pub epoch: Option<u64>,
 }
 
 /// A fault the harness injected, and when it was over.

@@ -23,6 +23,7 @@ fn history(ops: Vec<Op>) -> History {
                 warm: 2,
                 quarantined: 0,
                 workers: BTreeMap::new(),
+                epoch: None,
             },
             PoolSample {
                 requested_ns: 9_990,
@@ -31,6 +32,7 @@ fn history(ops: Vec<Op>) -> History {
                 warm: 2,
                 quarantined: 0,
                 workers: BTreeMap::new(),
+                epoch: None,
             },
         ],
         faults: Vec::new(),
@@ -180,6 +182,7 @@ fn pool_04_a_planted_ceiling_breach_is_caught() {
         warm: 3,
         quarantined: 0,
         workers: BTreeMap::new(),
+        epoch: None,
     });
     h.pool.sort_by_key(|s| s.at_ns);
     let verdict = check(&h);
@@ -341,6 +344,7 @@ fn read(requested: u64, at: u64, worker: &str, state: &str) -> PoolSample {
         warm: 2,
         quarantined: 0,
         workers,
+        epoch: None,
     }
 }
 
@@ -370,6 +374,43 @@ fn pool_06_code_that_runs_on_a_worker_the_pool_gave_away_ran_without_its_lease()
     h.pool.sort_by_key(|s| s.at_ns);
     assert!(check(&h).violations.is_empty(), "{}", check(&h));
     h.pool.push(read(540, 550, "w-1", "resetting"));
+    h.pool.sort_by_key(|s| s.at_ns);
+    assert_eq!(rules(&check(&h)), ["ran_without_lease"]);
+}
+
+/// Code that runs on in a worker of an epoch the pool no longer holds (Valkey came back empty, or
+/// from a snapshot the pool does not trust) ran under a lease that ended with its epoch: its
+/// worker is absent from the new pool and can be granted to no one. The same worker absent from a
+/// pool of its own epoch is a lease the pool forgot.
+#[test]
+fn pool_09_a_worker_absent_from_a_later_epoch_is_an_orphan_not_a_forgotten_lease() {
+    let epoch_of = |id: &str| corral_core::ids::WorkerId::parse(id).map(|w| w.epoch);
+    let old = "w-aa-1";
+    assert_eq!(epoch_of(old), Some(0xaa));
+    // The clean history, with w-1 of epoch aa.
+    let ops = vec![
+        ok(1, Kind::Workspace, "c1", old, 100, 200, &[]),
+        ok(2, Kind::Workspace, "c1", "w-2", 300, 400, &["t1"]),
+        ok(3, Kind::Workspace, "c1", old, 500, 600, &["t1", "t2"]),
+        ok(4, Kind::Kernel, "c2", "w-2", 100, 200, &[]),
+        ok(5, Kind::Kernel, "c2", old, 300, 400, &["t4"]),
+        ok(6, Kind::Kernel, "c2", "w-2", 700, 800, &["t4", "t5"]),
+    ];
+    let absent_from = |epoch: u64| PoolSample {
+        requested_ns: 520,
+        at_ns: 530,
+        allocated: 0,
+        warm: 0,
+        quarantined: 0,
+        workers: BTreeMap::new(),
+        epoch: Some(epoch),
+    };
+    let mut h = history(ops.clone());
+    h.pool.push(absent_from(0xbb));
+    h.pool.sort_by_key(|s| s.at_ns);
+    assert!(check(&h).violations.is_empty(), "{}", check(&h));
+    let mut h = history(ops);
+    h.pool.push(absent_from(0xaa));
     h.pool.sort_by_key(|s| s.at_ns);
     assert_eq!(rules(&check(&h)), ["ran_without_lease"]);
 }
