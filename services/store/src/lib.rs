@@ -37,6 +37,18 @@ pub mod lease;
 pub mod policy;
 pub mod valkey_server;
 
+/// What both scripts start with, defined once: `now`, Valkey's `TIME` in milliseconds, and `run`,
+/// this server's `run_id` (new at every start), which a document records as the run that wrote it.
+macro_rules! script_prelude {
+    () => {
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+"
+    };
+}
+
 /// Compare-and-set, and nothing else. Writes the document if the stored one is the expected one,
 /// bumps the version, and announces it for waiters. "The expected one" is its version (`ARGV[1]`,
 /// `''` expects no document), its epoch (`ARGV[7]`) and whether it was written by an earlier run
@@ -57,12 +69,11 @@ pub mod valkey_server;
 /// Replies: `{1, now}` written; `{2, now}` the time was refused (the document is the caller's);
 /// `{3, now}` there is no document; `{0, now, version, doc, outlived}` another document is
 /// current.
-const CAS_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const CAS_SCRIPT: &str = concat!(
+    script_prelude!(),
+    r"
 local stored = redis.call('HMGET', KEYS[1], 'version', 'epoch', 'run')
 local version, epoch = stored[1], stored[2]
-local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
 local outlived = (stored[3] ~= run)
 local expected
 if ARGV[1] == '' then
@@ -85,21 +96,22 @@ if version == false then
   return {3, now}
 end
 return {0, now, version, redis.call('HGET', KEYS[1], 'doc'), outlived and 1 or 0}
-";
+"
+);
 
 /// A read of the clock and the document in one round trip, with whether the document was written
 /// by an earlier run of this server (see [`CAS_SCRIPT`]). Replies `{now}` when there is no
 /// document, `{now, version, doc, outlived}` otherwise.
-const READ_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const READ_SCRIPT: &str = concat!(
+    script_prelude!(),
+    r"
 local stored = redis.call('HMGET', KEYS[1], 'version', 'doc', 'run')
 if stored[1] == false and stored[2] == false then
   return {now}
 end
-local run = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
 return {now, stored[1], stored[2], (stored[3] == run) and 0 or 1}
-";
+"
+);
 
 /// How far behind Valkey's clock a replica's estimate of it may be when it applies a command.
 /// Deadlines in the pool are seconds long; an estimate is normally a round trip behind.

@@ -169,21 +169,22 @@ impl World {
             // broken on purpose): the transition is from nothing, and the old epoch is lost.
             let before = before.filter(|b| b.epoch() == attempt.doc.epoch());
             if self.store.landed {
-                if let Some(expected) = attempt.expected
-                    && expected.outlived
-                {
+                if let Some(expected) = attempt.expected {
                     let epoch = attempt.doc.epoch();
-                    self.check(Invariant::RestoredDistrusted, epoch != expected.epoch, || {
-                        format!(
-                            "version {} of epoch {epoch:x} outlived a store restart and was written as current",
-                            expected.version.0
-                        )
-                    });
-                }
-                if let Some(Expected { epoch, .. }) = attempt.expected
-                    && epoch != attempt.doc.epoch()
-                {
-                    self.truth.lost_epochs.entry(epoch).or_insert(self.now);
+                    if expected.outlived {
+                        self.check(Invariant::RestoredDistrusted, epoch != expected.epoch, || {
+                            format!(
+                                "version {} of epoch {epoch:x} outlived a store restart and was written as current",
+                                expected.version.0
+                            )
+                        });
+                    }
+                    if epoch != expected.epoch {
+                        self.truth
+                            .lost_epochs
+                            .entry(expected.epoch)
+                            .or_insert(self.now);
+                    }
                 }
                 self.stats.transitions += 1;
                 if before.is_none() {
