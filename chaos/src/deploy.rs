@@ -329,6 +329,9 @@ impl Deployment {
                 pool.lease_ttl_seconds.to_string(),
             ),
             ("SANDBOX_ACQUIRE_WAIT_SECONDS", "20".to_owned()),
+            // A create whose report a Valkey restart swallowed is ambiguous only after this
+            // long; the default (120 s) outlasts the harness's wait for recovery after the load.
+            ("CORRAL_CREATE_TIMEOUT_SECONDS", "20".to_owned()),
             ("SANDBOX_EGRESS_MODE", "public_internet".to_owned()),
             ("SANDBOX_EGRESS_PROXY_URL", proxy_url.clone()),
             ("SANDBOX_FIELD_KEY_FILE", file("field-key")),
