@@ -629,7 +629,9 @@ pub struct ExecuteReply {
     pub rejected: Vec<Rejected>,
     /// Why the code was not run.
     pub not_run: Option<NotRun>,
-    /// What the run's own reset measured, with the core's verdict.
+    /// What the run's own reset measured, with the core's verdict: `corral jail run`'s. The
+    /// control API's execute answers before that reset (`None`); the next `/v1/reset` counts
+    /// what it left.
     pub reset_evidence: Option<EvidenceReport>,
     /// The isolation the run had, or why it was refused.
     pub isolation: Isolation,

@@ -12,7 +12,10 @@
 //!   for which languages.
 //! - `POST /v1/execute` ([`ExecuteRequest`] → [`ExecuteReply`]): runs code in the jail exactly
 //!   as `corral jail run` does, with an optional workspace archive (base64 tar) unpacked first
-//!   and the workspace packed after, into the reply's `workspace`.
+//!   and the workspace packed after, into the reply's `workspace`. It answers as soon as the
+//!   result is complete (no `reset_evidence`); the run's own reset follows on the worker's
+//!   thread before any other operation, and what it left is counted in the evidence of the next
+//!   `/v1/reset`, the one the pool judges (decision 0036).
 //! - `POST /v1/reset` ([`ResetRequest`] → [`ResetReply`]): kills anything left (every prepared
 //!   jail too), wipes, returns the reset evidence under the token given, then prepares the next
 //!   jails.
@@ -75,7 +78,7 @@ use tokio::sync::Mutex;
 
 use crate::archive::{self, ArchiveError};
 use crate::result::RunResult;
-use crate::supervisor::{Reexec, RunRequest, SessionError, Worker};
+use crate::supervisor::{Reexec, RunRequest, SessionError, Unreset, Worker};
 
 /// `corral worker`'s commands.
 #[derive(clap::Subcommand)]
@@ -138,6 +141,8 @@ type Job = Box<dyn FnOnce(&mut Worker) + Send>;
 /// and go.
 struct JailThread {
     jobs: std::sync::mpsc::SyncSender<Job>,
+    /// The thread's id, once it has started (0 before): a request waiting for it hastens it.
+    tid: Arc<std::sync::atomic::AtomicI32>,
     /// What `/health` reports, updated after every job (before a waiting job's answer goes
     /// out, so that no answer is followed by a stale report).
     prepared: Arc<PreparedLanguages>,
@@ -156,9 +161,12 @@ impl JailThread {
     fn start(mut worker: Worker, prepared: Arc<PreparedLanguages>) -> Result<Self, String> {
         let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(JOBS_QUEUED_MAX);
         let reported = prepared.clone();
+        let tid = Arc::new(std::sync::atomic::AtomicI32::new(0));
+        let own_tid = tid.clone();
         std::thread::Builder::new()
             .name("corral-jail".to_owned())
             .spawn(move || {
+                own_tid.store(nix::unistd::gettid().as_raw(), Ordering::SeqCst);
                 prepare_next(&mut worker);
                 reported.set(&worker.prepared_languages());
                 loop {
@@ -186,7 +194,20 @@ impl JailThread {
                 }
             })
             .map_err(|e| format!("start the jail thread: {e}"))?;
-        Ok(Self { jobs, prepared })
+        Ok(Self {
+            jobs,
+            tid,
+            prepared,
+        })
+    }
+
+    /// A request is about to wait for the thread: whatever it is preparing gets the normal
+    /// priority back (`crate::supervisor::hasten`).
+    fn hasten(&self) {
+        let tid = self.tid.load(Ordering::SeqCst);
+        if tid != 0 {
+            crate::supervisor::hasten(tid);
+        }
     }
 
     /// Runs `job` on the thread and waits for its answer.
@@ -194,6 +215,7 @@ impl JailThread {
         &self,
         job: impl FnOnce(&mut Worker) -> T + Send + 'static,
     ) -> Result<T, String> {
+        self.hasten();
         let (answer, answered) = tokio::sync::oneshot::channel();
         let prepared = self.prepared.clone();
         self.jobs
@@ -201,6 +223,30 @@ impl JailThread {
                 let value = job(worker);
                 prepared.set(&worker.prepared_languages());
                 let _ = answer.send(value);
+            }))
+            .map_err(|e| format!("the jail thread: {e}"))?;
+        answered
+            .await
+            .map_err(|_| "the jail thread ended".to_owned())
+    }
+
+    /// Runs `job` on the thread and waits for its answer, the first of what it returns; the
+    /// second, if any, runs on the thread once the answer is out, before any other job.
+    async fn answer_then<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Worker) -> (T, Option<Job>) + Send + 'static,
+    ) -> Result<T, String> {
+        self.hasten();
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let prepared = self.prepared.clone();
+        self.jobs
+            .try_send(Box::new(move |worker| {
+                let (value, then) = job(worker);
+                prepared.set(&worker.prepared_languages());
+                let _ = answer.send(value);
+                if let Some(then) = then {
+                    then(worker);
+                }
             }))
             .map_err(|e| format!("the jail thread: {e}"))?;
         answered
@@ -797,12 +843,25 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         tools: request.tools,
         resources: accepted.resources.map(std::sync::Arc::new),
     };
+    // The answer goes out once the result is complete; the run's own reset follows on the jail
+    // thread, before any other job (the reset between leases included, which counts what it
+    // left). Nothing of the run is handed on before that reset's evidence: only the pool hands
+    // a worker on, and only after the reset it orders.
     let ran = worker
-        .run(move |worker| {
+        .answer_then(move |worker| {
             let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
-            // The staged copy is the request's alone; it is removed whatever happened.
-            let _ = std::fs::remove_dir_all(&request_dir);
-            ran
+            let (ran, unreset) = match ran {
+                Ok((result, unreset)) => (Ok(result), unreset),
+                Err(refusal) => (Err(refusal), None),
+            };
+            let then: Job = Box::new(move |worker: &mut Worker| {
+                if let Some(unreset) = unreset {
+                    worker.reset_later(unreset);
+                }
+                // The staged copy is the request's alone; it is removed whatever happened.
+                let _ = std::fs::remove_dir_all(&request_dir);
+            });
+            (ran, Some(then))
         })
         .await;
     drop(worker);
@@ -822,14 +881,15 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     }
 }
 
-/// Unpacks the archive (if any) as the request's workspace, then runs. Blocking.
+/// Unpacks the archive (if any) as the request's workspace, then runs up to the run's reset.
+/// Blocking.
 fn run_staged(
     worker: &mut Worker,
     run: &RunRequest,
     request_dir: &Path,
     archive: Option<&[u8]>,
     bounds: &ExecutionBounds,
-) -> Result<RunResult, Refusal> {
+) -> Result<(RunResult, Option<Unreset>), Refusal> {
     std::fs::create_dir(request_dir)
         .map_err(|e| Refusal::Staging(format!("create {}: {e}", request_dir.display())))?;
     let workspace = request_dir.join("workspace");
@@ -841,7 +901,7 @@ fn run_staged(
         None => std::fs::create_dir(&workspace)
             .map_err(|e| Refusal::Staging(format!("create {}: {e}", workspace.display())))?,
     }
-    Ok(worker.run(run))
+    Ok(worker.run_before_reset(run))
 }
 
 /// The run's result as `corral jail run` prints it, with the workspace packed into it.

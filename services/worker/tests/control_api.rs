@@ -29,6 +29,13 @@ fn assert_clean(json: &Value) {
     }
 }
 
+/// An execute's answer, which goes out before the run's own reset (decision 0036): no evidence
+/// in it, and no reset time; the next `/v1/reset` counts what that reset left (see [`reset`]).
+fn assert_answered_before_reset(json: &Value) {
+    assert_eq!(json["reset_evidence"], Value::Null, "{json}");
+    assert_eq!(json["durations"]["reset_ms"], 0, "{json}");
+}
+
 fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
     let mut builder = tar::Builder::new(Vec::new());
     for (path, data) in files {
@@ -93,13 +100,15 @@ fn api_executes_python_and_node_with_a_clean_reset() {
     assert_eq!(json["exit_code"], 0, "{json}");
     assert_eq!(json["stdout"]["text"], "1\n", "{json}");
     assert_eq!(json["not_run"], Value::Null);
-    assert_eq!(json["reset_evidence"]["token"], 5);
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
+    // The reset between leases proves what the run's own reset left: nothing.
+    reset(&server, 5);
     let (status, json) =
         server.execute(&json!({ "language": "node", "code": "console.log(2 + 2)" }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "4\n", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
+    reset(&server, 6);
     // The language is a type on the contract: one the worker does not run is not a message.
     let (status, json) = server.execute(&json!({ "language": "ruby", "code": "puts 1" }));
     assert_eq!(
@@ -156,7 +165,8 @@ fn contract_malformed_messages_get_typed_codes_and_leave_the_worker_serving() {
     }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "1\n", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
+    reset(&server, 10);
 }
 
 #[test]
@@ -176,7 +186,8 @@ fn api_workspace_archive_in_and_out() {
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "hello\n", "{json}");
     assert_eq!(json["workspace"]["state"], "packed", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
+    reset(&server, 11);
     let packed = BASE64
         .decode(json["workspace"]["archive"].as_str().expect("an archive"))
         .unwrap();
@@ -277,13 +288,14 @@ fn api_concurrent_execute_gets_409() {
     let (status, json) = first.join().unwrap();
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["bound"], "SANDBOX_MAX_WALL_SECONDS", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     // And the worker is free again.
     let (status, json) = server.execute(&json!({ "language": "python", "code": "print(3)" }));
     assert_eq!(
         (status, json["stdout"]["text"].clone()),
         (200, json!("3\n"))
     );
+    reset(&server, 12);
 }
 
 #[test]
@@ -396,7 +408,7 @@ fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["warm"], true, "{first}");
     assert_eq!(first["exit_code"], 0, "{first}");
-    assert_clean(&first);
+    assert_answered_before_reset(&first);
     let first_lines: Vec<String> = first["stdout"]["text"]
         .as_str()
         .unwrap()
@@ -424,7 +436,7 @@ fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
         server.execute(&json!({ "language": "python", "code": code, "token": 3 }));
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["warm"], true, "{second}");
-    assert_clean(&second);
+    assert_answered_before_reset(&second);
     let second_first_line = second["stdout"]["text"]
         .as_str()
         .unwrap()
@@ -441,6 +453,9 @@ fn warm_execute_runs_in_a_prepared_jail_fresh_after_every_reset() {
         started(&second_first_line) > started(&first_lines[0]),
         "{first} {second}"
     );
+    let (status, last) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 4}"#);
+    assert_eq!(status, 200, "{last}");
+    assert_clean(&last);
 }
 
 #[test]
@@ -460,7 +475,7 @@ fn bound_1_warm_infinite_loop_is_killed_at_the_wall_limit() {
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["bound"], "SANDBOX_MAX_WALL_SECONDS", "{json}");
     assert_eq!(json["exit_code"], Value::Null, "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 4}"#);
     assert_eq!(status, 200, "{reset}");
     assert_clean(&reset);
@@ -555,7 +570,7 @@ fn a_prepared_jail_that_died_before_the_lease_means_a_cold_run_that_says_so() {
             .contains("the prepared jail had ended"),
         "{json}"
     );
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), br#"{"token": 6}"#);
     assert_eq!(status, 200, "{reset}");
     assert_clean(&reset);
@@ -598,7 +613,7 @@ fn bound_1_warm_memory_and_fork_bombs_hit_their_bounds() {
                 .contains(&Value::from(setting)),
             "{json}"
         );
-        assert_clean(&json);
+        assert_answered_before_reset(&json);
         let body = format!(r#"{{"token": {token}}}"#);
         let (status, reset) = server.request("POST", "/v1/reset", Some(TOKEN), body.as_bytes());
         assert_eq!(status, 200, "{reset}");
@@ -654,7 +669,7 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["exit_code"], 0, "{json}");
     assert_eq!(json["stdout"]["text"], node_expected, "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     // The Python jail still waits, untouched, until the reset.
     let health = wait_prepared_languages(&server, &["python"]);
     assert_eq!(health["prepared"], true, "{health}");
@@ -676,7 +691,7 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["stdout"]["text"], node_expected, "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     // A second Node run without a reset is built for the request.
     let (_, json) = server.execute(&json!({ "language": "node", "code": "console.log(1)" }));
     assert_eq!(json["warm"], false, "{json}");
@@ -693,7 +708,7 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
         assert_eq!(status, 200, "{json}");
         assert_eq!(json["warm"], true, "{language}: {json}");
         assert_eq!(json["stdout"]["text"], expected, "{json}");
-        assert_clean(&json);
+        assert_answered_before_reset(&json);
         reset(&server, token + 1);
     }
     // A reset with both jails prepared and untaken is clean, and ends both.
@@ -720,11 +735,12 @@ fn prepare_languages_python_only_runs_node_cold() {
     assert_eq!(json["warm"], false, "{json}");
     assert_eq!(json["exit_code"], 0, "{json}");
     assert_eq!(json["stdout"]["text"], "42\n", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     // Python's jail is still there for its run.
     let (_, json) = server.execute(&json!({ "language": "python", "code": "print(1)" }));
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["stdout"]["text"], "1\n", "{json}");
+    // Both runs' own resets, counted by the reset between leases.
     reset(&server, 1);
     wait_prepared_languages(&server, &["python"]);
 }
@@ -797,7 +813,7 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
         json["stdout"]["text"], "True False\n['sys']\n[5]\n",
         "{json}"
     );
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     // The cold run built for the next request has imported nothing: the check above can fail.
     let (_, json) =
         server.execute(&json!({ "language": "python", "code": code, "workspace": workspace }));
@@ -821,16 +837,7 @@ fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
     wait_prepared(&server);
     // While it waits, the prepared interpreter runs at preparation's priority.
     let (python, _) = waiting_bootstraps(&server);
-    let nice = |pid: u32| -> Option<i64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // Field 19 (nice), counted after the command's closing parenthesis.
-        stat.rsplit_once(')')?
-            .1
-            .split_whitespace()
-            .nth(16)?
-            .parse()
-            .ok()
-    };
+    let nice = nice_of;
     assert!(!python.is_empty(), "a prepared Python bootstrap waits");
     assert!(
         python.iter().all(|pid| nice(*pid) == Some(10)),
@@ -843,7 +850,7 @@ fn a_prepared_jail_waits_at_low_priority_and_its_run_gets_the_normal_one() {
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["stdout"]["text"], "0 0\n", "{json}");
-    assert_clean(&json);
+    assert_answered_before_reset(&json);
     reset(&server, 2);
 }
 
@@ -882,4 +889,41 @@ fn a_request_naming_another_worker_is_refused_and_nothing_runs() {
     let (status, json) = send(Some("w-test-7"));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["stdout"]["text"], "ran\n", "{json}");
+}
+
+#[test]
+fn a_request_waiting_for_the_worker_hastens_what_it_prepared() {
+    if !root_or_skip("a_request_waiting_for_the_worker_hastens_what_it_prepared") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "python")]);
+    wait_prepared(&server);
+    let (python, _) = waiting_bootstraps(&server);
+    assert_eq!(python.len(), 1, "{python:?}");
+    assert_eq!(nice_of(python[0]), Some(10), "prepared at low priority");
+    // A Node run goes cold and leaves the Python jail prepared; the request that waited for the
+    // worker's thread gave what the thread had started the normal priority (decision 0036).
+    let (status, json) = server.execute(&json!({ "language": "node", "code": "console.log(1)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], false, "{json}");
+    let (still, _) = waiting_bootstraps(&server);
+    assert_eq!(
+        still, python,
+        "the prepared Python jail is untouched by the Node run"
+    );
+    assert_eq!(nice_of(python[0]), Some(0), "hastened");
+    reset(&server, 1);
+}
+
+/// A process's nice value: field 19 of /proc/PID/stat, counted after the command's closing
+/// parenthesis.
+fn nice_of(pid: u32) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(16)?
+        .parse()
+        .ok()
 }

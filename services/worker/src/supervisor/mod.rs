@@ -32,8 +32,10 @@ mod install;
 mod kernel;
 mod launch;
 mod prepare;
+pub use prepare::hasten;
 mod reset;
 mod run;
+pub use run::Unreset;
 mod setup;
 mod stack;
 mod supervise;
@@ -178,6 +180,9 @@ pub struct Worker {
     runtimes: BTreeMap<Language, String>,
     /// The open browser session, which holds the worker until it closes (BROW-13).
     session: Option<browser::Session>,
+    /// What the resets of runs answered before their reset left, and their notes, for the next
+    /// reset between leases to count ([`Worker::reset_later`]).
+    reset_after_answer: Option<(corral_core::reset::ResetEvidence, Vec<String>)>,
 }
 
 /// How many recent Python runs decide whether the next prepared jail pre-imports.
@@ -224,6 +229,7 @@ impl Worker {
             preimport_history: u8::MAX,
             runtimes: BTreeMap::new(),
             session: None,
+            reset_after_answer: None,
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),

@@ -18,6 +18,13 @@ impl Worker {
         // Every prepared jail goes too, its teardown counted in the evidence: the next tenant
         // gets jails prepared after this reset.
         let discarded = self.discard_prepared(diagnostics);
+        // What the resets of runs answered before their reset left (`Worker::reset_later`).
+        let after_answer = self.reset_after_answer.take().map(|(left, notes)| {
+            for line in notes {
+                note(diagnostics, line);
+            }
+            left
+        });
         // A browser session nobody closed goes too: its processes, profile and cgroups.
         let session = self
             .session
@@ -33,10 +40,11 @@ impl Worker {
             .collect();
         let (processes_remaining, _) = sweep::kill_run(None, &RunCgroups::default(), &uids);
         let (mut workspace_entries, mut scratch_entries) = (Some(0u32), Some(0u32));
-        let mut mounts_remaining = Some(0u32);
-        for number in 0..RUNS_PER_SUPERVISOR {
-            let run_dir = self.base.join(format!("run-{number}"));
-            if std::fs::symlink_metadata(&run_dir).is_ok() {
+        let run_dirs: Vec<_> = (0..RUNS_PER_SUPERVISOR)
+            .map(|number| self.base.join(format!("run-{number}")))
+            .collect();
+        for run_dir in &run_dirs {
+            if std::fs::symlink_metadata(run_dir).is_ok() {
                 let wiped = RunDirs {
                     run_dir: run_dir.clone(),
                 }
@@ -47,8 +55,13 @@ impl Worker {
                     note(diagnostics, failure);
                 }
             }
-            mounts_remaining = add(mounts_remaining, sweep::mounts_under(&run_dir));
         }
+        // Measured once every directory is wiped, from one reading of the mount table.
+        let dirs: Vec<&std::path::Path> =
+            run_dirs.iter().map(std::path::PathBuf::as_path).collect();
+        let mounts_remaining = sweep::mounts_under_each(&dirs)
+            .into_iter()
+            .fold(Some(0u32), add);
         let mut evidence = ResetEvidence {
             token,
             processes_remaining,
@@ -57,6 +70,9 @@ impl Worker {
             mounts_remaining,
         };
         add_evidence(&mut evidence, &discarded);
+        if let Some(left) = &after_answer {
+            add_evidence(&mut evidence, left);
+        }
         if let Some(session) = &session {
             add_evidence(&mut evidence, session);
         }
@@ -157,7 +173,7 @@ fn add(a: Option<u32>, b: Option<u32>) -> Option<u32> {
 }
 
 /// Adds what `more` left to what `total` left (the token stays `total`'s).
-fn add_evidence(total: &mut ResetEvidence, more: &ResetEvidence) {
+pub(super) fn add_evidence(total: &mut ResetEvidence, more: &ResetEvidence) {
     total.processes_remaining = add(total.processes_remaining, more.processes_remaining);
     total.workspace_entries = add(total.workspace_entries, more.workspace_entries);
     total.scratch_entries = add(total.scratch_entries, more.scratch_entries);

@@ -7,6 +7,7 @@ use corral_contract::messages::EvidenceReport;
 use corral_core::bounds::{ExecutionBounds, code_fits};
 use corral_core::ids::OpToken;
 use corral_core::jail::NotRun;
+use corral_core::reset::ResetEvidence;
 use corral_core::run::outcome::NOT_RUN_EXIT_CODE;
 
 use super::launch::Started;
@@ -17,10 +18,57 @@ use crate::capture;
 use crate::result::{RunResult, note};
 use crate::workspace::RunDirs;
 
+/// A run whose result is complete and whose reset is still to come: everything of it is held
+/// here until [`Worker::reset_unreset`] or [`Worker::reset_later`] takes it.
+#[must_use = "a run's jail, directories and cgroups stay until its reset"]
+pub struct Unreset {
+    run: ActiveRun,
+    token: OpToken,
+    started: Instant,
+}
+
 impl Worker {
     /// Runs one piece of code in a fresh jail and resets after it. The jail dies with the thread
     /// that calls this (the parent-death signal follows the thread), which this call outlives.
     pub fn run(&mut self, request: &RunRequest) -> RunResult {
+        let (mut result, unreset) = self.run_before_reset(request);
+        if let Some(unreset) = unreset {
+            self.reset_unreset(unreset, &mut result);
+        }
+        result
+    }
+
+    /// The reset of `unreset`, with its evidence and durations in `result`.
+    pub fn reset_unreset(&mut self, unreset: Unreset, result: &mut RunResult) {
+        let Unreset {
+            mut run,
+            token,
+            started,
+        } = unreset;
+        let reset_started = Instant::now();
+        let evidence = self.reset(&mut run, token, &mut result.reply.diagnostics);
+        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
+        result.reply.durations.reset_ms = millis(reset_started.elapsed());
+        result.reply.durations.total_ms = millis(started.elapsed());
+    }
+
+    /// The reset of `unreset`, after its result was answered (the control API's execute): what
+    /// it leaves and notes is counted by the next reset between leases ([`Worker::reset_all`]),
+    /// whose evidence is the one the pool judges; nothing of the run is handed on before it.
+    pub fn reset_later(&mut self, unreset: Unreset) {
+        let Unreset { mut run, .. } = unreset;
+        let mut notes = Vec::new();
+        let evidence = self.reset(&mut run, OpToken(0), &mut notes);
+        let (left, earlier_notes) = self
+            .reset_after_answer
+            .get_or_insert_with(|| (ResetEvidence::clean(OpToken(0)), Vec::new()));
+        super::reset::add_evidence(left, &evidence);
+        earlier_notes.extend(notes);
+    }
+
+    /// [`Worker::run`] up to its reset, which the caller performs: the result (its durations
+    /// up to here, no reset evidence), and the run to reset (`None` when a refusal already did).
+    pub fn run_before_reset(&mut self, request: &RunRequest) -> (RunResult, Option<Unreset>) {
         let started = Instant::now();
         let mut result = RunResult::default();
         // What the run imports: its code's, and a persistent cell's restore's (the checkpoint's
@@ -38,7 +86,7 @@ impl Worker {
                 Err(why) => {
                     let mut refused = self.refuse(NotRun::JailSetupFailed, request.token);
                     note(&mut refused.reply.diagnostics, format!("kernel: {why}"));
-                    return refused;
+                    return (refused, None);
                 }
             },
         };
@@ -83,7 +131,7 @@ impl Worker {
             .bounds
             .clone()
             .map(|bounds| std::mem::replace(&mut self.settings.bounds, bounds));
-        let (mut run, executed) = match prepared {
+        let (run, executed) = match prepared {
             Some(prepared) => {
                 result.reply.warm = true;
                 let Prepared {
@@ -111,12 +159,13 @@ impl Worker {
             result.reply.not_run = Some(reason);
             result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
         }
-        let reset_started = Instant::now();
-        let evidence = self.reset(&mut run, request.token, &mut result.reply.diagnostics);
-        result.reply.reset_evidence = Some(EvidenceReport::judged(evidence));
-        result.reply.durations.reset_ms = millis(reset_started.elapsed());
         result.reply.durations.total_ms = millis(started.elapsed());
-        result
+        let unreset = Unreset {
+            run,
+            token: request.token,
+            started,
+        };
+        (result, Some(unreset))
     }
 
     /// The answer to a request refused before anything of it ran (`reason`): the posture it would
