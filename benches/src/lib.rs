@@ -4,6 +4,7 @@
 //! The fixtures are library code (with their own tests) so that `cargo test --workspace` keeps
 //! them working even though it does not build the benchmarks.
 
+pub mod load;
 pub mod up;
 
 use std::collections::BTreeSet;

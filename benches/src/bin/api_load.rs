@@ -11,24 +11,8 @@
 use std::time::{Duration, Instant};
 
 use corral_api::client::Client;
+use corral_benches::load::{bwrap_prefix, cpu_jiffies};
 use serde_json::json;
-
-/// Busy and total jiffies of all cores, from /proc/stat.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    let total: u64 = fields.iter().sum();
-    // idle and iowait are the 4th and 5th fields.
-    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
-    (total - idle, total)
-}
 
 struct Figures {
     /// Share of the machine's CPU time busy during the level, in percent.
@@ -139,26 +123,7 @@ async fn settle(client: &Client) {
 
 /// The command of a baseline run: `python -c 'print(1)'`, under `bwrap` when one is given.
 fn baseline(python: &str, bwrap: Option<&str>) -> Vec<String> {
-    let mut command: Vec<String> = match bwrap {
-        Some(bwrap) => [
-            bwrap,
-            "--unshare-all",
-            "--die-with-parent",
-            "--ro-bind",
-            "/",
-            "/",
-            "--dev",
-            "/dev",
-            "--proc",
-            "/proc",
-            "--tmpfs",
-            "/tmp",
-        ]
-        .iter()
-        .map(|a| (*a).to_owned())
-        .collect(),
-        None => Vec::new(),
-    };
+    let mut command: Vec<String> = bwrap.map(bwrap_prefix).unwrap_or_default();
     command.extend([python.to_owned(), "-c".to_owned(), "print(1)".to_owned()]);
     command
 }

@@ -94,6 +94,10 @@ impl Settings {
             },
         ));
         out.push((
+            WORKER_PREIMPORT_IDLE.name,
+            number(WORKER_PREIMPORT_IDLE.name),
+        ));
+        out.push((
             JAIL_ALLOW_WEAKER_ISOLATION,
             self.jail.allow_weaker_isolation.to_string(),
         ));

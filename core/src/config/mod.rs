@@ -182,6 +182,10 @@ pub struct PrepareSettings {
     /// none): modules a prepared Python jail imports before it waits for the code, each a dotted
     /// name of ASCII identifiers, at most [`PYTHON_PREIMPORT_MAX`] of them, without repeats.
     pub python_preimport: Vec<String>,
+    /// `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS` (default 10; 0: never): how long a worker waits
+    /// idle, its Python jail prepared without `python_preimport` (its last run used none of
+    /// them), before it prepares that jail again with them (decision 0037).
+    pub preimport_idle_seconds: u64,
 }
 
 /// How the worker builds its jails (ISO-1, POOL-4).
@@ -348,6 +352,7 @@ impl Default for Settings {
                     .iter()
                     .map(|m| (*m).to_owned())
                     .collect(),
+                preimport_idle_seconds: 10,
             },
             jail: JailSettings {
                 allow_weaker_isolation: false,
@@ -445,6 +450,8 @@ impl Settings {
             prepare: PrepareSettings {
                 languages: r.prepare_languages(&d.prepare.languages)?,
                 python_preimport: r.python_preimport(&d.prepare.python_preimport)?,
+                preimport_idle_seconds: r
+                    .number(&WORKER_PREIMPORT_IDLE, d.prepare.preimport_idle_seconds)?,
             },
             jail: JailSettings {
                 allow_weaker_isolation: r

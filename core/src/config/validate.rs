@@ -7,7 +7,7 @@ use super::{PoolModeSetting, Settings};
 
 impl Settings {
     /// The numeric fields with the range each must lie in.
-    pub(super) fn numbers(&self) -> [(&'static Number, u64); 31] {
+    pub(super) fn numbers(&self) -> [(&'static Number, u64); 32] {
         let b = &self.bounds;
         let p = &self.packages;
         [
@@ -51,6 +51,7 @@ impl Settings {
             (&PACKAGE_MAX_FILE, p.max_file_bytes),
             (&WORKER_CONTROL_PORT, u64::from(self.worker.control_port)),
             (&WORKER_BROWSER_PORT, u64::from(self.worker.browser_port)),
+            (&WORKER_PREIMPORT_IDLE, self.prepare.preimport_idle_seconds),
         ]
     }
 

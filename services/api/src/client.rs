@@ -106,6 +106,36 @@ impl Client {
         self.send_json(reqwest::Method::PUT, path, body).await
     }
 
+    /// `POST /v1/run_code`: the status, the JSON answer, and the `Retry-After` header when the
+    /// answer carries one (a refusal that says when to come back).
+    ///
+    /// # Errors
+    /// When the API cannot be reached or answers with something other than JSON.
+    pub async fn run_code_retry_after(
+        &self,
+        request: &Value,
+    ) -> Result<(u16, Value, Option<String>), String> {
+        let reply = self
+            .http
+            .post(format!("{}/v1/run_code", self.base))
+            .bearer_auth(&self.credential)
+            .json(request)
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let status = reply.status().as_u16();
+        let retry_after = reply
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
+        let body = reply
+            .json()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        Ok((status, body, retry_after))
+    }
+
     async fn send_json(
         &self,
         method: reqwest::Method,

@@ -183,6 +183,18 @@ impl JailThread {
                             }
                             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
                         }
+                    } else if worker.could_preimport() {
+                        // Idle with a Python jail prepared without the stack: once nothing has
+                        // come for a while, prepare it again with the stack (decision 0037).
+                        match queue.recv_timeout(worker.preimport_idle()) {
+                            Ok(job) => job,
+                            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                                worker.prepare_with_preimport();
+                                reported.set(&worker.prepared_languages());
+                                continue;
+                            }
+                            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                        }
                     } else {
                         match queue.recv() {
                             Ok(job) => job,

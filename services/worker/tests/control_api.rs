@@ -789,7 +789,10 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
         return;
     }
     let _serial = serial();
-    let server = Server::start(&[("CORRAL_WORKER_PYTHON_PREIMPORT", "json,no_such_module_xyz")]);
+    let server = Server::start(&[
+        ("CORRAL_WORKER_PYTHON_PREIMPORT", "json,no_such_module_xyz"),
+        ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "1"),
+    ]);
     let code = "import sys\n\
         print('json' in sys.modules, 'no_such_module_xyz' in sys.modules)\n\
         print(sorted(k for k in globals() if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__', '__file__')))\n\
@@ -798,7 +801,8 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
     // A module of the tenant's workspace is still found, though the import system looked at the
     // (then empty) workspace while preparing.
     let workspace = BASE64.encode(tar_of(&[("mymod.py", b"X = 5\n")]));
-    wait_prepared(&server);
+    // A new worker prepares the stack once it has been idle a moment (decision 0037).
+    wait_preimported(&server);
     let (status, json) = server.execute(&json!({
         "language": "python",
         "code": code,
@@ -926,4 +930,53 @@ fn nice_of(pid: u32) -> Option<i64> {
         .nth(16)?
         .parse()
         .ok()
+}
+
+#[test]
+fn pkg_1_an_idle_worker_prepares_its_python_jail_again_with_the_stack() {
+    if !root_or_skip("pkg_1_an_idle_worker_prepares_its_python_jail_again_with_the_stack") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[
+        ("CORRAL_WORKER_PREPARE_LANGUAGES", "python"),
+        ("CORRAL_WORKER_PYTHON_PREIMPORT", "json"),
+        ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "3"),
+    ]);
+    // A run that imports none of it: the jail prepared after its reset does not pre-import.
+    wait_prepared(&server);
+    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(1)" }));
+    assert_eq!(status, 200, "{json}");
+    reset(&server, 1);
+    wait_prepared(&server);
+    assert_eq!(preimporting(&server), 0, "prepared without the stack first");
+    // Left idle, the worker prepares a second jail with the stack; once it waits, it takes the
+    // first one's place (the first is torn down), and the next run finds it there.
+    wait_preimported(&server);
+    let code = "import sys\nprint('json' in sys.modules)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "True\n", "{json}");
+    reset(&server, 2);
+}
+
+/// How many of the server's waiting Python bootstraps pre-import.
+fn preimporting(server: &Server) -> usize {
+    descendants_running(server.child.id(), "/python3", "_corral_preimport").len()
+}
+
+/// Waits until the server's one prepared Python jail is one that pre-imported and waits for the
+/// code (a check of its state, repeated until a deadline only a stuck worker reaches).
+fn wait_preimported(server: &Server) {
+    let swapped = |server: &Server| {
+        let (python, _) = waiting_bootstraps(server);
+        python.len() == 1 && preimporting(server) == 1
+    };
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+    while !swapped(server) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(swapped(server), "a prepared Python jail that pre-imported");
+    wait_prepared(server);
 }

@@ -172,10 +172,14 @@ pub struct Worker {
     /// The baked Python stack (PKG-1) the jails run Python from, or why there is none.
     python_stack: Result<PathBuf, String>,
     /// Whether each of the last Python runs imported a pre-imported module, newest in the lowest
-    /// bit; all set at start. A prepared Python jail pre-imports only while one of the last
+    /// bit; none at start. A prepared Python jail pre-imports only while one of the last
     /// [`PREIMPORT_MEMORY`] did (decision 0015): importing the stack costs a core-second per
-    /// preparation, which back-to-back runs that never use it would pay for.
+    /// preparation, which back-to-back runs that never use it would pay for. A worker left idle
+    /// prepares the stack regardless (decision 0037).
     preimport_history: u8,
+    /// Whether the worker has run anything yet: a new one waits idle [`FIRST_IDLE_BEFORE_PREIMPORT`]
+    /// before it prepares the stack.
+    ran_any: bool,
     /// Each interpreter's runtime tag (`corral_core::kernel::runtime_tag`), asked once.
     runtimes: BTreeMap<Language, String>,
     /// The open browser session, which holds the worker until it closes (BROW-13).
@@ -183,10 +187,23 @@ pub struct Worker {
     /// What the resets of runs answered before their reset left, and their notes, for the next
     /// reset between leases to count ([`Worker::reset_later`]).
     reset_after_answer: Option<(corral_core::reset::ResetEvidence, Vec<String>)>,
+    /// A Python jail being prepared again with the stack while the one prepared without it still
+    /// waits (decision 0037); it takes that one's place once its bootstrap waits.
+    upgrade: Option<Prepared>,
+    /// Whether that re-preparation failed since the last reset (not tried again before it).
+    upgrade_failed: bool,
+    /// The machine-wide slot the re-preparation holds while it imports (see
+    /// `prepare::upgrade_slot`), released with it.
+    upgrade_slot: Option<std::fs::File>,
 }
 
 /// How many recent Python runs decide whether the next prepared jail pre-imports.
 const PREIMPORT_MEMORY: u32 = 1;
+/// How long a new worker, which has run nothing yet, waits idle before it prepares the stack
+/// (at most `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS`): its first jail is prepared without the stack,
+/// so that a worker created for a burst serves it at once instead of spending a core-second on
+/// imports first (decision 0037); one created for the warm minimum has the stack a moment later.
+const FIRST_IDLE_BEFORE_PREIMPORT: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Worker {
     /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
@@ -226,10 +243,14 @@ impl Worker {
             base,
             missing,
             python_stack,
-            preimport_history: u8::MAX,
+            preimport_history: 0,
+            ran_any: false,
             runtimes: BTreeMap::new(),
             session: None,
             reset_after_answer: None,
+            upgrade: None,
+            upgrade_failed: false,
+            upgrade_slot: None,
             runs: 0,
             prepared: BTreeMap::new(),
             prepare_failures: BTreeMap::new(),
@@ -283,10 +304,43 @@ impl Worker {
         self.preimport_history = (self.preimport_history << 1) | u8::from(used);
     }
 
+    /// How long a worker waits idle before [`Worker::prepare_with_preimport`]:
+    /// `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS`, and up to as long again at random, so that a pool
+    /// left idle after a burst does not start every re-preparation in the same moment.
+    #[must_use]
+    pub fn preimport_idle(&self) -> std::time::Duration {
+        let configured =
+            std::time::Duration::from_secs(self.settings.prepare.preimport_idle_seconds);
+        let idle = if self.ran_any {
+            configured
+        } else {
+            configured.min(FIRST_IDLE_BEFORE_PREIMPORT)
+        };
+        let spread = f64::from(corral_contract::credential::random_bytes()[0]) / 256.0;
+        idle.mul_f64(1.0 + spread)
+    }
+
+    /// Whether the prepared Python jail waits without the modules of
+    /// `CORRAL_WORKER_PYTHON_PREIMPORT` (the last Python run used none of them), so that a
+    /// worker left idle should prepare it again with them ([`Worker::prepare_with_preimport`]).
+    #[must_use]
+    pub fn could_preimport(&self) -> bool {
+        self.settings.prepare.preimport_idle_seconds > 0
+            && !self.settings.prepare.python_preimport.is_empty()
+            && self.session.is_none()
+            && self.upgrade.is_none()
+            && !self.upgrade_failed
+            && !self.prepare_failures.contains_key(&Language::Python)
+            && self
+                .prepared
+                .get(&Language::Python)
+                .is_some_and(|p| p.ready && !p.importing)
+    }
+
     /// Whether a prepared jail is still importing (see [`Worker::poll_prepared`]).
     #[must_use]
     pub fn is_preparing(&self) -> bool {
-        self.prepared.values().any(|p| !p.ready)
+        self.upgrade.is_some() || self.prepared.values().any(|p| !p.ready)
     }
 
     /// The languages to keep a jail prepared for (`CORRAL_WORKER_PREPARE_LANGUAGES`).
@@ -312,7 +366,12 @@ impl Worker {
 
     /// A new run's number, directory and uids. Numbers the prepared jails hold are skipped.
     fn new_run(&mut self) -> ActiveRun {
-        let held: BTreeSet<u32> = self.prepared.values().map(|p| p.run.number).collect();
+        let held: BTreeSet<u32> = self
+            .prepared
+            .values()
+            .chain(&self.upgrade)
+            .map(|p| p.run.number)
+            .collect();
         // At most one prepared jail per language: far fewer than the numbers, so the loop ends.
         assert!(
             held.len() < RUNS_PER_SUPERVISOR as usize,

@@ -19,6 +19,9 @@ use crate::result::{RunResult, note};
 const BOOTSTRAP_DEADLINE: Duration = Duration::from_secs(30);
 /// The nice value preparation runs at (and the prepared jail's processes start with).
 const PREPARE_NICE: i32 = 10;
+/// The nice value of an idle worker's re-preparation with the stack: the lowest, since every
+/// worker of a pool left idle may be doing it at once and nobody waits for any of them.
+const IDLE_PREPARE_NICE: i32 = 19;
 
 impl Worker {
     /// Builds a jail for the next run of `language` now, with its interpreter started in it and
@@ -33,41 +36,74 @@ impl Worker {
         if let Some(old) = self.prepared.remove(&language) {
             let _ = self.teardown_prepared(old, &mut notes);
         }
+        match self.build(language, PREPARE_NICE) {
+            Ok(prepared) => {
+                self.prepared.insert(language, prepared);
+                self.prepare_failures.remove(&language);
+                Ok(())
+            }
+            Err(why) => {
+                self.prepare_failures.insert(language, why.clone());
+                Err(why)
+            }
+        }
+    }
+
+    /// Prepares a Python jail that pre-imports `CORRAL_WORKER_PYTHON_PREIMPORT` whatever the
+    /// last run imported, beside the one prepared without it, which still waits and serves any
+    /// run that comes meanwhile: the worker has waited idle (decision 0037), so the core-second
+    /// it costs is one nobody waits for. Once its bootstrap waits it takes the other's place
+    /// ([`Worker::poll_prepared`]); a failure leaves the other, and is not tried again before the
+    /// next reset.
+    pub fn prepare_with_preimport(&mut self) {
+        // One of the machine's slots, or none free: every other worker's is importing, and this
+        // one tries again after its next idle wait.
+        let Ok(slot) = upgrade_slot() else {
+            return;
+        };
+        self.preimport_history |= 1;
+        match self.build(Language::Python, IDLE_PREPARE_NICE) {
+            Ok(prepared) => {
+                self.upgrade = Some(prepared);
+                self.upgrade_slot = slot;
+            }
+            Err(why) => {
+                self.upgrade_failed = true;
+                eprintln!("corral worker: the idle re-preparation with the stack failed: {why}");
+            }
+        }
+    }
+
+    /// A jail for `language`, started at the low priority `nice`, its bootstrap importing; or
+    /// why not, with nothing of it left.
+    fn build(&mut self, language: Language, nice: i32) -> Result<Prepared, String> {
         let mut run = self.new_run();
         let mut scratch = RunResult::default();
         // Preparation is background work: it runs (and its processes start) at a lower priority,
         // so that it never slows a run in flight; the run that takes the jail restores it.
-        let _ = rustix::process::setpriority_process(None, PREPARE_NICE);
+        let _ = rustix::process::setpriority_process(None, nice);
         let prepared = self.build_prepared(language, &mut run, &mut scratch);
         let _ = rustix::process::setpriority_process(None, 0);
         match prepared {
-            Ok((started, program)) => {
-                let memory_bytes = self.settings.bounds.max_memory_bytes;
-                let processes = self.settings.bounds.max_processes;
-                self.prepared.insert(
-                    language,
-                    Prepared {
-                        run,
-                        language,
-                        memory_bytes,
-                        processes,
-                        started,
-                        program,
-                        ready: false,
-                        ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
-                        importing: language == Language::Python && !self.preimport().is_empty(),
-                        lines: 0,
-                    },
-                );
-                self.prepare_failures.remove(&language);
-                Ok(())
-            }
+            Ok((started, program)) => Ok(Prepared {
+                run,
+                language,
+                memory_bytes: self.settings.bounds.max_memory_bytes,
+                processes: self.settings.bounds.max_processes,
+                started,
+                program,
+                ready: false,
+                ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
+                importing: language == Language::Python && !self.preimport().is_empty(),
+                lines: 0,
+            }),
             Err(reason) => {
                 let mut why = format!(
                     "{}: {}",
                     reason.code(),
                     scratch.reply.diagnostics.join("; ")
                 );
+                let mut notes = Vec::new();
                 let evidence = self.reset(&mut run, OpToken(0), &mut notes);
                 if !matches!(
                     corral_core::reset::judge(&evidence, evidence.token),
@@ -75,7 +111,6 @@ impl Worker {
                 ) {
                     why.push_str(&format!("; its teardown left {evidence:?}"));
                 }
-                self.prepare_failures.insert(language, why.clone());
                 Err(why)
             }
         }
@@ -115,7 +150,8 @@ impl Worker {
 
     /// Reads what the prepared jails still importing have said, waiting at most until `until`
     /// for each: one that says `B` is ready; one that ends, prints too much, or passes its
-    /// deadline is torn down and its language's next run goes cold, saying why.
+    /// deadline is torn down and its language's next run goes cold, saying why. A re-preparation
+    /// with the stack that is ready takes the place of the Python jail prepared without it.
     pub fn poll_prepared(&mut self, until: Instant) {
         let languages: Vec<Language> = self
             .prepared
@@ -127,28 +163,7 @@ impl Worker {
             let Some(prepared) = self.prepared.get_mut(&language) else {
                 continue;
             };
-            let failure = loop {
-                if prepared.lines >= LINES_MAX {
-                    break Some(
-                        "the bootstrap printed too much before it waited for the code".to_owned(),
-                    );
-                }
-                let deadline = until.min(prepared.ready_by);
-                match capture::read_line(&mut prepared.started.stdout, deadline) {
-                    Ok(Some(line)) if line == LINE_WAITING => {
-                        prepared.ready = true;
-                        break None;
-                    }
-                    // A module that printed as it was imported: dropped.
-                    Ok(Some(_)) => prepared.lines += 1,
-                    Ok(None) => {
-                        break Some("the bootstrap ended before it waited for the code".to_owned());
-                    }
-                    Err(_) if Instant::now() < prepared.ready_by => break None,
-                    Err(error) => break Some(format!("the bootstrap: {error}")),
-                }
-            };
-            if let Some(why) = failure {
+            if let Err(why) = poll_one(prepared, until) {
                 if let Some(old) = self.prepared.remove(&language) {
                     let mut notes = Vec::new();
                     let _ = self.teardown_prepared(old, &mut notes);
@@ -158,6 +173,31 @@ impl Worker {
                     language.as_str()
                 );
                 self.prepare_failures.insert(language, why);
+            }
+        }
+        let Some(upgrade) = self.upgrade.as_mut() else {
+            return;
+        };
+        let polled = poll_one(upgrade, until);
+        if polled.is_err() || upgrade.ready {
+            self.upgrade_slot = None;
+        }
+        let mut notes = Vec::new();
+        match polled {
+            Ok(()) if upgrade.ready => {
+                if let Some(upgrade) = self.upgrade.take()
+                    && let Some(old) = self.prepared.insert(Language::Python, upgrade)
+                {
+                    let _ = self.teardown_prepared(old, &mut notes);
+                }
+            }
+            Ok(()) => {}
+            Err(why) => {
+                if let Some(upgrade) = self.upgrade.take() {
+                    let _ = self.teardown_prepared(upgrade, &mut notes);
+                }
+                self.upgrade_failed = true;
+                eprintln!("corral worker: the idle re-preparation with the stack failed: {why}");
             }
         }
     }
@@ -172,6 +212,23 @@ impl Worker {
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
         let language = request.language;
+        // A run that uses the stack waits for the re-preparation with it, if one is under way
+        // (at the run's priority); any other takes the jail prepared without it.
+        if let Some(upgrade) = self
+            .upgrade
+            .as_ref()
+            .filter(|_| language == Language::Python)
+            && crate::supervisor::command::uses_preimport(
+                &request.code,
+                &self.settings.prepare.python_preimport,
+            )
+        {
+            restore_priority(&upgrade.run, upgrade.started.pid);
+            let until = Instant::now() + BOOTSTRAP_DEADLINE;
+            while self.upgrade.is_some() && Instant::now() < until {
+                self.poll_prepared(until);
+            }
+        }
         // Not ready yet: a run waits for a bootstrap that only starts (milliseconds), or for
         // one whose imports it uses; any other goes cold at once rather than wait a
         // core-second for imports it never uses.
@@ -244,6 +301,65 @@ impl Worker {
     }
 }
 
+/// Where the machine's re-preparation slots are (one lock file each), and how many CPUs make a
+/// slot: the workers of one machine (`corral up`'s, all on its cores) re-prepare one per two
+/// CPUs at a time, so that a pool left idle after a burst imports the stack worker by worker,
+/// never in a storm that outweighs the runs that arrive meanwhile (decision 0037). A pod's
+/// worker has its own filesystem and its own slots.
+const UPGRADE_SLOT_DIR: &str = "/run/lock";
+const CPUS_PER_UPGRADE_SLOT: usize = 2;
+
+/// A free slot for a re-preparation, held while the returned file is open: `Ok(None)` where
+/// there is no slot directory (nothing to share it with), `Err` when every slot is taken.
+fn upgrade_slot() -> Result<Option<std::fs::File>, ()> {
+    let dir = std::path::Path::new(UPGRADE_SLOT_DIR);
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let slots = (cpus / CPUS_PER_UPGRADE_SLOT).max(1);
+    let mut opened_any = false;
+    for slot in 0..slots {
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("corral-preimport-{slot}.lock")))
+        else {
+            continue;
+        };
+        opened_any = true;
+        if file.try_lock().is_ok() {
+            return Ok(Some(file));
+        }
+    }
+    if opened_any { Err(()) } else { Ok(None) }
+}
+
+/// Reads what one prepared jail's bootstrap has said, until it says `B` (then it is ready) or
+/// `until`; an error says why it failed (it ended, printed too much, or passed its deadline).
+fn poll_one(prepared: &mut Prepared, until: Instant) -> Result<(), String> {
+    loop {
+        if prepared.lines >= LINES_MAX {
+            return Err("the bootstrap printed too much before it waited for the code".to_owned());
+        }
+        let deadline = until.min(prepared.ready_by);
+        match capture::read_line(&mut prepared.started.stdout, deadline) {
+            Ok(Some(line)) if line == LINE_WAITING => {
+                prepared.ready = true;
+                return Ok(());
+            }
+            // A module that printed as it was imported: dropped.
+            Ok(Some(_)) => prepared.lines += 1,
+            Ok(None) => {
+                return Err("the bootstrap ended before it waited for the code".to_owned());
+            }
+            Err(_) if Instant::now() < prepared.ready_by => return Ok(()),
+            Err(error) => return Err(format!("the bootstrap: {error}")),
+        }
+    }
+}
+
 /// Whether the interpreter of a prepared jail whose stage 1 is `stage1` still runs: stage 1's
 /// child (pid 1 of the jail) has a child that is not a zombie. Stage 1 outlives the interpreter
 /// by the moments the jail takes to end, and a jail in those moments must not take a run. `None`
@@ -312,9 +428,15 @@ pub fn hasten(tid: i32) {
         && seen < HASTEN_PROCESSES_MAX
     {
         seen += 1;
-        if let Some(id) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::setpriority_process(Some(id), 0);
+        let Some(id) = rustix::process::Pid::from_raw(pid) else {
+            continue;
+        };
+        // An idle worker's re-preparation is nobody's wait: it stays at its priority (a run
+        // that needs it restores it itself), and so do its descendants.
+        if rustix::process::getpriority_process(Some(id)).ok() == Some(IDLE_PREPARE_NICE) {
+            continue;
         }
+        let _ = rustix::process::setpriority_process(Some(id), 0);
         pending.extend(children(pid, pid));
     }
     if let Some(id) = rustix::process::Pid::from_raw(tid) {

@@ -84,7 +84,13 @@ impl Worker {
     /// leases to count; notes each teardown that did not come out clean.
     pub(super) fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
         let mut left = ResetEvidence::clean(OpToken(0));
-        for (_, prepared) in std::mem::take(&mut self.prepared) {
+        self.upgrade_failed = false;
+        self.upgrade_slot = None;
+        let upgrade = self.upgrade.take();
+        for prepared in std::mem::take(&mut self.prepared)
+            .into_values()
+            .chain(upgrade)
+        {
             let evidence = self.teardown_prepared(prepared, diagnostics);
             add_evidence(&mut left, &evidence);
         }
@@ -128,6 +134,20 @@ impl Worker {
         token: OpToken,
         diagnostics: &mut Vec<String>,
     ) -> ResetEvidence {
+        self.reset_proving(run, token, diagnostics, true)
+    }
+
+    /// [`Worker::reset`]; with `scan` false, the run's processes are found by its cgroups alone,
+    /// for a reset whose proof the reset between leases makes (it scans every uid of every run
+    /// of this supervisor): a run answered before its reset, whose processes the supervision
+    /// already proved gone by a scan.
+    pub(super) fn reset_proving(
+        &self,
+        run: &mut ActiveRun,
+        token: OpToken,
+        diagnostics: &mut Vec<String>,
+        scan: bool,
+    ) -> ResetEvidence {
         // The relays first: no connection of the run outlives them.
         drop(run.tool_relay.take());
         if let Some(relay) = run.broker_relay.take() {
@@ -140,7 +160,8 @@ impl Worker {
             .stage1
             .take()
             .map(|child| i32::try_from(child.id()).unwrap_or(i32::MAX));
-        let (processes_remaining, _) = sweep::kill_run(stage1, &run.cgroups, &run.uids);
+        let uids: &[u32] = if scan { &run.uids } else { &[] };
+        let (processes_remaining, _) = sweep::kill_run(stage1, &run.cgroups, uids);
         let (mut workspace_entries, mut scratch_entries) = (Some(0), Some(0));
         if let Some(dirs) = run.dirs.take() {
             let wiped = dirs.wipe();

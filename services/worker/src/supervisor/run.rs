@@ -58,7 +58,7 @@ impl Worker {
     pub fn reset_later(&mut self, unreset: Unreset) {
         let Unreset { mut run, .. } = unreset;
         let mut notes = Vec::new();
-        let evidence = self.reset(&mut run, OpToken(0), &mut notes);
+        let evidence = self.reset_proving(&mut run, OpToken(0), &mut notes, false);
         let (left, earlier_notes) = self
             .reset_after_answer
             .get_or_insert_with(|| (ResetEvidence::clean(OpToken(0)), Vec::new()));
@@ -71,6 +71,7 @@ impl Worker {
     pub fn run_before_reset(&mut self, request: &RunRequest) -> (RunResult, Option<Unreset>) {
         let started = Instant::now();
         let mut result = RunResult::default();
+        self.ran_any = true;
         // What the run imports: its code's, and a persistent cell's restore's (the checkpoint's
         // hint), which decide whether it waits for a pre-importing jail and what the next
         // prepares.

@@ -25,6 +25,9 @@ impl Server {
             .args(["serve", "--listen", "127.0.0.1:0"])
             .env_remove("CORRAL_WORKER_TOKEN_FILE")
             .env("CORRAL_WORKER_TOKEN", TOKEN)
+            // A prepared jail stays as its reset left it unless a test asks for the idle
+            // re-preparation with the stack (decision 0037).
+            .env("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "0")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         for (name, value) in env {
