@@ -48,10 +48,20 @@ pub struct Plan {
 ///
 /// # Errors
 /// When the directory holds what an earlier run left, or the deployment does not start, or
+/// How long a run waits for what an earlier one left to finish exiting before it refuses to start.
+const LEFTOVERS_SETTLE: Duration = Duration::from_secs(20);
+
 /// something is left behind at the end.
 pub async fn run(plan: Plan) -> Result<History, String> {
     crate::hygiene::become_subreaper()?;
-    let left = crate::hygiene::leftovers(&plan.dir, false);
+    // What an earlier run (or a stack an earlier test stopped) left may still be exiting: a
+    // killed jail at a low priority on a busy machine takes a moment to leave its group.
+    let settled = Instant::now() + LEFTOVERS_SETTLE;
+    let mut left = crate::hygiene::leftovers(&plan.dir, false);
+    while !left.is_empty() && Instant::now() < settled {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = crate::hygiene::leftovers(&plan.dir, false);
+    }
     if !left.is_empty() {
         return Err(format!(
             "an earlier run left these behind; remove them first (`corral-chaos clean --dir {}` does):\n  {}",

@@ -210,6 +210,24 @@ pub fn clean(dir: &Path) -> Vec<String> {
     for point in points {
         let _ = nix::mount::umount2(&point, MntFlags::MNT_DETACH);
     }
-    remove_stale_groups();
+    // The run's jail groups, once the processes in them have finished exiting (a killed process
+    // at a low priority on a busy machine takes a while to free its memory and leave its group).
+    // Every process of the run is gone now, so each group that is empty is removed whatever its
+    // name's supervisor pid says: that pid may already be another process's.
+    loop {
+        remove_stale_groups();
+        let mut remaining = 0;
+        for controller in CONTROLLERS {
+            for group in jail_groups(controller) {
+                if fs::remove_dir(&group).is_err() {
+                    remaining += 1;
+                }
+            }
+        }
+        if remaining == 0 || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     leftovers(dir, true)
 }
