@@ -1,5 +1,7 @@
-//! What the load benchmarks through the API share: the machine's CPU counters and the bwrap
-//! baseline's command.
+//! What the load benchmarks through the API share: the machine's CPU counters, the wait for it
+//! to be quiet, and the bwrap baseline's command.
+
+use std::time::Duration;
 
 /// Busy and total jiffies of all cores, from /proc/stat.
 #[must_use]
@@ -41,3 +43,24 @@ pub fn bwrap_prefix(bwrap: &str) -> Vec<String> {
     .map(|a| (*a).to_owned())
     .collect()
 }
+
+/// Waits, at most `limit`, until the machine is quiet (under [`QUIET_BUSY`] of its CPU busy over
+/// a second): a stack just started, or a pool just grown, is still preparing its workers, and a
+/// burst measured meanwhile measures that too. Returns how long it waited and whether it was.
+pub async fn wait_quiet(limit: Duration) -> (Duration, bool) {
+    let started = std::time::Instant::now();
+    while started.elapsed() < limit {
+        let before = cpu_jiffies();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let after = cpu_jiffies();
+        let busy = after.0.saturating_sub(before.0) as f64
+            / after.1.saturating_sub(before.1).max(1) as f64;
+        if busy < QUIET_BUSY {
+            return (started.elapsed(), true);
+        }
+    }
+    (started.elapsed(), false)
+}
+
+/// The share of the machine's CPU under which it counts as quiet.
+pub const QUIET_BUSY: f64 = 0.10;

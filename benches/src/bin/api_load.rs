@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use corral_api::client::Client;
-use corral_benches::load::{bwrap_prefix, cpu_jiffies};
+use corral_benches::load::{bwrap_prefix, cpu_jiffies, wait_quiet};
 use serde_json::json;
 
 struct Figures {
@@ -117,8 +117,9 @@ async fn settle(client: &Client) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Preparation follows the reset report on each worker's own thread.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Preparation follows the reset report on each worker's own thread, and idle workers prepare
+    // the stack (decision 0037): until the machine is quiet, a minute at most.
+    let _ = wait_quiet(Duration::from_secs(60)).await;
 }
 
 /// The command of a baseline run: `python -c 'print(1)'`, under `bwrap` when one is given.

@@ -10,7 +10,8 @@
 //!
 //! `--serial K` (default 20; 0: none) also runs K `print` runs and K pandas runs one at a time,
 //! each beside its bare interpreter, before the burst and again after it once the machine is
-//! quiet: the ratios before and after a burst, on the pool the burst grew.
+//! quiet (and after `--pause-seconds P` first, default 0): the ratios before and after a burst,
+//! on the pool the burst grew.
 //!
 //! `--mixed` sends what an agent platform sends, interleaved: `print` runs, runs that import
 //! pandas, numpy and matplotlib, and Node runs, each kind beside its own bare interpreter.
@@ -20,7 +21,8 @@
 //! `scripts/bench-burst` starts a stack with the default pool and one pre-scaled to N and runs it
 //! against each.
 //!
-//! `burst --api URL --token-file FILE [--requests N] [--mixed] [--serial K] [--stack-pid PID]
+//! `burst --api URL --token-file FILE [--requests N] [--mixed] [--serial K] [--pause-seconds P]
+//!  [--stack-pid PID]
 //!  [--label TEXT] [--deadline-seconds S] [--python PATH] [--stack-python PATH] [--node PATH]
 //!  [--bwrap PATH]`
 
@@ -28,7 +30,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use corral_api::client::Client;
-use corral_benches::load::{bwrap_prefix, cpu_jiffies};
+use corral_benches::load::{bwrap_prefix, wait_quiet};
 use serde_json::json;
 
 /// The most requests one burst sends.
@@ -431,27 +433,6 @@ fn stack_cpu(root: u32) -> BTreeMap<&'static str, u64> {
     parts
 }
 
-/// Waits, at most `limit`, until the machine is quiet (under [`QUIET_BUSY`] of its CPU busy over
-/// a second): a stack just started, or a pool just grown, is still preparing its workers, and a
-/// burst measured meanwhile measures that too. Returns how long it waited and whether it was.
-async fn wait_quiet(limit: Duration) -> (Duration, bool) {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        let before = cpu_jiffies();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let after = cpu_jiffies();
-        let busy = after.0.saturating_sub(before.0) as f64
-            / after.1.saturating_sub(before.1).max(1) as f64;
-        if busy < QUIET_BUSY {
-            return (started.elapsed(), true);
-        }
-    }
-    (started.elapsed(), false)
-}
-
-/// The share of the machine's CPU under which it counts as quiet.
-const QUIET_BUSY: f64 = 0.10;
-
 /// CPU ticks of the children this process has reaped (the bare spawns).
 fn own_children_cpu() -> u64 {
     process(std::process::id()).map_or(0, |(_, _, _, reaped)| reaped)
@@ -506,7 +487,7 @@ async fn main() {
             .cloned()
     };
     let usage = "usage: burst --api URL --token-file FILE [--requests N] [--mixed] \
-                 [--serial K] [--stack-pid PID] [--label TEXT] [--deadline-seconds S] \
+                 [--serial K] [--pause-seconds P] [--stack-pid PID] [--label TEXT] [--deadline-seconds S] \
                  [--python PATH] [--stack-python PATH] [--node PATH] [--bwrap PATH]";
     let (Some(api_url), Some(token_file)) = (value("--api"), value("--token-file")) else {
         eprintln!("{usage}");
@@ -536,6 +517,10 @@ async fn main() {
     let mixed = args.iter().any(|a| a == "--mixed");
     let stack_pid: Option<u32> = value("--stack-pid").and_then(|p| p.parse().ok());
     let label = value("--label").unwrap_or_default();
+    let pause = value("--pause-seconds")
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::ZERO, Duration::from_secs)
+        .min(DEADLINE_MAX);
     let serial_runs: usize = value("--serial")
         .and_then(|n| n.parse().ok())
         .unwrap_or(20)
@@ -614,10 +599,12 @@ async fn main() {
         println!("ratio CPU per run API/bare: {:.2}", api_cpu / bare_cpu);
     }
     if serial_runs > 0 {
+        tokio::time::sleep(pause).await;
         let (waited, _) = wait_quiet(deadline).await;
         println!(
-            "after a pause of {:.1} s (until the machine was quiet); pool: {}",
-            waited.as_secs_f64(),
+            "after a pause of {:.1} s ({} s asked, then until the machine was quiet); pool: {}",
+            (pause + waited).as_secs_f64(),
+            pause.as_secs(),
             pool(&client).await
         );
         show_serial(&client, serial_runs, &tag, &paths, "after the burst").await;
