@@ -115,11 +115,32 @@ impl Client {
         &self,
         request: &Value,
     ) -> Result<(u16, Value, Option<String>), String> {
+        self.send(reqwest::Method::POST, "/v1/run_code", request)
+            .await
+    }
+
+    async fn send_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> Result<(u16, Value), String> {
+        let (status, body, _) = self.send(method, path, body).await?;
+        Ok((status, body))
+    }
+
+    /// A JSON request with the credential: the status, the JSON answer and its `Retry-After`.
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &Value,
+    ) -> Result<(u16, Value, Option<String>), String> {
         let reply = self
             .http
-            .post(format!("{}/v1/run_code", self.base))
+            .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.credential)
-            .json(request)
+            .json(body)
             .send()
             .await
             .map_err(|e| format!("{}: {e}", self.base))?;
@@ -134,28 +155,6 @@ impl Client {
             .await
             .map_err(|e| format!("{}: {e}", self.base))?;
         Ok((status, body, retry_after))
-    }
-
-    async fn send_json(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: &Value,
-    ) -> Result<(u16, Value), String> {
-        let reply = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.credential)
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| format!("{}: {e}", self.base))?;
-        let status = reply.status().as_u16();
-        let body = reply
-            .json()
-            .await
-            .map_err(|e| format!("{}: {e}", self.base))?;
-        Ok((status, body))
     }
 }
 

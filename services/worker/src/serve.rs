@@ -227,19 +227,7 @@ impl JailThread {
         &self,
         job: impl FnOnce(&mut Worker) -> T + Send + 'static,
     ) -> Result<T, String> {
-        self.hasten();
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        let prepared = self.prepared.clone();
-        self.jobs
-            .try_send(Box::new(move |worker| {
-                let value = job(worker);
-                prepared.set(&worker.prepared_languages());
-                let _ = answer.send(value);
-            }))
-            .map_err(|e| format!("the jail thread: {e}"))?;
-        answered
-            .await
-            .map_err(|_| "the jail thread ended".to_owned())
+        self.answer_then(move |worker| (job(worker), None)).await
     }
 
     /// Runs `job` on the thread and waits for its answer, the first of what it returns; the
