@@ -62,6 +62,7 @@ pub mod ids;
 pub mod jail;
 pub mod kernel;
 pub mod packages;
+pub mod pi;
 pub mod pool;
 pub mod projection;
 pub mod reconcile;
