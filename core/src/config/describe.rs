@@ -102,6 +102,7 @@ impl Settings {
             self.jail.allow_weaker_isolation.to_string(),
         ));
         out.push((JAIL_CGROUP_ROOT, self.jail.cgroup_root.clone()));
+        out.push((JAIL_PI_RUNTIME, self.jail.pi_runtime.clone()));
         out.push((JAIL_PYTHON_STACK, self.jail.python_stack.clone()));
         out.push((
             TOOL_ENDPOINT_URL,

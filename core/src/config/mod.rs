@@ -202,6 +202,10 @@ pub struct JailSettings {
     /// environment (PKG-1), built by `scripts/build-python-stack`. The jail binds it read-only at
     /// the same path and runs Python from it; without it, Python runs bare and says so.
     pub python_stack: String,
+    /// `CORRAL_JAIL_PI_RUNTIME` (default `/opt/corral/pi`): the baked Pi runtime (PI-1), built by
+    /// `scripts/build-pi-runtime`. The jail binds it read-only at the same path for package
+    /// validation; without it, a validation fails closed with `pi_runtime_unavailable`.
+    pub pi_runtime: String,
 }
 
 /// Every setting, parsed, in range, and with its limits agreeing with each other.
@@ -358,6 +362,7 @@ impl Default for Settings {
                 allow_weaker_isolation: false,
                 cgroup_root: "/sys/fs/cgroup".to_owned(),
                 python_stack: "/opt/corral/python".to_owned(),
+                pi_runtime: "/opt/corral/pi".to_owned(),
             },
             #[cfg(feature = "sim-mutations")]
             sim_mutation: None,
@@ -458,6 +463,7 @@ impl Settings {
                     .flag(JAIL_ALLOW_WEAKER_ISOLATION, d.jail.allow_weaker_isolation)?,
                 cgroup_root: r.path(JAIL_CGROUP_ROOT, &d.jail.cgroup_root)?,
                 python_stack: r.path(JAIL_PYTHON_STACK, &d.jail.python_stack)?,
+                pi_runtime: r.path(JAIL_PI_RUNTIME, &d.jail.pi_runtime)?,
             },
             #[cfg(feature = "sim-mutations")]
             sim_mutation,

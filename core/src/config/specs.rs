@@ -72,6 +72,7 @@ pub(super) const WORKER_PREIMPORT_IDLE: Number =
 pub(super) const JAIL_ALLOW_WEAKER_ISOLATION: &str = "CORRAL_JAIL_ALLOW_WEAKER_ISOLATION";
 pub(super) const JAIL_CGROUP_ROOT: &str = "CORRAL_JAIL_CGROUP_ROOT";
 pub(super) const JAIL_PYTHON_STACK: &str = "CORRAL_JAIL_PYTHON_STACK";
+pub(super) const JAIL_PI_RUNTIME: &str = "CORRAL_JAIL_PI_RUNTIME";
 /// The longest path a path setting accepts, in bytes (Linux's `PATH_MAX`).
 pub(super) const PATH_MAX_BYTES: usize = 4_096;
 /// The most modules `CORRAL_WORKER_PYTHON_PREIMPORT` may name: each costs every preparation.

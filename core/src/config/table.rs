@@ -66,6 +66,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "10", "PKG-1", "How long a worker waits idle, its Python jail prepared without the pre-imported modules, before it prepares it again with them (0: never)."),
     doc("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false", "POOL-4", "Run code even when a waivable isolation primitive is missing."),
     doc("CORRAL_JAIL_CGROUP_ROOT", "/sys/fs/cgroup", "corral", "Where the worker finds the cgroup v1 controllers for its runs."),
+    doc("CORRAL_JAIL_PI_RUNTIME", "/opt/corral/pi", "PI-1", "The baked Pi runtime (scripts/build-pi-runtime); the jail binds it read-only for package validation, which fails closed without it."),
     doc("CORRAL_JAIL_PYTHON_STACK", "/opt/corral/python", "PKG-1", "The baked Python stack's environment (scripts/build-python-stack); the jail binds it read-only and runs Python from it."),
     doc("CORRAL_TOOL_ENDPOINT_URL", "", "KER-5", "The platform's read-only tool endpoint the API forwards code's tool calls to (unset: tools are refused; corral up: its built-in sample)."),
     doc("CORRAL_RESOURCE_AUTHORITY_URL", "", "PROJ-1", "The platform's resource authority: rooms, audiences, documents and links (http(s)://… for the JSON contract in docs/resource-authority.openapi.yaml, sqlite:///abs/path.db for the embedded one; unset: nothing is projected or linked; corral up: an embedded one in its state directory)."),

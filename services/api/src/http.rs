@@ -29,6 +29,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .saturating_add(64 * 1024);
     let caller = Router::new()
         .route("/v1/run_code", post(run_code_handler))
+        .route(
+            "/v1/validate_package",
+            post(crate::validate::validate_package),
+        )
         .route("/v1/browser_sessions", post(crate::browser::open))
         .route(
             "/v1/browser_sessions/{id}/actions",

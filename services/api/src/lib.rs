@@ -35,6 +35,7 @@ pub mod refusal;
 pub mod resources;
 pub mod run;
 pub mod tools;
+pub mod validate;
 pub mod viewer;
 pub mod workspaces;
 

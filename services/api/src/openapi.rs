@@ -136,6 +136,23 @@ pub fn document() -> Value {
                                         "content": { "application/octet-stream": {}, "application/json": {} } },
                                "400": refusal(), "401": refusal(), "404": refusal(), "409": refusal(), "413": refusal(), "422": refusal() } } },
             "/v1/edit_workspace": edit,
+            "/v1/validate_package": { "post": {
+                "summary": "Validate an authored Pi package in a leased worker before admission (PI-1): static checks, its node:test tests (an extension), a fresh tree with dependencies reinstalled through the broker, Pi's real loader in a disposable child, and the surface compared with the reviewed manifest. The profile and the Pi runtime are derived, never chosen",
+                "security": [{ "caller": [] }],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": { "type": "object", "additionalProperties": false,
+                    "required": ["actor", "conversation", "member", "files", "manifest"],
+                    "properties": {
+                        "actor": { "type": "string" }, "conversation": { "type": "string" }, "member": { "type": "string" },
+                        "files": { "type": "array", "maxItems": corral_core::pi::files::FILES_MAX, "items": { "type": "object", "additionalProperties": false, "required": ["path"],
+                            "properties": { "path": { "type": "string" }, "text": { "type": "string" }, "base64": { "type": "string" } } } },
+                        "manifest": { "type": "object", "description": "The reviewed manifest: name, version, and the names of the skills, prompts, themes, tools, commands, hooks, flags, shortcuts and renderers the package registers",
+                            "required": ["name", "version"], "properties": { "name": { "type": "string" }, "version": { "type": "string" } } },
+                        "deadline_seconds": { "type": "integer", "minimum": 1, "maximum": corral_core::pi::DEADLINE_MAX_SECONDS, "default": corral_core::pi::DEADLINE_DEFAULT_SECONDS } } } } } },
+                "responses": {
+                    "200": { "description": "Admitted: {outcome: admitted, admitted: true, validation_id, profile, runtime {package, version}, surface, drift, durations {static_ms, tests_ms, reinstall_ms, loader_ms}}" },
+                    "400": refusal(), "401": refusal(), "413": refusal(),
+                    "422": { "description": "Not admitted, failed closed: error.code is one of the package_* codes (or pi_runtime_unavailable), error.step the step, error.tail a bounded output tail" },
+                    "429": refusal(), "503": refusal() } } },
             "/v1/admin/egress_policy": {
                 "get": { "summary": "The egress policy: values, configured and effective mode, notes, revision",
                          "security": [{ "admin": [] }], "responses": { "200": { "description": "The policy" }, "401": refusal() } },

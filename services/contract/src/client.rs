@@ -117,6 +117,28 @@ impl WorkerClient {
         .await
     }
 
+    /// Validates a package on `worker` (PI-1).
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn validate_package(
+        &self,
+        worker: WorkerId,
+        request: &crate::messages::ValidateRequest,
+    ) -> Result<crate::messages::ValidateReply, CallError> {
+        let body =
+            serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let timeout = Duration::from_millis(request.deadline_ms) + EXECUTE_MARGIN;
+        self.call(
+            worker,
+            crate::routes::VALIDATE_PACKAGE,
+            Some(body),
+            timeout,
+            crate::messages::VALIDATE_REPLY_MAX_BYTES,
+        )
+        .await
+    }
+
     /// Resets `worker` under `token`.
     ///
     /// # Errors

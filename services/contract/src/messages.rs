@@ -21,6 +21,100 @@ use crate::error::{ErrorBody, ErrorCode, ErrorDetail};
 use crate::limits::{DIAGNOSTIC_MAX_CHARS, DIAGNOSTICS_MAX, GRANT_MAX_BYTES};
 
 // ---------------------------------------------------------------------------------------------
+// Validate a package (PI-1).
+
+/// The most bytes a validation's reply may have: the surface's lists are bounded by
+/// `corral_core::pi::surface::LIST_MAX` names of `NAME_MAX_CHARS` each.
+pub const VALIDATE_REPLY_MAX_BYTES: u64 = 2 << 20;
+
+/// `POST /v1/validate_package`: validate the server's file set of an authored Pi package. The
+/// worker derives the profile, the dependencies and the tests from the files itself, with the
+/// same rules the API checked them by (`corral_core::pi::package`); the request chooses no
+/// runtime and no command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateRequest {
+    /// The files, each `{path, base64}`.
+    pub files: Vec<WireFile>,
+    /// The whole validation's deadline, from the worker's receipt, in milliseconds (at most
+    /// `corral_core::pi::DEADLINE_MAX_SECONDS`).
+    pub deadline_ms: u64,
+    /// The broker token the dependencies install with; none when there are none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install_token: Option<String>,
+    /// The operation token the reset evidence carries.
+    pub token: OpToken,
+}
+
+/// One file of a package on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireFile {
+    /// The path, relative to the package's root.
+    pub path: String,
+    /// The bytes, base64.
+    pub base64: String,
+}
+
+impl WireFile {
+    /// `file` on the wire.
+    #[must_use]
+    pub fn of(file: &corral_core::pi::files::PackageFile) -> Self {
+        Self {
+            path: file.path.clone(),
+            base64: BASE64.encode(&file.bytes),
+        }
+    }
+
+    /// The file, or `None` when its bytes are not base64.
+    #[must_use]
+    pub fn decode(&self) -> Option<corral_core::pi::files::PackageFile> {
+        Some(corral_core::pi::files::PackageFile {
+            path: self.path.clone(),
+            bytes: BASE64.decode(&self.base64).ok()?,
+        })
+    }
+}
+
+/// How long a validation's steps took at the worker, in milliseconds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidationDurations {
+    /// The test tree's install and the tests (an extension package).
+    pub tests_ms: u64,
+    /// The validation tree, built and its dependencies reinstalled.
+    pub reinstall_ms: u64,
+    /// Pi's loader in the disposable child, and the parent's reading of its observation.
+    pub loader_ms: u64,
+    /// The whole validation, before its reset.
+    pub total_ms: u64,
+}
+
+/// The answer to a validation: the surface the loader registered, believed by the worker's
+/// supervisor (the trusted parent) against the file set, or the failure with its stable code.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ValidateReply {
+    /// What the package registers; `None` beside a failure.
+    pub surface: Option<corral_core::pi::surface::Surface>,
+    /// Why the package failed, closed.
+    pub failure: Option<corral_core::pi::Refusal>,
+    /// The step that failed.
+    pub step: Option<corral_core::pi::Step>,
+    /// Why the worker could not carry the validation out (not the package's doing).
+    pub not_run: Option<NotRun>,
+    /// The Pi runtime's version the child observed.
+    pub runtime_version: Option<String>,
+    /// A bounded tail of the failing step's output (the tests', the installer's, or the child's
+    /// stderr beside a malformed observation).
+    pub tail: Option<String>,
+    /// Bounded notes.
+    pub diagnostics: Vec<String>,
+    /// Timings.
+    pub durations: ValidationDurations,
+    /// The isolation the validation had.
+    pub isolation: Isolation,
+}
+
+// ---------------------------------------------------------------------------------------------
 // Execute.
 
 /// `POST /v1/execute`: run `code` in a fresh jail with the workspace unpacked from `workspace`.

@@ -9,6 +9,9 @@
 pub const HEALTH: &str = "/health";
 /// `POST` an [`crate::ExecuteRequest`]: run code; answered with an [`crate::ExecuteReply`].
 pub const EXECUTE: &str = "/v1/execute";
+/// `POST` a [`crate::messages::ValidateRequest`]: validate an authored Pi package (PI-1);
+/// answered with a [`crate::messages::ValidateReply`] before the validation's own reset.
+pub const VALIDATE_PACKAGE: &str = "/v1/validate_package";
 /// `POST` a [`crate::ResetRequest`]: kill, wipe, measure; answered with a [`crate::ResetReply`].
 pub const RESET: &str = "/v1/reset";
 

@@ -73,6 +73,8 @@ pub struct Layout<'a> {
     /// The baked Python stack, bound read-only at the same path (its environment names its own
     /// absolute paths).
     pub python_stack: Option<&'a Path>,
+    /// The baked Pi runtime (PI-1), bound read-only at the same path for a package validation.
+    pub pi_runtime: Option<&'a Path>,
     /// Whether to mount the run directory's `resources` read-only at
     /// `corral_core::projection::MOUNT_DIR` (PROJ-6): outside the workspace, never executable.
     pub resources: bool,
@@ -104,10 +106,13 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         || "mount the root tmpfs".to_owned(),
     )?;
     system_entries(&root)?;
-    if let Some(stack) = layout.python_stack {
-        let inside = root.join(stack.strip_prefix("/").unwrap_or(stack));
+    for baked in [layout.python_stack, layout.pi_runtime]
+        .into_iter()
+        .flatten()
+    {
+        let inside = root.join(baked.strip_prefix("/").unwrap_or(baked));
         let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-        bind_dir(stack, &inside, read_only)?;
+        bind_dir(baked, &inside, read_only)?;
     }
     etc(&root, layout)?;
     dev(&root, layout.run_dir)?;

@@ -24,6 +24,10 @@ pub struct JailPlan {
     /// the worker found none to use.
     #[serde(default)]
     pub python_stack: Option<String>,
+    /// The baked Pi runtime's directory (PI-1), bound read-only at the same path for a package
+    /// validation's loader; `None` for every other jail.
+    #[serde(default)]
+    pub pi_runtime: Option<String>,
     /// Whether the run directory's `resources` holds a verified projection, mounted read-only at
     /// `corral_core::projection::MOUNT_DIR` (PROJ-5, PROJ-6).
     #[serde(default)]

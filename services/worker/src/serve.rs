@@ -55,6 +55,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -68,7 +69,8 @@ use corral_contract::limits::execute_body_max_bytes;
 use corral_contract::messages::{
     BrowserCloseRequest, BrowserOpenRequest, BrowserPrivateReply, BrowserPrivateRequest,
     BrowserSignalReply, BrowserSignalRequest, BrowserTurnReply, EvidenceReport, ExecuteReply,
-    ExecuteRequest, HealthReply, LiveViewOrder, ResetReply, ResetRequest, WorkspaceReturn,
+    ExecuteRequest, HealthReply, LiveViewOrder, ResetReply, ResetRequest, ValidateReply,
+    ValidateRequest, WireFile, WorkspaceReturn,
 };
 use corral_contract::{credential, routes};
 use corral_core::bounds::ExecutionBounds;
@@ -78,7 +80,7 @@ use tokio::sync::Mutex;
 
 use crate::archive::{self, ArchiveError};
 use crate::result::RunResult;
-use crate::supervisor::{Reexec, RunRequest, SessionError, Unreset, Worker};
+use crate::supervisor::{Reexec, RunRequest, SessionError, Unreset, Validation, Worker};
 
 /// `corral worker`'s commands.
 #[derive(clap::Subcommand)]
@@ -436,6 +438,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route(routes::HEALTH, get(health))
         .route(routes::EXECUTE, post(execute))
         .route(routes::RESET, post(reset))
+        .route(routes::VALIDATE_PACKAGE, post(validate_package))
         .route(routes::BROWSER_OPEN, post(browser_open))
         .route(routes::BROWSER_ACT, post(browser_act))
         .route(routes::BROWSER_CLOSE, post(browser_close))
@@ -877,6 +880,79 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             },
         ),
         Ok(Err(Refusal::Staging(e))) => error(ErrorCode::StagingFailed, ErrorDetail::message(e)),
+        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
+    }
+}
+
+/// `POST /v1/validate_package` (PI-1): the files decoded and checked by the same rules the API
+/// checked them by, then the validation on the jail thread; answered before its reset, which
+/// follows on the thread before any other job.
+async fn validate_package(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let Some(worker) = state.hold() else {
+        return busy();
+    };
+    if worker
+        .run(|worker| worker.has_session())
+        .await
+        .unwrap_or(true)
+    {
+        return session_error(&SessionError::Open);
+    }
+    let request: ValidateRequest = match serde_json::from_slice(&body) {
+        Ok(request) => request,
+        Err(e) => return refusal(ErrorBody::of_json(&e)),
+    };
+    drop(body);
+    let invalid = |message: &str| error(ErrorCode::BodyInvalid, ErrorDetail::message(message));
+    if request.deadline_ms == 0
+        || request.deadline_ms > corral_core::pi::DEADLINE_MAX_SECONDS * 1_000
+    {
+        return invalid("deadline_ms is zero or above the longest validation deadline");
+    }
+    let Some(files) = request
+        .files
+        .iter()
+        .map(WireFile::decode)
+        .collect::<Option<Vec<_>>>()
+    else {
+        return invalid("a file's bytes are not base64");
+    };
+    let checked = corral_core::pi::files::check_files(files).and_then(|files| {
+        corral_core::pi::package::check_package(&files).map(|checked| (files, checked))
+    });
+    let (files, checked) = match checked {
+        Ok(both) => both,
+        Err(refused) => {
+            // The API checks first; a package refused here never reaches a jail.
+            return axum::Json(ValidateReply {
+                failure: Some(refused),
+                step: Some(corral_core::pi::Step::Static),
+                ..ValidateReply::default()
+            })
+            .into_response();
+        }
+    };
+    let order = Validation {
+        files,
+        checked,
+        deadline: Duration::from_millis(request.deadline_ms),
+        install_token: request.install_token,
+        token: request.token,
+    };
+    let ran = worker
+        .answer_then(move |worker| {
+            let (reply, unreset) = worker.validate_package(&order);
+            let then: Job = Box::new(move |worker: &mut Worker| {
+                if let Some(unreset) = unreset {
+                    worker.reset_later(unreset);
+                }
+            });
+            (reply, Some(then))
+        })
+        .await;
+    drop(worker);
+    match ran {
+        Ok(reply) => axum::Json(reply).into_response(),
         Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
     }
 }

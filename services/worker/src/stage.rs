@@ -157,11 +157,13 @@ pub fn stage2(plan_text: &str) -> ExitCode {
     };
     let run_dir = std::path::PathBuf::from(&plan.run_dir);
     let python_stack = plan.python_stack.as_ref().map(std::path::PathBuf::from);
+    let pi_runtime = plan.pi_runtime.as_ref().map(std::path::PathBuf::from);
     let layout = Layout {
         run_dir: &run_dir,
         uid: plan.inner_uid,
         gid: plan.inner_gid,
         python_stack: python_stack.as_deref(),
+        pi_runtime: pi_runtime.as_deref(),
         resources: plan.resources,
     };
     if let Err(error) = mounts::build_and_enter(&layout) {

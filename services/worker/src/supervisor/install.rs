@@ -193,29 +193,8 @@ impl Worker {
                 Ok(argv)
             }
             Language::Node => {
-                let mut argv = vec![
-                    "/usr/bin/npm".to_owned(),
-                    "install".to_owned(),
-                    "--prefix".to_owned(),
-                    "/workspace".to_owned(),
-                    "--no-audit".to_owned(),
-                    "--no-fund".to_owned(),
-                    "--no-update-notifier".to_owned(),
-                    "--ignore-scripts".to_owned(),
-                    "--userconfig".to_owned(),
-                    "/dev/null".to_owned(),
-                    "--cache".to_owned(),
-                    "/tmp/.corral/npm".to_owned(),
-                    "--registry".to_owned(),
-                    format!("{index}/npm/"),
-                    "--fetch-retries".to_owned(),
-                    NPM_FETCH_RETRIES.to_string(),
-                    "--fetch-retry-mintimeout".to_owned(),
-                    NPM_FETCH_RETRY_MIN_MS.to_string(),
-                    "--fetch-retry-maxtimeout".to_owned(),
-                    NPM_FETCH_RETRY_MAX_MS.to_string(),
-                    "--".to_owned(),
-                ];
+                let mut argv = npm_install(&order.token);
+                argv.push("--".to_owned());
                 argv.extend(specs.iter().cloned());
                 give(&scratch, owner)?;
                 Ok(argv)
@@ -224,7 +203,7 @@ impl Worker {
     }
 
     /// The broker's address, from `SANDBOX_PACKAGE_BROKER_URL`.
-    fn broker(&self) -> Result<ProxyAddress, String> {
+    pub(super) fn broker(&self) -> Result<ProxyAddress, String> {
         let url = self
             .settings
             .packages
@@ -237,9 +216,43 @@ impl Worker {
     }
 }
 
+/// `npm install` into `/workspace` through the broker's jail address with `token`: no scripts,
+/// no configuration but its arguments, a cache in the run's scratch space, the bounded retries
+/// (PKG-5). The caller adds what to install (nothing: the package.json in `/workspace`).
+pub(super) fn npm_install(token: &str) -> Vec<String> {
+    let index = format!("http://127.0.0.1:{JAIL_BROKER_PORT}/v1/packages/{token}");
+    [
+        "/usr/bin/npm",
+        "install",
+        "--prefix",
+        "/workspace",
+        "--no-audit",
+        "--no-fund",
+        "--no-update-notifier",
+        "--ignore-scripts",
+        "--userconfig",
+        "/dev/null",
+        "--cache",
+        "/tmp/.corral/npm",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .chain([
+        "--registry".to_owned(),
+        format!("{index}/npm/"),
+        "--fetch-retries".to_owned(),
+        NPM_FETCH_RETRIES.to_string(),
+        "--fetch-retry-mintimeout".to_owned(),
+        NPM_FETCH_RETRY_MIN_MS.to_string(),
+        "--fetch-retry-maxtimeout".to_owned(),
+        NPM_FETCH_RETRY_MAX_MS.to_string(),
+    ])
+    .collect()
+}
+
 /// Gives `dir` and everything in it (never following a link) to the run's uid, which the
 /// installer runs as.
-fn give(dir: &std::path::Path, owner: u32) -> Result<(), String> {
+pub(super) fn give(dir: &std::path::Path, owner: u32) -> Result<(), String> {
     let own = |path: &std::path::Path| {
         std::os::unix::fs::lchown(path, Some(owner), Some(owner))
             .map_err(|e| format!("install: own {}: {e}", path.display()))
@@ -267,7 +280,7 @@ fn pip_runner(site: &str) -> String {
 
 /// The installer's environment: nothing of the supervisor's; pip and npm read no configuration
 /// but their arguments.
-fn install_environment(language: Language) -> Vec<(String, String)> {
+pub(super) fn install_environment(language: Language) -> Vec<(String, String)> {
     let mut env = vec![
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/tmp"),
@@ -289,7 +302,7 @@ fn install_environment(language: Language) -> Vec<(String, String)> {
 
 /// Asks the broker once whether this run's registry was unreachable (pip reports a refused index
 /// only as "no matching distribution"). Any failure to ask counts as "not known to be".
-fn registry_was_unreachable(broker: &ProxyAddress, token: &str) -> bool {
+pub(super) fn registry_was_unreachable(broker: &ProxyAddress, token: &str) -> bool {
     let ask = || -> std::io::Result<String> {
         let address = (broker.host.as_str(), broker.port);
         let addresses: Vec<_> = std::net::ToSocketAddrs::to_socket_addrs(&address)?.collect();

@@ -67,6 +67,7 @@ impl Worker {
                 .python_stack()
                 .ok()
                 .map(|stack| stack.to_string_lossy().into_owned()),
+            pi_runtime: None,
             resources: false,
             argv: if warm {
                 bootstrap(

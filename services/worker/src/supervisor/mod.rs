@@ -39,6 +39,8 @@ pub use run::Unreset;
 mod setup;
 mod stack;
 mod supervise;
+mod validate;
+pub use validate::Validation;
 
 use launch::Started;
 

@@ -27,6 +27,17 @@ pub struct Unreset {
     started: Instant,
 }
 
+impl Unreset {
+    /// `run`, to be reset under `token`; `started` is when its request began.
+    pub(super) fn new(run: ActiveRun, token: OpToken, started: Instant) -> Self {
+        Self {
+            run,
+            token,
+            started,
+        }
+    }
+}
+
 impl Worker {
     /// Runs one piece of code in a fresh jail and resets after it. The jail dies with the thread
     /// that calls this (the parent-death signal follows the thread), which this call outlives.
