@@ -44,7 +44,17 @@ function emit() {
   for (const key of ["skills", "prompts", "themes", "extensions", "providers", "errors", "diagnostics"]) {
     observation[key] = cap(observation[key]);
   }
-  fs.writeSync(1, `\n${MARK}${JSON.stringify(observation)}\n`);
+  // Node may leave stdout non-blocking: write every byte, waiting out a full pipe.
+  const line = Buffer.from(`\n${MARK}${JSON.stringify(observation)}\n`);
+  const pause = new Int32Array(new SharedArrayBuffer(4));
+  for (let written = 0; written < line.length; ) {
+    try {
+      written += fs.writeSync(1, line, written);
+    } catch (e) {
+      if (e.code !== "EAGAIN") throw e;
+      Atomics.wait(pause, 0, 0, 5);
+    }
+  }
   process.exit(0);
 }
 

@@ -103,6 +103,8 @@ pub enum RefusalCode {
     PackageLoaderFailed,
     /// The child's observation was not one bounded, well-formed observation.
     PackageObservationMalformed,
+    /// The child's output exceeded its bound: a package that floods it is not observed.
+    PackageOutputFlooded,
     /// The package subscribes to a hook the platform does not support.
     PackageHookUnsupported,
     /// The loaded surface differs from the reviewed manifest.
@@ -113,7 +115,7 @@ pub enum RefusalCode {
 
 impl RefusalCode {
     /// Every code.
-    pub const ALL: [RefusalCode; 18] = [
+    pub const ALL: [RefusalCode; 19] = [
         Self::PackageTooLarge,
         Self::PackagePathInvalid,
         Self::PackagePathDuplicate,
@@ -129,6 +131,7 @@ impl RefusalCode {
         Self::PackageDeadlineExceeded,
         Self::PackageLoaderFailed,
         Self::PackageObservationMalformed,
+        Self::PackageOutputFlooded,
         Self::PackageHookUnsupported,
         Self::PackageSurfaceDrift,
         Self::PiRuntimeUnavailable,
@@ -153,6 +156,7 @@ impl RefusalCode {
             Self::PackageDeadlineExceeded => "package_deadline_exceeded",
             Self::PackageLoaderFailed => "package_loader_failed",
             Self::PackageObservationMalformed => "package_observation_malformed",
+            Self::PackageOutputFlooded => "package_output_flooded",
             Self::PackageHookUnsupported => "package_hook_unsupported",
             Self::PackageSurfaceDrift => "package_surface_drift",
             Self::PiRuntimeUnavailable => "pi_runtime_unavailable",

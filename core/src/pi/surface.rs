@@ -139,23 +139,26 @@ pub struct Observation {
 
 /// Takes the child's one observation out of its stdout: exactly one line with
 /// [`OBSERVATION_MARK`], at most [`OBSERVATION_MAX_BYTES`], JSON of [`Observation`]'s shape, with
-/// every list within [`LIST_MAX`]. Output the authored code printed around it is ignored.
+/// every list within [`LIST_MAX`]. Output the authored code printed around it is ignored, unless
+/// it flooded the stream past its bound (`truncated`): then nothing of it is believed.
 ///
 /// # Errors
-/// [`RefusalCode::PackageObservationMalformed`]: none, two, too long, truncated, not the shape.
+/// [`RefusalCode::PackageOutputFlooded`] when `truncated`;
+/// [`RefusalCode::PackageObservationMalformed`]: none, two, too long, not the shape.
 pub fn parse_observation(stdout: &[u8], truncated: bool) -> Result<Observation, Refusal> {
     let malformed = |why: &str| Refusal::new(RefusalCode::PackageObservationMalformed, why);
+    if truncated {
+        return Err(Refusal::new(
+            RefusalCode::PackageOutputFlooded,
+            "the loader's output exceeded its bound (SANDBOX_MAX_OUTPUT_BYTES): nothing of it is believed",
+        ));
+    }
     let mark = OBSERVATION_MARK.as_bytes();
     let mut lines = stdout
         .split(|b| *b == b'\n')
         .filter(|line| line.starts_with(mark));
     let line = match (lines.next(), lines.next()) {
         (Some(line), None) => line,
-        (None, _) if truncated => {
-            return Err(malformed(
-                "the loader's output exceeded its bound before an observation",
-            ));
-        }
         (None, _) => return Err(malformed("the loader wrote no observation")),
         (Some(_), Some(_)) => {
             return Err(malformed(
@@ -583,9 +586,13 @@ mod tests {
         let surface = believe(&parsed, Profile::Extension, &files()).expect("believed");
         assert_eq!(surface.tools, BTreeSet::from(["shout".to_owned()]));
         assert_eq!(surface.hooks, BTreeSet::from(["tool_call".to_owned()]));
+        let flooded = [line(&observation("")), b"x".repeat(1000)].concat();
+        assert_eq!(
+            parse_observation(&flooded, true).expect_err("flooded").code,
+            RefusalCode::PackageOutputFlooded
+        );
         for (stdout, truncated) in [
             (b"garbage".to_vec(), false),
-            (b"x".repeat(1000), true),
             (format!("{OBSERVATION_MARK}{{not json").into_bytes(), false),
             (
                 [line(&observation("")), line(&observation(""))].concat(),
