@@ -111,12 +111,12 @@ pub async fn validate_package(
         Ok(raw) => raw,
         Err(e) => {
             let code = corral_contract::ErrorBody::of_json(&e).error.code();
-            return crate::http::error(StatusCode::BAD_REQUEST, code, e.to_string());
+            return crate::refusal::error(StatusCode::BAD_REQUEST, code, e.to_string());
         }
     };
     if let Some(field) = NOT_SELECTABLE.iter().find(|f| raw.get(**f).is_some()) {
         state.metrics.refusal("validation_profile_not_selectable");
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::BAD_REQUEST,
             "validation_profile_not_selectable",
             format!(
@@ -129,7 +129,7 @@ pub async fn validate_package(
     let request: ValidatePackage = match serde_json::from_value(raw) {
         Ok(request) => request,
         Err(e) => {
-            return crate::http::error(StatusCode::BAD_REQUEST, "body_invalid", e.to_string());
+            return crate::refusal::error(StatusCode::BAD_REQUEST, "body_invalid", e.to_string());
         }
     };
     drop(body);
@@ -139,7 +139,7 @@ pub async fn validate_package(
         return bad;
     }
     if !corral_core::ids::identity_is_valid(&request.member) {
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::BAD_REQUEST,
             "invalid_identity",
             "member must be 1 to 256 bytes with no control character",
@@ -147,7 +147,7 @@ pub async fn validate_package(
     }
     let deadline_seconds = request.deadline_seconds.unwrap_or(DEADLINE_DEFAULT_SECONDS);
     if deadline_seconds == 0 || deadline_seconds > DEADLINE_MAX_SECONDS {
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::UNPROCESSABLE_ENTITY,
             "bound_override_refused",
             format!("deadline_seconds must be 1 to {DEADLINE_MAX_SECONDS}"),
@@ -162,7 +162,7 @@ pub async fn validate_package(
                 match base64::engine::general_purpose::STANDARD.decode(encoded) {
                     Ok(bytes) => bytes,
                     Err(_) => {
-                        return crate::http::error(
+                        return crate::refusal::error(
                             StatusCode::BAD_REQUEST,
                             "body_invalid",
                             format!("files[{:?}].base64 is not base64", file.path),
@@ -171,7 +171,7 @@ pub async fn validate_package(
                 }
             }
             _ => {
-                return crate::http::error(
+                return crate::refusal::error(
                     StatusCode::BAD_REQUEST,
                     "body_invalid",
                     format!(
@@ -300,7 +300,7 @@ fn judged(
     });
     if let Some(not_run) = worker.not_run {
         state.metrics.refusal(not_run.code());
-        return crate::http::error(
+        return crate::refusal::error(
             StatusCode::SERVICE_UNAVAILABLE,
             not_run.code(),
             format!(

@@ -1,0 +1,164 @@
+"""The Python client against a real `corral up`: CORRAL_API_URL and CORRAL_API_TOKEN_FILE name
+it (services/corral/tests/python_client.rs starts one and runs these). Without them every test
+skips, unless CORRAL_REQUIRE_SERVICES is set (CI), when each fails instead."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+import httpx
+import pytest
+
+from corral_client import (
+    AsyncClient,
+    Busy,
+    CapacityUnavailable,
+    Client,
+    CorralError,
+    InvalidRequest,
+    PackageRejected,
+    Unauthorized,
+)
+
+
+def _stack() -> tuple[str, str]:
+    url = os.environ.get("CORRAL_API_URL")
+    token_file = os.environ.get("CORRAL_API_TOKEN_FILE")
+    if not url or not token_file:
+        why = "no corral up: set CORRAL_API_URL and CORRAL_API_TOKEN_FILE"
+        if os.environ.get("CORRAL_REQUIRE_SERVICES"):
+            pytest.fail(why)
+        pytest.skip(why)
+    with open(token_file, encoding="utf-8") as f:
+        return url, f.read().strip()
+
+
+@pytest.fixture
+def corral():
+    url, token = _stack()
+    # A conversation of its own per test: workspaces and kernels never meet.
+    with Client(url, token, actor="py-client", conversation=uuid.uuid4().hex) as client:
+        yield client
+
+
+def test_a_run_answers_its_output(corral: Client) -> None:
+    result = corral.run_code("print(6 * 7)")
+    assert result.succeeded, result.body
+    assert result.stdout.text == "42\n"
+    assert result.exit_code == 0
+    assert result.run_id
+
+
+def test_a_failed_run_is_a_result_not_an_exception(corral: Client) -> None:
+    result = corral.run_code("import sys; print('partial'); sys.exit(3)")
+    assert result.outcome == "failed"
+    assert result.exit_code == 3
+    assert result.stdout.text == "partial\n"
+
+
+def test_node_runs_too(corral: Client) -> None:
+    assert corral.run_code("console.log([1, 2, 3].map((x) => x * 2).join(','))", "node").stdout.text == "2,4,6\n"
+
+
+def test_a_refusal_is_its_typed_exception_with_its_stable_code() -> None:
+    url, token = _stack()
+    with Client(url, token, actor="", conversation="c") as bad:
+        with pytest.raises(InvalidRequest) as refused:
+            bad.run_code("print(1)")
+    assert refused.value.code == "invalid_identity"
+    assert refused.value.status == 400
+    with Client(url, "not-the-credential-at-all", actor="a", conversation="c") as stranger:
+        with pytest.raises(Unauthorized) as refused:
+            stranger.run_code("print(1)")
+    assert refused.value.code == "unauthorized"
+
+
+def test_refusals_map_to_their_types_and_carry_retry_after() -> None:
+    # The API's refusal shapes, replayed by httpx's mock transport: a mock of the server, used
+    # only to reach the codes a single machine's pool cannot be made to give on demand.
+    answers = {
+        "queue_full": (429, "2"),
+        "wait_timeout": (503, "5"),
+        "kernel_busy": (409, None),
+    }
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        code = next(c for c in answers if c in request.content.decode())
+        status, retry = answers[code]
+        headers = {"Retry-After": retry} if retry else {}
+        return httpx.Response(status, headers=headers,
+                              json={"outcome": "refused", "error": {"code": code, "message": code}})
+
+    with Client("http://corral.invalid", "t" * 32, actor="a", conversation="c",
+                transport=httpx.MockTransport(handler)) as mocked:
+        with pytest.raises(CapacityUnavailable) as full:
+            mocked.run_code("queue_full")
+        assert (full.value.code, full.value.status, full.value.retry_after) == ("queue_full", 429, 2.0)
+        with pytest.raises(CapacityUnavailable) as waited:
+            mocked.run_code("wait_timeout")
+        assert waited.value.retry_after == 5.0
+        with pytest.raises(Busy) as busy:
+            mocked.run_code("kernel_busy")
+        assert busy.value.retry_after is None
+
+
+def test_a_streamed_run_gives_its_events_as_they_happen(corral: Client) -> None:
+    events = []
+    result = corral.run_code("import time; time.sleep(1.0); print('done')", on_event=events.append)
+    assert [e.name for e in events] == ["run.queued", "run.running", "run.result"]
+    running, final = events[1], events[2]
+    # The running event arrived while the code still slept.
+    assert final.received_at - running.received_at >= 0.9, events
+    assert result.stdout.text == "done\n"
+
+
+def test_a_persistent_kernel_keeps_its_state_across_three_calls(corral: Client) -> None:
+    assert corral.run_code("items = [1]", kernel="persistent").succeeded
+    assert corral.run_code("items.append(2)", kernel="persistent").succeeded
+    third = corral.run_code("print(items)", kernel="persistent")
+    assert third.stdout.text == "[1, 2]\n", third.body
+
+
+def test_the_workspace_is_read_and_edited_by_its_anchors(corral: Client) -> None:
+    assert corral.run_code("open('notes.txt', 'w').write('alpha\\nbeta\\n')").succeeded
+    assert corral.read_file("notes.txt") == b"alpha\nbeta\n"
+    view = corral.read_hashline("notes.txt")
+    assert view.total_lines == 2
+    line, rest = view.lines[1].split(":", 1)
+    tag = rest.split("|", 1)[0]
+    edited = corral.edit_file("notes.txt", [{"op": "replace", "line": int(line), "tag": tag, "text": "gamma"}])
+    assert edited["outcome"] == "applied", edited
+    assert corral.read_file("notes.txt") == b"alpha\ngamma\n"
+    with pytest.raises(CorralError) as stale:
+        corral.edit_file("notes.txt", [{"op": "replace", "line": int(line), "tag": tag, "text": "delta"}])
+    assert stale.value.code == "stale_anchor"
+
+
+SKILL = "---\nname: tidy\ndescription: Tidies a list.\n---\nSort it.\n"
+
+
+def test_a_pi_package_is_admitted_or_rejected_with_its_code(corral: Client) -> None:
+    files = {"package.json": '{"name":"tidy","version":"1.0.0"}', "skills/tidy/SKILL.md": SKILL}
+    admitted = corral.validate_package(files, {"name": "tidy", "version": "1.0.0", "skills": ["tidy"]})
+    assert admitted.profile == "skill_only"
+    assert admitted.surface["skills"] == ["tidy"]
+    with pytest.raises(PackageRejected) as rejected:
+        corral.validate_package(files, {"name": "tidy", "version": "1.0.0", "skills": ["neat"]})
+    assert rejected.value.code == "package_declaration_mismatch"
+    assert rejected.value.step == "static"
+
+
+def test_the_async_client_runs_and_streams() -> None:
+    url, token = _stack()
+
+    async def both() -> tuple[str, list[str]]:
+        async with AsyncClient(url, token, actor="py-async", conversation=uuid.uuid4().hex) as client:
+            result = await client.run_code("print('async')")
+            names = [event.name async for event in client.stream_code("print('streamed')")]
+            return result.stdout.text, names
+
+    text, names = asyncio.run(both())
+    assert text == "async\n"
+    assert names == ["run.queued", "run.running", "run.result"]
