@@ -1,0 +1,87 @@
+// The TypeScript client (built to dist/ by tsc) against a real `corral up`: CORRAL_API_URL and
+// CORRAL_API_TOKEN_FILE name it (services/corral/tests/typescript_client.rs starts one, builds the
+// client and runs these). Without them every test is skipped, unless CORRAL_REQUIRE_SERVICES is
+// set (CI), when each fails instead.
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { randomUUID } from "node:crypto";
+import test from "node:test";
+
+import { CapacityUnavailable, Client, InvalidRequest, PackageRejected, Unauthorized } from "../dist/index.js";
+
+const url = process.env.CORRAL_API_URL;
+const tokenFile = process.env.CORRAL_API_TOKEN_FILE;
+const missing = !url || !tokenFile ? "no corral up: set CORRAL_API_URL and CORRAL_API_TOKEN_FILE" : null;
+if (missing && process.env.CORRAL_REQUIRE_SERVICES) throw new Error(missing);
+const token = missing ? "" : readFileSync(tokenFile, "utf8").trim();
+const live = { skip: missing ?? false };
+const client = () => new Client({ baseUrl: url, token, actor: "ts-client", conversation: randomUUID() });
+
+test("a run answers its output", live, async () => {
+  const result = await client().runCode("print(6 * 7)");
+  assert.equal(result.outcome, "succeeded");
+  assert.equal(result.stdout.text, "42\n");
+  assert.equal(result.exitCode, 0);
+});
+
+test("a failed run is a result, not an exception", live, async () => {
+  const result = await client().runCode("process.stdout.write('partial\\n'); process.exit(3)", "node");
+  assert.equal(result.outcome, "failed");
+  assert.equal(result.exitCode, 3);
+  assert.equal(result.stdout.text, "partial\n");
+});
+
+test("a refusal is its typed error with its stable code", live, async () => {
+  const bad = new Client({ baseUrl: url, token, actor: "", conversation: "c" });
+  await assert.rejects(bad.runCode("print(1)"), (e) => e instanceof InvalidRequest && e.code === "invalid_identity" && e.status === 400);
+  const stranger = new Client({ baseUrl: url, token: "not-the-credential-at-all", actor: "a", conversation: "c" });
+  await assert.rejects(stranger.runCode("print(1)"), (e) => e instanceof Unauthorized && e.code === "unauthorized");
+});
+
+test("refusals carry Retry-After (the API's shape, replayed by a stand-in fetch)", async () => {
+  // A stand-in for the server's answer, to reach a code a single machine cannot give on demand.
+  const fetch = async () =>
+    new Response(JSON.stringify({ outcome: "refused", error: { code: "wait_timeout", message: "no worker" } }), {
+      status: 503,
+      headers: { "Retry-After": "5", "Content-Type": "application/json" },
+    });
+  const mocked = new Client({ baseUrl: "http://corral.invalid", token: "t", actor: "a", conversation: "c", fetch });
+  await assert.rejects(mocked.runCode("print(1)"), (e) => e instanceof CapacityUnavailable && e.retryAfter === 5 && e.code === "wait_timeout");
+});
+
+test("a streamed run gives its events as they happen", live, async () => {
+  const events = [];
+  const result = await client().runCode("import time; time.sleep(1.0); print('done')", "python", { onEvent: (e) => events.push(e) });
+  assert.deepEqual(events.map((e) => e.name), ["run.queued", "run.running", "run.result"]);
+  assert.ok(events[2].receivedAt - events[1].receivedAt >= 900, JSON.stringify(events));
+  assert.equal(result.stdout.text, "done\n");
+});
+
+test("a persistent kernel keeps its state across three calls", live, async () => {
+  const c = client();
+  assert.equal((await c.runCode("items = [1]", "python", { kernel: "persistent" })).outcome, "succeeded");
+  assert.equal((await c.runCode("items.append(2)", "python", { kernel: "persistent" })).outcome, "succeeded");
+  assert.equal((await c.runCode("print(items)", "python", { kernel: "persistent" })).stdout.text, "[1, 2]\n");
+});
+
+test("the workspace is read and edited by its anchors", live, async () => {
+  const c = client();
+  await c.runCode("open('notes.txt', 'w').write('alpha\\nbeta\\n')");
+  assert.equal(new TextDecoder().decode(await c.readFile("notes.txt")), "alpha\nbeta\n");
+  const view = await c.readHashline("notes.txt");
+  const [line, rest] = view.lines[1].split(/:(.*)/s);
+  const tag = rest.split("|")[0];
+  const edited = await c.editFile("notes.txt", [{ op: "replace", line: Number(line), tag, text: "gamma" }]);
+  assert.equal(edited.outcome, "applied");
+  assert.equal(new TextDecoder().decode(await c.readFile("notes.txt")), "alpha\ngamma\n");
+});
+
+test("a Pi package is admitted or rejected with its code", live, async () => {
+  const c = client();
+  const files = { "package.json": '{"name":"tidy","version":"1.0.0"}', "skills/tidy/SKILL.md": "---\nname: tidy\ndescription: Tidies a list.\n---\nSort it.\n" };
+  const admitted = await c.validatePackage(files, { name: "tidy", version: "1.0.0", skills: ["tidy"] });
+  assert.equal(admitted.profile, "skill_only");
+  assert.deepEqual(admitted.surface.skills, ["tidy"]);
+  await assert.rejects(c.validatePackage(files, { name: "tidy", version: "1.0.0", skills: ["neat"] }),
+    (e) => e instanceof PackageRejected && e.code === "package_declaration_mismatch" && e.error.step === "static");
+});
