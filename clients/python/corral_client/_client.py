@@ -8,6 +8,7 @@ may go without an event (a long run that keeps streaming is never cut by the fir
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from typing import Any, AsyncIterator, Callable, Iterator, Optional, Sequence
@@ -21,6 +22,8 @@ from ._models import HashlineView, RunEvent, RunResult, Validation
 DEFAULT_REQUEST_TIMEOUT = 300.0
 #: How long a streamed run may go without an event by default.
 DEFAULT_STREAM_IDLE_TIMEOUT = 120.0
+#: How many times a broken stream is resumed (``Last-Event-ID``) before it is given up.
+DEFAULT_RESUME_ATTEMPTS = 3
 
 
 class _Api:
@@ -90,6 +93,21 @@ def _events(lines: Iterator[str]) -> Iterator[tuple[Optional[str], str, str]]:
     yield from parser.end()
 
 
+def _reraise_timeout(broken: Exception, idle: float) -> None:
+    if isinstance(broken, httpx.TimeoutException):
+        raise StreamTimeout("stream_idle_timeout", f"no event within {idle} s", 0) from broken
+    raise StreamTimeout("stream_broken", f"the stream broke and could not be resumed: {broken}", 0) from broken
+
+
+def _tell_output(event: RunEvent, on_stdout: Optional[Callable[[str], None]],
+                 on_stderr: Optional[Callable[[str], None]]) -> None:
+    if event.name != "run.output":
+        return
+    callback = on_stdout if event.data.get("stream") == "stdout" else on_stderr
+    if callback is not None:
+        callback(event.data.get("text", ""))
+
+
 def _result_of(event: RunEvent) -> RunResult:
     """The run's answer carried by its ``run.result`` event (a refusal raises, as unstreamed)."""
     status = int(event.data.get("status", 0))
@@ -119,11 +137,13 @@ class Client:
         admin_token: Optional[str] = None,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         stream_idle_timeout: float = DEFAULT_STREAM_IDLE_TIMEOUT,
+        resume_attempts: int = DEFAULT_RESUME_ATTEMPTS,
         transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         self._api = _Api(actor, conversation, member or actor)
         self.request_timeout = request_timeout
         self.stream_idle_timeout = stream_idle_timeout
+        self.resume_attempts = resume_attempts
         self._admin_token = admin_token
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
@@ -163,17 +183,22 @@ class Client:
         declared_outputs: Optional[Sequence[str]] = None,
         wait_seconds: Optional[int] = None,
         on_event: Optional[Callable[[RunEvent], None]] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
     ) -> RunResult:
         """Runs ``code``. A run that did not succeed is a result (``outcome``, ``error``); a
-        refusal raises its typed :class:`CorralError`. With ``on_event`` the run is streamed and
-        each event is given to it as it arrives."""
+        refusal raises its typed :class:`CorralError`. With ``on_event``, ``on_stdout`` or
+        ``on_stderr`` the run is streamed: each event, and each chunk of the code's output, is
+        given to them as it arrives, and a dropped connection is resumed where it broke."""
         body = self._api.run_code(code, language, packages=packages, kernel=kernel,
                                   declared_outputs=declared_outputs, wait_seconds=wait_seconds)
-        if on_event is None:
+        if on_event is None and on_stdout is None and on_stderr is None:
             return RunResult.of(self._request("POST", "/v1/run_code", body=body))
         result: Optional[RunResult] = None
         for event in self._stream(body):
-            on_event(event)
+            if on_event is not None:
+                on_event(event)
+            _tell_output(event, on_stdout, on_stderr)
             if event.name == "run.result":
                 result = _result_of(event)
         if result is None:
@@ -181,21 +206,60 @@ class Client:
         return result
 
     def stream_code(self, code: str, language: str = "python", **options: Any) -> Iterator[RunEvent]:
-        """The run's events as they arrive; the last is ``run.result``."""
+        """The run's events as they arrive; the last is ``run.result``. A dropped connection is
+        resumed (up to ``resume_attempts`` times) from the last event received."""
         return self._stream(self._api.run_code(code, language, **options))
 
+    def resume(self, run_id: str, last_event_id: Optional[str] = None) -> Iterator[RunEvent]:
+        """A streamed run's events after ``last_event_id`` (all of them without one), from this
+        client's API replica, whichever replica ran it: the rest of a stream another connection
+        lost, to ``run.result``, nothing twice."""
+        return self._resumed(run_id, last_event_id)
+
     def _stream(self, body: dict[str, Any]) -> Iterator[RunEvent]:
-        timeout = httpx.Timeout(self.request_timeout, read=self.stream_idle_timeout)
+        last: Optional[RunEvent] = None
+        run_id: Optional[str] = None
         try:
-            with self._http.stream("POST", "/v1/run_code", json=body, timeout=timeout,
-                                   headers={"Accept": "text/event-stream"}) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    _raise_for(response, _json(response))
-                for event_id, name, data in _events(response.iter_lines()):
-                    yield RunEvent(name=name, data=json.loads(data), received_at=time.monotonic(), id=event_id)
-        except httpx.ReadTimeout as e:
-            raise StreamTimeout("stream_idle_timeout", f"no event within {self.stream_idle_timeout} s", 0) from e
+            for event in self._events("POST", "/v1/run_code", json_body=body):
+                last = event
+                run_id = run_id or event.data.get("run_id") or (event.data.get("body") or {}).get("run_id")
+                yield event
+            if last is not None and last.name == "run.result":
+                return
+        except httpx.TransportError as broken:
+            if run_id is None or last is None or isinstance(broken, httpx.TimeoutException):
+                _reraise_timeout(broken, self.stream_idle_timeout)
+        if run_id is None or last is None:
+            return
+        yield from self._resumed(run_id, last.id)
+
+    def _resumed(self, run_id: str, last_event_id: Optional[str]) -> Iterator[RunEvent]:
+        attempts = 0
+        while True:
+            headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+            try:
+                for event in self._events("GET", f"/v1/runs/{run_id}/events",
+                                          params=self._api.scoped(), headers=headers):
+                    last_event_id = event.id or last_event_id
+                    yield event
+                    if event.name == "run.result":
+                        return
+                return
+            except httpx.TransportError as broken:
+                attempts += 1
+                if attempts > self.resume_attempts or isinstance(broken, httpx.TimeoutException):
+                    _reraise_timeout(broken, self.stream_idle_timeout)
+
+    def _events(self, method: str, path: str, *, json_body: Any = None, params: Any = None,
+                headers: Optional[dict[str, str]] = None) -> Iterator[RunEvent]:
+        timeout = httpx.Timeout(self.request_timeout, read=self.stream_idle_timeout)
+        with self._http.stream(method, path, json=json_body, params=params, timeout=timeout,
+                               headers={"Accept": "text/event-stream", **(headers or {})}) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for(response, _json(response))
+            for event_id, name, data in _events(response.iter_lines()):
+                yield RunEvent(name=name, data=json.loads(data), received_at=time.monotonic(), id=event_id)
 
     # Workspaces -------------------------------------------------------------------------------
 
@@ -214,6 +278,18 @@ class Client:
     def edit_file(self, path: str, edits: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """Applies Hashline edits (``{op, tag, line, end_line?, text?}``) to a workspace file."""
         return self._request("POST", "/v1/edit_workspace", body=self._api.scoped(path=path, edits=list(edits)))
+
+    def list_files(self) -> dict[str, Any]:
+        """The stored workspace: ``{generation, files: [{path, kind, bytes}], bytes_total,
+        bytes_max}`` (generation 0 and no files before any save)."""
+        return self._request("GET", "/v1/list_workspace", params=self._api.scoped())
+
+    def write_file(self, path: str, content: str | bytes) -> dict[str, Any]:
+        """Creates a file (text, or bytes sent in base64) by the rules a run's save follows:
+        never replaces (``workspace_path_exists``), all or nothing. A text file's answer carries
+        its Hashline view (``hashline``), so :meth:`edit_file` can anchor to it at once."""
+        field = {"text": content} if isinstance(content, str) else {"base64": base64.b64encode(content).decode()}
+        return self._request("POST", "/v1/write_workspace", body=self._api.scoped(path=path, **field))
 
     # Packages ---------------------------------------------------------------------------------
 
@@ -349,10 +425,22 @@ class AsyncClient:
     async def stream_code(self, code: str, language: str = "python", **options: Any) -> AsyncIterator[RunEvent]:
         """The run's events as they arrive; the last is ``run.result``."""
         body = self._api.run_code(code, language, **options)
+        async for event in self._events("POST", "/v1/run_code", json_body=body):
+            yield event
+
+    async def resume(self, run_id: str, last_event_id: Optional[str] = None) -> AsyncIterator[RunEvent]:
+        """See :meth:`Client.resume`."""
+        headers = {} if last_event_id is None else {"Last-Event-ID": last_event_id}
+        async for event in self._events("GET", f"/v1/runs/{run_id}/events", params=self._api.scoped(),
+                                        headers=headers):
+            yield event
+
+    async def _events(self, method: str, path: str, *, json_body: Any = None, params: Any = None,
+                      headers: Optional[dict[str, str]] = None) -> AsyncIterator[RunEvent]:
         timeout = httpx.Timeout(self.request_timeout, read=self.stream_idle_timeout)
         try:
-            async with self._http.stream("POST", "/v1/run_code", json=body, timeout=timeout,
-                                         headers={"Accept": "text/event-stream"}) as response:
+            async with self._http.stream(method, path, json=json_body, params=params, timeout=timeout,
+                                         headers={"Accept": "text/event-stream", **(headers or {})}) as response:
                 if response.status_code >= 400:
                     await response.aread()
                     _raise_for(response, _json(response))

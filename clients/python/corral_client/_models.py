@@ -83,9 +83,9 @@ class RunResult:
 
 @dataclass(frozen=True)
 class RunEvent:
-    """One event of a streamed run: its name (``run.queued``, ``run.running``, ``run.result``),
-    its id when the API numbers it, its data, and when this client received it
-    (``time.monotonic()``)."""
+    """One event of a streamed run: its name (``run.queued``, ``run.running``, ``run.output``
+    with ``{stream, text}``, ``run.bound``, ``run.result``), its id (``<run id>-<n>``, for
+    :meth:`Client.resume`), its data, and when this client received it (``time.monotonic()``)."""
 
     name: str
     data: dict[str, Any]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 
 import httpx
@@ -107,11 +108,54 @@ def test_refusals_map_to_their_types_and_carry_retry_after() -> None:
 def test_a_streamed_run_gives_its_events_as_they_happen(corral: Client) -> None:
     events = []
     result = corral.run_code("import time; time.sleep(1.0); print('done')", on_event=events.append)
-    assert [e.name for e in events] == ["run.queued", "run.running", "run.result"]
-    running, final = events[1], events[2]
+    assert [e.name for e in events] == ["run.queued", "run.running", "run.output", "run.result"]
+    running, final = events[1], events[-1]
     # The running event arrived while the code still slept.
     assert final.received_at - running.received_at >= 0.9, events
     assert result.stdout.text == "done\n"
+    # Numbered in order, each once.
+    assert [e.id for e in events] == [f"{result.run_id}-{n}" for n in range(1, 5)]
+
+
+def test_a_streamed_runs_chunks_arrive_before_it_ends(corral: Client) -> None:
+    chunks: list[tuple[float, str]] = []
+    errors: list[str] = []
+    code = "import sys, time\nprint('early', flush=True)\nprint('oops', file=sys.stderr)\ntime.sleep(1.5)\nprint('late')"
+    result = corral.run_code(code, on_stdout=lambda text: chunks.append((time.monotonic(), text)),
+                             on_stderr=errors.append)
+    ended = time.monotonic()
+    assert chunks[0][1] == "early\n", chunks
+    # The first chunk came while the code slept, long before the answer.
+    assert ended - chunks[0][0] >= 1.2, (ended, chunks)
+    assert "".join(text for _, text in chunks) == result.stdout.text == "early\nlate\n"
+    assert "".join(errors) == "oops\n"
+
+
+def test_a_stream_resumed_on_another_replica_loses_and_repeats_nothing(corral: Client) -> None:
+    replica_url = os.environ.get("CORRAL_API_REPLICA_URL")
+    if not replica_url:
+        pytest.fail("no second API replica: set CORRAL_API_REPLICA_URL (corral up --api-replicas 2)")
+    _, token = _stack()
+    code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n"
+    before = []
+    stream = corral.stream_code(code)
+    for event in stream:
+        before.append(event)
+        if sum(e.name == "run.output" for e in before) == 2:
+            break
+    stream.close()  # the connection drops mid-run
+    run_id = before[0].data["run_id"]
+    identity = corral._api.identity
+    with Client(replica_url, token, actor=identity["actor"], conversation=identity["conversation"]) as other:
+        after = list(other.resume(run_id, last_event_id=before[-1].id))
+    assert after[-1].name == "run.result"
+    events = before + after
+    assert [e.id for e in events] == [f"{run_id}-{n}" for n in range(1, len(events) + 1)]
+    text = "".join(e.data["text"] for e in events if e.name == "run.output")
+    assert text == "".join(f"line {i}\n" for i in range(6)) == after[-1].data["body"]["model"]["stdout"]["text"]
+    with pytest.raises(InvalidRequest) as future:
+        list(corral.resume(run_id, last_event_id=f"{run_id}-999"))
+    assert future.value.code == "last_event_id_future"
 
 
 def test_a_persistent_kernel_keeps_its_state_across_three_calls(corral: Client) -> None:
@@ -134,6 +178,20 @@ def test_the_workspace_is_read_and_edited_by_its_anchors(corral: Client) -> None
     with pytest.raises(CorralError) as stale:
         corral.edit_file("notes.txt", [{"op": "replace", "line": int(line), "tag": tag, "text": "delta"}])
     assert stale.value.code == "stale_anchor"
+
+
+def test_a_file_is_created_listed_and_never_replaced(corral: Client) -> None:
+    created = corral.write_file("data/a.txt", "one\ntwo\n")
+    assert created["generation"] == 1 and created["hashline"]["total_lines"] == 2, created
+    corral.write_file("b.bin", b"\x00\xff")
+    listed = corral.list_files()
+    assert [(f["path"], f["kind"], f["bytes"]) for f in listed["files"]] == [
+        ("b.bin", "file", 2), ("data", "directory", 0), ("data/a.txt", "file", 8)]
+    with pytest.raises(CorralError) as exists:
+        corral.write_file("data/a.txt", "replaced?")
+    assert (exists.value.code, exists.value.status) == ("workspace_path_exists", 409)
+    assert corral.read_file("data/a.txt") == b"one\ntwo\n"
+    assert corral.read_file("b.bin") == b"\x00\xff"
 
 
 SKILL = "---\nname: tidy\ndescription: Tidies a list.\n---\nSort it.\n"
@@ -161,4 +219,4 @@ def test_the_async_client_runs_and_streams() -> None:
 
     text, names = asyncio.run(both())
     assert text == "async\n"
-    assert names == ["run.queued", "run.running", "run.result"]
+    assert names == ["run.queued", "run.running", "run.output", "run.result"]

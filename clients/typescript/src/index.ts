@@ -53,6 +53,10 @@ export interface RunOptions {
   wait_seconds?: number;
   /** Streams the run and gives each event to this callback as it arrives. */
   onEvent?: (event: RunEvent) => void;
+  /** Streams the run and gives each chunk of its stdout to this callback as the code writes it. */
+  onStdout?: (text: string) => void;
+  /** Streams the run and gives each chunk of its stderr to this callback as the code writes it. */
+  onStderr?: (text: string) => void;
 }
 
 export interface ClientOptions {
@@ -66,6 +70,8 @@ export interface ClientOptions {
   requestTimeoutMs?: number;
   /** The longest a streamed run may go without an event. */
   streamIdleTimeoutMs?: number;
+  /** How many times a broken stream is resumed (`Last-Event-ID`) before it is given up (3). */
+  resumeAttempts?: number;
   fetch?: typeof fetch;
 }
 
@@ -181,6 +187,7 @@ export class Client {
   private readonly fetch: typeof fetch;
   readonly requestTimeoutMs: number;
   readonly streamIdleTimeoutMs: number;
+  readonly resumeAttempts: number;
 
   constructor(private readonly options: ClientOptions) {
     this.base = options.baseUrl.replace(/\/+$/, "");
@@ -188,6 +195,7 @@ export class Client {
     this.fetch = options.fetch ?? globalThis.fetch.bind(globalThis);
     this.requestTimeoutMs = options.requestTimeoutMs ?? 300_000;
     this.streamIdleTimeoutMs = options.streamIdleTimeoutMs ?? 120_000;
+    this.resumeAttempts = options.resumeAttempts ?? 3;
   }
 
   private async request(method: string, path: string, body?: unknown, token = this.options.token): Promise<Record<string, unknown>> {
@@ -216,14 +224,19 @@ export class Client {
     return answer;
   }
 
-  /** Runs `code`: a run that did not succeed is a result; a refusal throws its typed error. */
+  /** Runs `code`: a run that did not succeed is a result; a refusal throws its typed error. With
+   * `onEvent`, `onStdout` or `onStderr` the run is streamed, and a dropped connection resumed. */
   async runCode(code: string, language = "python", options: RunOptions = {}): Promise<RunResult> {
-    const { onEvent, ...rest } = options;
+    const { onEvent, onStdout, onStderr, ...rest } = options;
     const body = { ...this.identity, language, code, ...rest };
-    if (!onEvent) return runResultOf(await this.request("POST", "/v1/run_code", body));
+    if (!onEvent && !onStdout && !onStderr) return runResultOf(await this.request("POST", "/v1/run_code", body));
     let result: RunResult | null = null;
-    for await (const event of this.stream(body)) {
-      onEvent(event);
+    for await (const event of this.streamBody(body)) {
+      onEvent?.(event);
+      if (event.name === "run.output") {
+        const tell = event.data["stream"] === "stdout" ? onStdout : onStderr;
+        tell?.(String(event.data["text"] ?? ""));
+      }
       if (event.name === "run.result") {
         const status = Number(event.data["status"] ?? 0);
         const answer = (event.data["body"] ?? {}) as Record<string, unknown>;
@@ -235,18 +248,71 @@ export class Client {
     return result;
   }
 
-  /** The run's events as they arrive; the last is `run.result`. */
-  async *streamCode(code: string, language = "python", options: Omit<RunOptions, "onEvent"> = {}): AsyncGenerator<RunEvent> {
-    yield* this.stream({ ...this.identity, language, code, ...options });
+  /** The run's events as they arrive; the last is `run.result`. A dropped connection is resumed
+   * (up to `resumeAttempts` times) from the last event received. */
+  async *streamCode(
+    code: string,
+    language = "python",
+    options: Omit<RunOptions, "onEvent" | "onStdout" | "onStderr"> = {},
+  ): AsyncGenerator<RunEvent> {
+    yield* this.streamBody({ ...this.identity, language, code, ...options });
   }
 
-  private async *stream(body: unknown): AsyncGenerator<RunEvent> {
+  /** A streamed run's events after `lastEventId` (all of them without one), from this client's
+   * API replica whichever ran it: the rest of a stream another connection lost, nothing twice. */
+  async *resume(runId: string, lastEventId: string | null = null): AsyncGenerator<RunEvent> {
+    let last = lastEventId;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        for await (const event of this.resumeOnce(runId, last)) {
+          last = event.id ?? last;
+          yield event;
+          if (event.name === "run.result") return;
+        }
+        return;
+      } catch (e) {
+        if (e instanceof CorralError || attempt >= this.resumeAttempts) throw e;
+      }
+    }
+  }
+
+  private resumeOnce(runId: string, lastEventId: string | null): AsyncGenerator<RunEvent> {
+    const query = new URLSearchParams({ actor: this.identity.actor, conversation: this.identity.conversation });
+    const headers: Record<string, string> = lastEventId === null ? {} : { "Last-Event-ID": lastEventId };
+    return this.events("GET", `/v1/runs/${encodeURIComponent(runId)}/events?${query}`, undefined, headers);
+  }
+
+  private async *streamBody(body: unknown): AsyncGenerator<RunEvent> {
+    let last: RunEvent | null = null;
+    let runId: string | null = null;
+    try {
+      for await (const event of this.events("POST", "/v1/run_code", body)) {
+        last = event;
+        runId ??= (event.data["run_id"] as string | undefined) ??
+          ((event.data["body"] as Record<string, unknown> | undefined)?.["run_id"] as string | undefined) ?? null;
+        yield event;
+      }
+      if (last?.name === "run.result") return;
+    } catch (e) {
+      // A refusal or an idle stream is the caller's; a broken connection is resumed.
+      if (e instanceof CorralError || runId === null || last === null) throw e;
+    }
+    if (runId === null || last === null) return;
+    yield* this.resume(runId, last.id);
+  }
+
+  private async *events(method: string, path: string, body?: unknown, extra: Record<string, string> = {}): AsyncGenerator<RunEvent> {
     const abort = new AbortController();
     let idle = setTimeout(() => abort.abort(), this.requestTimeoutMs);
-    const response = await this.fetch(`${this.base}/v1/run_code`, {
-      method: "POST",
-      headers: { Authorization: `Bearer ${this.options.token}`, "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify(body),
+    const response = await this.fetch(`${this.base}${path}`, {
+      method,
+      headers: {
+        Authorization: `Bearer ${this.options.token}`,
+        Accept: "text/event-stream",
+        ...(body === undefined ? {} : { "Content-Type": "application/json" }),
+        ...extra,
+      },
+      body: body === undefined ? undefined : JSON.stringify(body),
       signal: abort.signal,
     });
     if (response.status >= 400) {
@@ -282,6 +348,8 @@ export class Client {
       }
     } finally {
       clearTimeout(idle);
+      // A consumer that stopped early drops the connection; the run goes on at the API.
+      abort.abort();
     }
   }
 
@@ -311,6 +379,19 @@ export class Client {
   /** Hashline edits (`{op, tag, line, end_line?, text?}`) to a workspace file. */
   async editFile(path: string, edits: Array<Record<string, unknown>>): Promise<Record<string, unknown>> {
     return this.request("POST", "/v1/edit_workspace", { actor: this.identity.actor, conversation: this.identity.conversation, path, edits });
+  }
+
+  /** The stored workspace: `{generation, files: [{path, kind, bytes}], bytes_total, bytes_max}`. */
+  async listFiles(): Promise<Record<string, unknown>> {
+    const query = new URLSearchParams({ actor: this.identity.actor, conversation: this.identity.conversation });
+    return this.request("GET", `/v1/list_workspace?${query}`);
+  }
+
+  /** Creates a file (text, or bytes sent in base64) by the rules a run's save follows: never
+   * replaces (`workspace_path_exists`), all or nothing; a text file's answer has its `hashline`. */
+  async writeFile(path: string, content: string | Uint8Array): Promise<Record<string, unknown>> {
+    const field = typeof content === "string" ? { text: content } : { base64: btoa(String.fromCharCode(...content)) };
+    return this.request("POST", "/v1/write_workspace", { actor: this.identity.actor, conversation: this.identity.conversation, path, ...field });
   }
 
   /** Validates an authored Pi package (PI-1); one not admitted throws PackageRejected. */

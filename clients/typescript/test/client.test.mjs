@@ -52,9 +52,53 @@ test("refusals carry Retry-After (the API's shape, replayed by a stand-in fetch)
 test("a streamed run gives its events as they happen", live, async () => {
   const events = [];
   const result = await client().runCode("import time; time.sleep(1.0); print('done')", "python", { onEvent: (e) => events.push(e) });
-  assert.deepEqual(events.map((e) => e.name), ["run.queued", "run.running", "run.result"]);
-  assert.ok(events[2].receivedAt - events[1].receivedAt >= 900, JSON.stringify(events));
+  assert.deepEqual(events.map((e) => e.name), ["run.queued", "run.running", "run.output", "run.result"]);
+  assert.ok(events[3].receivedAt - events[1].receivedAt >= 900, JSON.stringify(events));
   assert.equal(result.stdout.text, "done\n");
+  assert.deepEqual(events.map((e) => e.id), [1, 2, 3, 4].map((n) => `${result.runId}-${n}`));
+});
+
+test("a streamed run's chunks arrive before it ends", live, async () => {
+  const chunks = [];
+  const errors = [];
+  const code = "import sys, time\nprint('early', flush=True)\nprint('oops', file=sys.stderr)\ntime.sleep(1.5)\nprint('late')";
+  const result = await client().runCode(code, "python", {
+    onStdout: (text) => chunks.push([performance.now(), text]),
+    onStderr: (text) => errors.push(text),
+  });
+  const ended = performance.now();
+  assert.equal(chunks[0][1], "early\n");
+  assert.ok(ended - chunks[0][0] >= 1200, JSON.stringify({ ended, chunks }));
+  assert.equal(chunks.map(([, text]) => text).join(""), result.stdout.text);
+  assert.equal(result.stdout.text, "early\nlate\n");
+  assert.equal(errors.join(""), "oops\n");
+});
+
+test("a stream resumed on another API replica loses and repeats nothing", live, async () => {
+  const replicaUrl = process.env.CORRAL_API_REPLICA_URL;
+  assert.ok(replicaUrl, "no second API replica: set CORRAL_API_REPLICA_URL (corral up --api-replicas 2)");
+  const conversation = randomUUID();
+  const first = new Client({ baseUrl: url, token, actor: "ts-client", conversation });
+  const code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)\n";
+  const before = [];
+  for await (const event of first.streamCode(code)) {
+    before.push(event);
+    if (before.filter((e) => e.name === "run.output").length === 2) break; // the connection drops
+  }
+  const runId = before[0].data.run_id;
+  const other = new Client({ baseUrl: replicaUrl, token, actor: "ts-client", conversation });
+  const after = [];
+  for await (const event of other.resume(runId, before.at(-1).id)) after.push(event);
+  assert.equal(after.at(-1).name, "run.result");
+  const events = [...before, ...after];
+  assert.deepEqual(events.map((e) => e.id), events.map((_, i) => `${runId}-${i + 1}`));
+  const text = events.filter((e) => e.name === "run.output").map((e) => e.data.text).join("");
+  assert.equal(text, [0, 1, 2, 3, 4, 5].map((i) => `line ${i}\n`).join(""));
+  assert.equal(text, after.at(-1).data.body.model.stdout.text);
+  await assert.rejects(
+    (async () => { for await (const _ of first.resume(runId, `${runId}-999`)) { /* refused first */ } })(),
+    (e) => e instanceof InvalidRequest && e.code === "last_event_id_future",
+  );
 });
 
 test("a persistent kernel keeps its state across three calls", live, async () => {
@@ -74,6 +118,19 @@ test("the workspace is read and edited by its anchors", live, async () => {
   const edited = await c.editFile("notes.txt", [{ op: "replace", line: Number(line), tag, text: "gamma" }]);
   assert.equal(edited.outcome, "applied");
   assert.equal(new TextDecoder().decode(await c.readFile("notes.txt")), "alpha\ngamma\n");
+});
+
+test("a file is created, listed and never replaced", live, async () => {
+  const corral = client();
+  const created = await corral.writeFile("data/a.txt", "one\ntwo\n");
+  assert.equal(created.generation, 1);
+  assert.equal(created.hashline.total_lines, 2);
+  await corral.writeFile("b.bin", new Uint8Array([0, 255]));
+  const listed = await corral.listFiles();
+  assert.deepEqual(listed.files.map((f) => [f.path, f.kind, f.bytes]), [
+    ["b.bin", "file", 2], ["data", "directory", 0], ["data/a.txt", "file", 8]]);
+  await assert.rejects(corral.writeFile("data/a.txt", "replaced?"), (e) => e.code === "workspace_path_exists" && e.status === 409);
+  assert.deepEqual([...(await corral.readFile("b.bin"))], [0, 255]);
 });
 
 test("a Pi package is admitted or rejected with its code", live, async () => {

@@ -46,7 +46,20 @@ impl Client {
     /// # Errors
     /// When the API cannot be reached, or an event's data is not JSON.
     pub async fn run_code_events(&self, request: &Value) -> Result<Vec<(String, Value)>, String> {
-        let reply = self
+        let mut stream = self.run_code_stream(request).await?;
+        let mut events = Vec::new();
+        while let Some(event) = stream.next().await? {
+            events.push((event.name, event.data));
+        }
+        Ok(events)
+    }
+
+    /// `POST /v1/run_code` as a server-sent event stream (WS-7), read event by event as it comes.
+    ///
+    /// # Errors
+    /// When the API cannot be reached.
+    pub async fn run_code_stream(&self, request: &Value) -> Result<Events, String> {
+        let response = self
             .http
             .post(format!("{}/v1/run_code", self.base))
             .bearer_auth(&self.credential)
@@ -55,22 +68,48 @@ impl Client {
             .send()
             .await
             .map_err(|e| format!("{}: {e}", self.base))?;
-        let text = reply.text().await.map_err(|e| e.to_string())?;
-        let mut events = Vec::new();
-        for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-            let mut name = String::from("message");
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(value) = line.strip_prefix("event:") {
-                    name = value.trim().to_owned();
-                } else if let Some(value) = line.strip_prefix("data:") {
-                    data.push_str(value.strip_prefix(' ').unwrap_or(value));
-                }
-            }
-            let data = serde_json::from_str(&data).map_err(|e| format!("{name}: {e}"))?;
-            events.push((name, data));
+        Ok(Events::new(response))
+    }
+
+    /// `GET /v1/runs/{run_id}/events`: a streamed run's events after `last_event_id` (all without
+    /// one), from whichever replica this client talks to; or the refusal's status and JSON.
+    ///
+    /// # Errors
+    /// When the API cannot be reached or a refusal is not JSON.
+    pub async fn resume_events(
+        &self,
+        run_id: &str,
+        actor: &str,
+        conversation: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Result<Events, (u16, Value)>, String> {
+        let mut request = self
+            .http
+            .get(format!(
+                "{}/v1/runs/{}/events?actor={}&conversation={}",
+                self.base,
+                encode(run_id),
+                encode(actor),
+                encode(conversation)
+            ))
+            .bearer_auth(&self.credential)
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id);
         }
-        Ok(events)
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("{}: {e}", self.base))?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let body = response
+                .json()
+                .await
+                .map_err(|e| format!("{}: {e}", self.base))?;
+            return Ok(Err((status, body)));
+        }
+        Ok(Ok(Events::new(response)))
     }
 
     /// `POST path` with a JSON body and the credential: status and JSON answer.
@@ -156,6 +195,98 @@ impl Client {
             .map_err(|e| format!("{}: {e}", self.base))?;
         Ok((status, body, retry_after))
     }
+}
+
+/// `text` percent-encoded for a URL's path segment or query value: every byte but the unreserved
+/// ones (RFC 3986).
+#[must_use]
+pub fn encode(text: &str) -> String {
+    use std::fmt::Write as _;
+    text.bytes().fold(String::new(), |mut out, b| {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+        out
+    })
+}
+
+/// One server-sent event: its id, name and JSON data.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SseEvent {
+    /// `id:`, when the event has one.
+    pub id: Option<String>,
+    /// `event:` (`message` when absent).
+    pub name: String,
+    /// `data:`, as JSON.
+    pub data: Value,
+}
+
+/// A server-sent event stream, read as it arrives.
+pub struct Events {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+    /// The HTTP status of the stream's answer.
+    pub status: u16,
+}
+
+impl Events {
+    fn new(response: reqwest::Response) -> Self {
+        Self {
+            status: response.status().as_u16(),
+            response,
+            buffer: Vec::new(),
+        }
+    }
+
+    /// The next event; `None` at the stream's end.
+    ///
+    /// # Errors
+    /// When the connection breaks, or an event's data is not JSON.
+    pub async fn next(&mut self) -> Result<Option<SseEvent>, String> {
+        loop {
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = String::from_utf8_lossy(&block);
+                if block.trim().is_empty() || block.lines().all(|l| l.starts_with(':')) {
+                    continue;
+                }
+                return parse_event(&block).map(Some);
+            }
+            match self.response.chunk().await.map_err(|e| e.to_string())? {
+                Some(chunk) => self.buffer.extend_from_slice(&chunk),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+fn parse_event(block: &str) -> Result<SseEvent, String> {
+    let mut event = SseEvent {
+        id: None,
+        name: String::from("message"),
+        data: Value::Null,
+    };
+    let mut data = String::new();
+    for line in block.lines() {
+        let field = |prefix: &str| {
+            line.strip_prefix(prefix)
+                .map(|value| value.strip_prefix(' ').unwrap_or(value).to_owned())
+        };
+        if let Some(value) = field("event:") {
+            event.name = value;
+        } else if let Some(value) = field("id:") {
+            event.id = Some(value);
+        } else if let Some(value) = field("data:") {
+            if !data.is_empty() {
+                data.push('\n');
+            }
+            data.push_str(&value);
+        }
+    }
+    event.data = serde_json::from_str(&data).map_err(|e| format!("{}: {e}", event.name))?;
+    Ok(event)
 }
 
 /// A person-readable rendering of a `run_code` answer.

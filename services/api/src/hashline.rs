@@ -69,7 +69,7 @@ fn status_of(refusal: Refusal) -> StatusCode {
     }
 }
 
-fn storage(e: &StorageError) -> Response {
+pub(crate) fn storage(e: &StorageError) -> Response {
     let status = match e {
         StorageError::Conflict { .. } => StatusCode::CONFLICT,
         StorageError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -159,31 +159,44 @@ pub async fn read(
         Ok((text, _)) => text,
         Err(response) => return *response,
     };
+    match show(state, key, path, snapshot.generation, &text, start, count).await {
+        Ok(view) => Json(view).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// Lines `start..start+count` of `text`, the file `path` of generation `generation`, recorded as
+/// shown in the authority: the view's JSON, or the refusal.
+pub async fn show(
+    state: &AppState,
+    key: &str,
+    path: &str,
+    generation: u64,
+    text: &str,
+    start: u32,
+    count: u32,
+) -> Result<Value, Response> {
     let max = state.settings.bounds.hashline_state_max_bytes;
     for _ in 0..RETRIES {
-        let (base, mut authority) = match load(state, key).await {
-            Ok(loaded) => loaded,
-            Err(response) => return response,
-        };
-        let view = match authority.show(path, &text, start, count, max) {
-            Ok(view) => view,
-            Err(refusal) => return refused(status_of(refusal), refusal, path, None),
-        };
+        let (base, mut authority) = load(state, key).await?;
+        let view = authority
+            .show(path, text, start, count, max)
+            .map_err(|refusal| refused(status_of(refusal), refusal, path, None))?;
         match state
             .workspaces
             .save_authority(key, base, Bytes::from(authority.to_bytes()))
             .await
         {
-            Ok(_) => return Json(view_json(path, snapshot.generation, &view)).into_response(),
+            Ok(_) => return Ok(view_json(path, generation, &view)),
             Err(StorageError::Conflict { .. }) => {}
-            Err(e) => return storage(&e),
+            Err(e) => return Err(storage(&e)),
         }
     }
-    error(
+    Err(error(
         StatusCode::CONFLICT,
         "hashline_authority_busy",
         "the authority record kept changing while this read was recorded; read again",
-    )
+    ))
 }
 
 /// The body of `POST /v1/edit_workspace`.

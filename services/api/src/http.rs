@@ -21,8 +21,20 @@ use crate::refusal::{stored_workspace, workspace_identity_refused};
 use crate::run::run_code;
 use crate::workspaces::FileLookup;
 
-/// The routes.
+/// The routes, and `/mcp` (Streamable HTTP, behind the caller credential) over them.
 pub fn router(state: Arc<AppState>) -> Router {
+    let routes = routes(state.clone());
+    let mcp = Router::new()
+        .nest_service(
+            "/mcp",
+            crate::mcp::service(routes.clone(), state.caller_credential.clone()),
+        )
+        .layer(middleware::from_fn_with_state(state.clone(), caller_auth));
+    routes.merge(mcp)
+}
+
+/// Every route but `/mcp`.
+fn routes(state: Arc<AppState>) -> Router {
     let body_max = usize::try_from(state.settings.bounds.workspace_max_bytes)
         .unwrap_or(usize::MAX)
         .saturating_mul(2)
@@ -50,7 +62,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/browser_sessions/{id}/viewers",
             post(crate::viewer::viewers),
         )
+        .route("/v1/runs/{run_id}/events", get(crate::run::events::resume))
         .route("/v1/read_workspace", get(read_workspace))
+        .route("/v1/list_workspace", get(crate::workspace_files::list))
+        .route("/v1/write_workspace", post(crate::workspace_files::write))
         .route("/v1/edit_workspace", post(crate::hashline::edit))
         .route("/v1/read_output", get(read_output))
         .layer(middleware::from_fn_with_state(state.clone(), caller_auth));
@@ -161,25 +176,28 @@ async fn run_code_handler(
 }
 
 /// `run_code` as a server-sent event stream (WS-7, `corral_core::run::progress`): `run.queued`,
-/// `run.running`, then one `run.result` with `{status, body}`. The run goes on to its end if the
+/// `run.running`, the code's output as `run.output` chunks (and `run.bound`), then one
+/// `run.result` with `{status, body}`, each with its id; kept in the store so that the caller
+/// resumes from any replica (`GET /v1/runs/{run_id}/events`). The run goes on to its end if the
 /// caller hangs up.
 fn progress_stream(state: Arc<AppState>, request: RunCodeRequest) -> Response {
-    use axum::response::sse::{Event, Sse};
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, serde_json::Value)>();
+    let run_id = crate::run::new_run_id();
+    let (tx, numbered) = crate::run::events::start(
+        state.clone(),
+        run_id.clone(),
+        &request.actor,
+        &request.conversation,
+    );
     let result = tx.clone();
+    let id = run_id.clone();
     tokio::spawn(async move {
-        let (status, body) = crate::run::run_code_with_progress(state, request, Some(tx)).await;
+        let (status, body) = crate::run::run_code_with_progress(state, request, id, Some(tx)).await;
         let _ = result.send((
             corral_core::run::progress::RESULT,
             serde_json::json!({ "status": status.as_u16(), "body": body }),
         ));
     });
-    let events = futures::stream::unfold(rx, |mut rx| async move {
-        let (name, data) = rx.recv().await?;
-        let event = Event::default().event(name).data(data.to_string());
-        Some((Ok::<_, std::convert::Infallible>(event), rx))
-    });
-    Sse::new(events).into_response()
+    crate::run::events::sse(run_id, numbered)
 }
 
 #[derive(Deserialize)]

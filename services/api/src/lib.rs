@@ -16,6 +16,9 @@
 //! the API's alone ([`workspaces`]); workers hold no storage credential, and the API reaches them
 //! only through the one worker client (`corral_contract::WorkerClient`).
 
+// The OpenAPI document is one `json!` literal, deeper than the default limit allows.
+#![recursion_limit = "256"]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -29,6 +32,7 @@ pub mod egress;
 pub mod hashline;
 pub mod http;
 pub mod live_view;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod refusal;
@@ -37,6 +41,7 @@ pub mod run;
 pub mod tools;
 pub mod validate;
 pub mod viewer;
+pub mod workspace_files;
 pub mod workspaces;
 
 /// Everything a request handler needs.

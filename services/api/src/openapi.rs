@@ -40,6 +40,40 @@ pub fn document() -> Value {
                 "responses": {
                     "200": { "description": "{outcome: applied, path, generation, tag, lines}: the lines written, with the new tag" },
                     "400": refusal(), "401": refusal(), "404": refusal(), "409": refusal(), "413": refusal(), "422": refusal(), "503": refusal() } } });
+    let events = json!({ "get": {
+                "summary": "Resume a streamed run's events after Last-Event-ID (all without one), on any replica, to its run.result",
+                "security": [{ "caller": [] }],
+                "parameters": [
+                    { "name": "run_id", "in": "path", "required": true, "schema": { "type": "string" } },
+                    { "name": "actor", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "conversation", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "Last-Event-ID", "in": "header", "required": false, "schema": { "type": "string" } } ],
+                "responses": {
+                    "200": { "description": "The events after Last-Event-ID, then the rest as they come, to run.result: the same ids and data the first stream had",
+                             "content": { "text/event-stream": { "schema": { "type": "string" } } } },
+                    "400": { "description": "last_event_id_invalid (not <run_id>-<n>), last_event_id_foreign (another run's), last_event_id_future (an event this run has not had), or invalid_identity" },
+                    "401": refusal(),
+                    "404": { "description": "run_events_unknown: not a streamed run of this actor and conversation, or its events expired" },
+                    "503": refusal() } } });
+    let list = json!({ "get": {
+                "summary": "List the stored workspace: paths, kinds and sizes, sorted, with the generation (0 and none before any save)",
+                "security": [{ "caller": [] }],
+                "parameters": [
+                    { "name": "actor", "in": "query", "required": true, "schema": { "type": "string" } },
+                    { "name": "conversation", "in": "query", "required": true, "schema": { "type": "string" } } ],
+                "responses": {
+                    "200": { "description": "{generation, files: [{path, kind: file|directory, bytes}], bytes_total, bytes_max}" },
+                    "400": refusal(), "401": refusal(), "503": refusal() } } });
+    let write = json!({ "post": {
+                "summary": "Create one file (text or base64 bytes) as the next generation, by the rules a run's save follows; never replaces",
+                "security": [{ "caller": [] }],
+                "requestBody": { "required": true, "content": { "application/json": { "schema": {
+                    "type": "object", "required": ["actor", "conversation", "path"], "additionalProperties": false,
+                    "properties": { "actor": { "type": "string" }, "conversation": { "type": "string" }, "path": { "type": "string" },
+                                    "text": { "type": "string" }, "base64": { "type": "string" } } } } } },
+                "responses": {
+                    "201": { "description": "{outcome: created, path, generation, bytes, hashline?}: a text file's Hashline view, recorded as shown" },
+                    "400": refusal(), "401": refusal(), "409": refusal(), "413": refusal(), "503": refusal() } } });
     json!({
         "openapi": "3.1.0",
         "info": { "title": "Corral API", "version": env!("CARGO_PKG_VERSION"),
@@ -107,11 +141,14 @@ pub fn document() -> Value {
                 "security": [{ "caller": [] }],
                 "requestBody": { "required": true, "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunCode" } } } },
                 "responses": {
-                    "200": { "description": "The run's result (whatever the code's own exit code). With `Accept: text/event-stream`, a server-sent event stream instead (WS-7): `run.queued` and `run.running` (`{run_id, declared: [{path, state: in_progress, downloadable: false}]}`), then one `run.result` (`{status, body}`, the answer the plain request would have had)",
+                    "200": { "description": "The run's result (whatever the code's own exit code). With `Accept: text/event-stream`, a server-sent event stream instead (WS-7): `run.queued` and `run.running` (`{run_id, declared: [{path, state: in_progress, downloadable: false}]}`), `run.output` (`{stream: stdout|stderr, text}`, the code's output as it writes it: the bytes the answer keeps, whole characters) and `run.bound` (`{stream, bound}`, once a stream reaches SANDBOX_MAX_OUTPUT_BYTES), then one `run.result` (`{status, body}`, the answer the plain request would have had). Every event has the id `<run_id>-<n>`, from 1; the events are kept deployment-wide, so `GET /v1/runs/{run_id}/events` with `Last-Event-ID` resumes the stream on any replica",
                              "content": { "application/json": { "schema": { "$ref": "#/components/schemas/RunResult" } },
                                           "text/event-stream": { "schema": { "type": "string" } } } },
                     "400": refusal(), "401": refusal(), "409": refusal(), "413": refusal(), "422": refusal(),
                     "429": refusal(), "502": refusal(), "503": refusal() } } },
+            "/v1/runs/{run_id}/events": events,
+            "/v1/list_workspace": list,
+            "/v1/write_workspace": write,
             "/v1/read_output": { "get": {
                 "summary": "Read one retained output by the reference a run returned (OUT-1)",
                 "security": [{ "caller": [] }],

@@ -453,6 +453,87 @@ pub fn replace_file(
     builder.into_inner().map_err(corrupt)
 }
 
+/// One entry of a snapshot as a listing shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    /// The normalised relative path.
+    pub path: String,
+    /// `file` or `directory`.
+    pub kind: corral_core::workspace::EntryKind,
+    /// A file's size in bytes (0 for a directory).
+    pub bytes: u64,
+}
+
+/// Every entry of `archive`, in archive order, as the worker's unpacker would take them: raw
+/// path bytes and headers, read without their content.
+///
+/// # Errors
+/// The tar could not be read.
+pub fn entries(archive: &[u8]) -> Result<Vec<(Vec<u8>, Listed)>, String> {
+    use corral_core::workspace::EntryKind;
+    let mut listed = Vec::new();
+    let mut reader = tar::Archive::new(archive);
+    for entry in reader.entries().map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let raw = entry.path_bytes().into_owned();
+        let header = entry.header();
+        let kind = match header.entry_type() {
+            tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
+            tar::EntryType::Directory => EntryKind::Directory,
+            tar::EntryType::Symlink => EntryKind::Symlink,
+            tar::EntryType::Link => EntryKind::HardLink,
+            tar::EntryType::Char | tar::EntryType::Block => EntryKind::Device,
+            tar::EntryType::Fifo => EntryKind::Fifo,
+            _ => EntryKind::Other,
+        };
+        let bytes = if kind == EntryKind::File {
+            header.size().map_err(|e| e.to_string())?
+        } else {
+            0
+        };
+        let path = corral_core::workspace::normalise(&raw)
+            .unwrap_or_default()
+            .to_owned();
+        listed.push((raw, Listed { path, kind, bytes }));
+    }
+    Ok(listed)
+}
+
+/// `archive` with a new regular file at `path` holding `content` appended (mode 0644), every
+/// other entry as it was. The caller has judged the whole result (create-only, within bounds).
+///
+/// # Errors
+/// The tar could not be read or written.
+pub fn append_file(archive: &[u8], path: &str, content: &[u8]) -> Result<Vec<u8>, String> {
+    let io = |e: std::io::Error| e.to_string();
+    let mut reader = tar::Archive::new(archive);
+    let mut builder = tar::Builder::new(Vec::with_capacity(archive.len() + content.len() + 1024));
+    for entry in reader.entries().map_err(io)? {
+        let mut entry = entry.map_err(io)?;
+        let raw = entry.path_bytes().into_owned();
+        let mut header = entry.header().clone();
+        let mut data = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut data).map_err(io)?;
+        let name = String::from_utf8_lossy(&raw).into_owned();
+        builder
+            .append_data(&mut header, name, &data[..])
+            .map_err(io)?;
+    }
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_size(content.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    );
+    builder
+        .append_data(&mut header, path, content)
+        .map_err(io)?;
+    builder.into_inner().map_err(io)
+}
+
 /// The regular files at `paths` in `archive`, each read up to `max_bytes`, in archive order.
 ///
 /// # Errors

@@ -14,13 +14,16 @@ use corral_core::ids::{OpToken, WorkerId};
 use serde::de::DeserializeOwned;
 
 use crate::error::{ErrorBody, ErrorCode};
-use crate::limits::{SMALL_REPLY_MAX_BYTES, execute_reply_max_bytes};
+use crate::limits::{
+    SMALL_REPLY_MAX_BYTES, execute_reply_max_bytes, output_frame_max_bytes,
+    streamed_output_max_bytes,
+};
 use crate::locate::Locator;
 use crate::messages::{
     BrowserActReply, BrowserCloseReply, BrowserCloseRequest, BrowserOpenReply, BrowserOpenRequest,
     BrowserPrivateReply, BrowserPrivateRequest, BrowserSignalReply, BrowserSignalRequest,
-    BrowserTurnReply, ExecuteReply, ExecuteRequest, HealthReply, LiveViewOrder, ResetReply,
-    ResetRequest,
+    BrowserTurnReply, ExecuteFrame, ExecuteReply, ExecuteRequest, HealthReply, LiveViewOrder,
+    ResetReply, ResetRequest,
 };
 use crate::routes::{
     BROWSER_ACT, BROWSER_CLOSE, BROWSER_OPEN, BROWSER_PRIVATE, BROWSER_SIGNAL, BROWSER_TURN,
@@ -115,6 +118,99 @@ impl WorkerClient {
             execute_reply_max_bytes(bounds),
         )
         .await
+    }
+
+    /// Runs `request` on `worker` with its output streamed ([`ExecuteRequest::stream_output`]):
+    /// `on_output` gets each output and bound frame as the worker sends it, in order, and the
+    /// answer is the reply that ends the stream. The frames are checked as they come: a line
+    /// over its bound, an empty chunk, more text than the output bound keeps, a frame after the
+    /// reply or a stream that ends without one is [`CallError::ReplyInvalid`] or
+    /// [`CallError::Lost`], as [`Self::execute`] reports them.
+    ///
+    /// # Errors
+    /// See [`CallError`].
+    pub async fn execute_streamed(
+        &self,
+        worker: WorkerId,
+        request: &ExecuteRequest,
+        bounds: &ExecutionBounds,
+        mut on_output: impl FnMut(ExecuteFrame),
+    ) -> Result<ExecuteReply, CallError> {
+        let mut request = request.clone();
+        request.stream_output = true;
+        let body =
+            serde_json::to_vec(&request).map_err(|e| CallError::Unreachable(e.to_string()))?;
+        let timeout = Duration::from_secs(bounds.max_wall_seconds) + EXECUTE_MARGIN;
+        let mut response = self.send(worker, EXECUTE, Some(body), timeout).await?;
+        let status = response.status().as_u16();
+        if status != 200 {
+            let bytes = read_bounded(worker, &mut response, SMALL_REPLY_MAX_BYTES).await?;
+            return Err(refused(worker, status, &bytes));
+        }
+        let invalid = |why: String| CallError::ReplyInvalid(format!("worker {worker}: {why}"));
+        let frame_max = output_frame_max_bytes();
+        let reply_max = execute_reply_max_bytes(bounds);
+        let mut text_left = streamed_output_max_bytes(bounds);
+        let mut line = Vec::new();
+        loop {
+            let chunk = response
+                .chunk()
+                .await
+                .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?;
+            let Some(chunk) = chunk else {
+                return Err(CallError::Lost(format!(
+                    "worker {worker}: the streamed answer ended without a reply"
+                )));
+            };
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() {
+                let (part, ended) = match rest.iter().position(|&b| b == b'\n') {
+                    Some(at) => (&rest[..at], true),
+                    None => (rest, false),
+                };
+                rest = &rest[part.len() + usize::from(ended)..];
+                if (line.len() + part.len()) as u64 > frame_max.max(reply_max) {
+                    return Err(invalid(format!(
+                        "a line over {} bytes",
+                        frame_max.max(reply_max)
+                    )));
+                }
+                line.extend_from_slice(part);
+                if !ended {
+                    break;
+                }
+                let frame: ExecuteFrame =
+                    serde_json::from_slice(&line).map_err(|e| invalid(e.to_string()))?;
+                let length = line.len() as u64;
+                line.clear();
+                match frame {
+                    ExecuteFrame::Reply(reply) => {
+                        // The reply is the last line: nothing may follow it.
+                        return if rest.is_empty() && response.chunk().await.ok().flatten().is_none()
+                        {
+                            Ok(*reply)
+                        } else {
+                            Err(invalid("a frame after the reply".to_owned()))
+                        };
+                    }
+                    ExecuteFrame::Refused(body) => return Err(refusal(worker, body)),
+                    _ if length > frame_max => {
+                        return Err(invalid(format!("an output frame over {frame_max} bytes")));
+                    }
+                    ExecuteFrame::Output { ref text, .. } => {
+                        let size = text.len() as u64;
+                        if size == 0 || size > text_left {
+                            return Err(invalid(
+                                "an empty chunk, or more output than the bound keeps".to_owned(),
+                            ));
+                        }
+                        text_left -= size;
+                        on_output(frame);
+                    }
+                    ExecuteFrame::Bound { .. } => on_output(frame),
+                }
+            }
+        }
     }
 
     /// Validates a package on `worker` (PI-1).
@@ -296,6 +392,24 @@ impl WorkerClient {
         timeout: Duration,
         reply_max_bytes: u64,
     ) -> Result<T, CallError> {
+        let mut response = self.send(worker, path, body, timeout).await?;
+        let status = response.status().as_u16();
+        let bytes = read_bounded(worker, &mut response, reply_max_bytes).await?;
+        if status == 200 {
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| CallError::ReplyInvalid(format!("worker {worker}: {e}")));
+        }
+        Err(refused(worker, status, &bytes))
+    }
+
+    /// Sends a request to `worker`'s `path`: the response, whatever its status.
+    async fn send(
+        &self,
+        worker: WorkerId,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, CallError> {
         let base = self
             .locator
             .base_url(worker)
@@ -309,7 +423,7 @@ impl WorkerClient {
                 .body(body),
             None => self.http.get(url),
         };
-        let mut response = request
+        request
             .bearer_auth(&self.credential)
             .header(WORKER_ID_HEADER, worker.to_string())
             .timeout(timeout)
@@ -322,34 +436,47 @@ impl WorkerClient {
                 } else {
                     CallError::Lost(message)
                 }
-            })?;
-        let status = response.status().as_u16();
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
-            .await
-            .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?
-        {
-            if (bytes.len() + chunk.len()) as u64 > reply_max_bytes {
-                return Err(CallError::ReplyInvalid(format!(
-                    "worker {worker}: reply over {reply_max_bytes} bytes"
-                )));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        if status == 200 {
-            return serde_json::from_slice(&bytes)
-                .map_err(|e| CallError::ReplyInvalid(format!("worker {worker}: {e}")));
-        }
-        let refusal: ErrorBody = serde_json::from_slice(&bytes).map_err(|e| {
-            CallError::ReplyInvalid(format!("worker {worker}: status {status}: {e}"))
-        })?;
-        if refusal.error == ErrorCode::WrongWorker {
-            // Another worker holds the address now: nothing ran.
-            return Err(CallError::Unreachable(format!(
-                "worker {worker}: its address now answers for another worker"
+            })
+    }
+}
+
+/// The whole body of `response`, at most `reply_max_bytes`.
+async fn read_bounded(
+    worker: WorkerId,
+    response: &mut reqwest::Response,
+    reply_max_bytes: u64,
+) -> Result<Vec<u8>, CallError> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?
+    {
+        if (bytes.len() + chunk.len()) as u64 > reply_max_bytes {
+            return Err(CallError::ReplyInvalid(format!(
+                "worker {worker}: reply over {reply_max_bytes} bytes"
             )));
         }
-        Err(CallError::Refused(refusal))
+        bytes.extend_from_slice(&chunk);
     }
+    Ok(bytes)
+}
+
+/// A refusal's body, read from a reply with status `status`.
+fn refused(worker: WorkerId, status: u16, bytes: &[u8]) -> CallError {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(body) => refusal(worker, body),
+        Err(e) => CallError::ReplyInvalid(format!("worker {worker}: status {status}: {e}")),
+    }
+}
+
+/// A worker's typed refusal; one naming another worker means nothing ran.
+fn refusal(worker: WorkerId, body: ErrorBody) -> CallError {
+    if body.error == ErrorCode::WrongWorker {
+        // Another worker holds the address now: nothing ran.
+        return CallError::Unreachable(format!(
+            "worker {worker}: its address now answers for another worker"
+        ));
+    }
+    CallError::Refused(body)
 }

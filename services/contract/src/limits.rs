@@ -70,6 +70,26 @@ pub fn execute_reply_max_bytes(bounds: &ExecutionBounds) -> u64 {
         .saturating_add(ENVELOPE_BYTES)
 }
 
+/// The most bytes the worker reads from a run's stream at once: one streamed output chunk.
+pub const OUTPUT_READ_BYTES: usize = 64 * 1024;
+
+/// The longest line of a streamed execute answer but its last: one chunk of [`OUTPUT_READ_BYTES`]
+/// (and an incomplete character held back), every byte replaced at worst (3 bytes of U+FFFD) and
+/// escaped, in its envelope.
+#[must_use]
+pub fn output_frame_max_bytes() -> u64 {
+    ((OUTPUT_READ_BYTES as u64) + 4)
+        .saturating_mul(3 * JSON_ESCAPE_FACTOR)
+        .saturating_add(1024)
+}
+
+/// The most text the output chunks of one streamed run may carry: both streams' kept bytes, every
+/// byte replaced at worst.
+#[must_use]
+pub fn streamed_output_max_bytes(bounds: &ExecutionBounds) -> u64 {
+    bounds.max_output_bytes.saturating_mul(2 * 3)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,6 +153,35 @@ pub struct ExecuteRequest {
     pub resources: Option<ResourceOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+    /// Answer as a stream of [`ExecuteFrame`] lines (`application/x-ndjson`): the code's output
+    /// as it writes it, then the reply (WS-7's `run.output`). False: one [`ExecuteReply`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream_output: bool,
+}
+
+/// One line of a streamed execute answer ([`ExecuteRequest::stream_output`]): the code's output
+/// chunks in the order written, each only what the output bound keeps and only whole characters
+/// (`corral_core::run::progress::TextChunker`), a stream's bound once it is reached, then exactly
+/// one reply or refusal, last.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ExecuteFrame {
+    /// A chunk of a stream; never empty.
+    Output {
+        /// Which stream.
+        stream: corral_core::run::progress::Stream,
+        /// The chunk.
+        text: String,
+    },
+    /// The stream reached `SANDBOX_MAX_OUTPUT_BYTES`: its later bytes are counted, not sent.
+    Bound {
+        /// Which stream.
+        stream: corral_core::run::progress::Stream,
+    },
+    /// The run's reply; the last line.
+    Reply(Box<ExecuteReply>),
+    /// A refusal after the answer began (the workspace refused, staging failed); the last line.
+    Refused(ErrorBody),
 }
 
 /// A turn's projection as dispatched: the admitted manifest's digest, its entries, and each
@@ -851,7 +880,29 @@ mod tests {
             tools: None,
             resources: None,
             token: OpToken(3),
+            stream_output: false,
         }
+    }
+
+    #[test]
+    fn a_streamed_answer_is_one_tagged_frame_per_line() {
+        let output = ExecuteFrame::Output {
+            stream: corral_core::run::progress::Stream::Stderr,
+            text: "a\nb".to_owned(),
+        };
+        let line = serde_json::to_string(&output).unwrap();
+        assert_eq!(line, r#"{"output":{"stream":"stderr","text":"a\nb"}}"#);
+        assert_eq!(serde_json::from_str::<ExecuteFrame>(&line).unwrap(), output);
+        let reply = ExecuteFrame::Reply(Box::default());
+        let line = serde_json::to_string(&reply).unwrap();
+        assert!(line.starts_with(r#"{"reply":{"#), "{line}");
+        assert!(serde_json::from_str::<ExecuteFrame>(r#"{"other":1}"#).is_err());
+        // Not asked for, the field is not sent: an older worker decodes the request.
+        assert!(
+            !serde_json::to_string(&request())
+                .unwrap()
+                .contains("stream_output")
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
 pub const HEALTH: &str = "/health";
 /// `POST` an [`crate::ExecuteRequest`]: run code; answered with an [`crate::ExecuteReply`].
 pub const EXECUTE: &str = "/v1/execute";
+/// The media type of a streamed execute answer: one [`crate::messages::ExecuteFrame`] per line.
+pub const NDJSON: &str = "application/x-ndjson";
 /// `POST` a [`crate::messages::ValidateRequest`]: validate an authored Pi package (PI-1);
 /// answered with a [`crate::messages::ValidateReply`] before the validation's own reset.
 pub const VALIDATE_PACKAGE: &str = "/v1/validate_package";

@@ -51,6 +51,13 @@ pub enum Command {
     /// (default http://127.0.0.1:8000); the credential is CORRAL_API_TOKEN, else the file
     /// CORRAL_API_TOKEN_FILE, else .corral/api-token as `corral up` writes it.
     Run(RunArgs),
+    /// An MCP server over stdio for an agent tool, acting through the API
+    ///
+    /// Its tools run code, read, list, write and edit the workspace, and drive browser sessions,
+    /// for the one actor, conversation and member it is given (flags, or CORRAL_MCP_ACTOR,
+    /// CORRAL_MCP_CONVERSATION, CORRAL_MCP_MEMBER); a tool argument never sets them. The API and
+    /// its credential are found as `corral run` finds them.
+    Mcp(McpArgs),
     /// The API service (settings from the environment)
     ///
     /// CORRAL_VALKEY_URL (required), CORRAL_POOL (default `default`), CORRAL_API_LISTEN (default
@@ -121,6 +128,24 @@ pub struct UpArgs {
     /// Mint no grants: every run proceeds with the network denied (EGR-8)
     #[arg(long)]
     pub no_field_key: bool,
+    /// Serve this many API replicas, each on its own port after --listen's, all deciding
+    /// through the one Valkey (a streamed run resumes on any of them)
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub api_replicas: u16,
+}
+
+/// `corral mcp`.
+#[derive(Args)]
+pub struct McpArgs {
+    /// The actor the tools act for (default: CORRAL_MCP_ACTOR)
+    #[arg(long, value_name = "A")]
+    pub actor: Option<String>,
+    /// The conversation whose workspace the tools use (default: CORRAL_MCP_CONVERSATION)
+    #[arg(long, value_name = "C")]
+    pub conversation: Option<String>,
+    /// The member who asks (default: CORRAL_MCP_MEMBER, else the actor)
+    #[arg(long, value_name = "M")]
+    pub member: Option<String>,
 }
 
 /// `corral run`.

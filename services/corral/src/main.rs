@@ -11,6 +11,7 @@ mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
 mod health;
+mod mcp_cmd;
 mod network_policy_cmd;
 mod resources_cmd;
 mod run_cmd;
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Up(args) => up_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),
+        Command::Mcp(args) => mcp_cmd::run(args),
         Command::Api => api_cmd::run(),
         Command::Controller(args) => controller_cmd::run(args),
         // `["jail"]` re-executes this binary into the jail's hidden stages.

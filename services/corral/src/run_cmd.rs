@@ -21,7 +21,7 @@ fn language_of(file: &Path) -> Option<&'static str> {
     }
 }
 
-fn credential() -> Result<String, String> {
+pub(crate) fn credential() -> Result<String, String> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     if let Some(token) = corral_contract::credential::from_env(env, "CORRAL_API_TOKEN")? {
         return Ok(token);
@@ -31,6 +31,11 @@ fn credential() -> Result<String, String> {
         .map_err(|_| {
             String::from("no credential: set CORRAL_API_TOKEN or CORRAL_API_TOKEN_FILE, or run from the directory `corral up` was started in")
         })
+}
+
+/// The API's URL: `CORRAL_API_URL`, default `http://127.0.0.1:8000`.
+pub(crate) fn api_url() -> String {
+    std::env::var("CORRAL_API_URL").unwrap_or_else(|_| String::from("http://127.0.0.1:8000"))
 }
 
 /// `corral run`.
@@ -58,8 +63,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let base =
-        std::env::var("CORRAL_API_URL").unwrap_or_else(|_| String::from("http://127.0.0.1:8000"));
+    let base = api_url();
     let request = serde_json::json!({
         "actor": args.actor,
         "conversation": args.conversation,

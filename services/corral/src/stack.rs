@@ -13,6 +13,7 @@ use corral_core::config::{FieldKeySource, Settings};
 use corral_store::ValkeyStore;
 
 /// What the API is built from beyond the settings.
+#[derive(Clone)]
 pub struct ApiParts {
     /// The coordination store's URL.
     pub valkey: String,

@@ -251,19 +251,43 @@ async fn try_up(
         field_key,
         sample_tools: true,
     };
-    let state = build(settings.clone(), parts).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     started.stop = Some(stop);
-    let mut api_stopped = stopped.clone();
-    started.tasks.push(tokio::spawn(async move {
-        let shutdown = async move {
-            let _ = api_stopped.changed().await;
-        };
-        if let Err(e) = corral_api::serve(state, listener, shutdown).await {
-            say(&format!("API: {e}"));
+    let mut listeners = vec![listener];
+    for replica in 1..args.api_replicas {
+        // Port 0 picks a free one for each; a fixed port is followed by the next ones.
+        let mut addr = args.listen;
+        if addr.port() != 0 {
+            addr.set_port(addr.port().saturating_add(replica));
         }
-    }));
-    say(&format!("API: {api_url}"));
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("{addr}: {e} (API replica {})", replica + 1))?;
+        listeners.push(listener);
+    }
+    let mut replica_urls = Vec::new();
+    for (replica, listener) in listeners.into_iter().enumerate() {
+        let url = format!(
+            "http://{}",
+            listener.local_addr().map_err(|e| e.to_string())?
+        );
+        let state = build(settings.clone(), parts.clone()).await?;
+        let mut api_stopped = stopped.clone();
+        started.tasks.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = api_stopped.changed().await;
+            };
+            if let Err(e) = corral_api::serve(state, listener, shutdown).await {
+                say(&format!("API: {e}"));
+            }
+        }));
+        if replica == 0 {
+            say(&format!("API: {url}"));
+        } else {
+            say(&format!("API replica {}: {url}", replica + 1));
+            replica_urls.push(url);
+        }
+    }
     // The controller and its warm pool.
     let backend = Arc::new(crate::controller_cmd::local_backend(
         &workers_dir,
@@ -295,6 +319,9 @@ async fn try_up(
     }));
     wait_warm(&valkey, settings.warm_pool_min).await?;
     let token_path = state_dir.join("api-token");
+    for url in &replica_urls {
+        println!("corral API replica: {url}");
+    }
     println!(
         "corral is ready: API {api_url} (caller credential in {}, admin credential in {})",
         token_path.display(),

@@ -33,9 +33,14 @@ fn the_python_client_passes_its_tests_against_corral_up() {
         );
         return;
     }
-    let Some(stack) = Stack::start(TEST, &[], &[]) else {
+    // Two API replicas: a stream dropped on one resumes on the other.
+    let Some(stack) = Stack::start(TEST, &[], &["--api-replicas", "2"]) else {
         return;
     };
+    let replica = stack
+        .replicas
+        .first()
+        .expect("corral up printed its second replica");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let client = root.join("clients/python");
     let output = Command::new("python3")
@@ -44,6 +49,7 @@ fn the_python_client_passes_its_tests_against_corral_up() {
         .env("PYTHONPATH", format!("{TOOLS}:{}", client.display()))
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("CORRAL_API_URL", &stack.api)
+        .env("CORRAL_API_REPLICA_URL", replica)
         .env("CORRAL_API_TOKEN_FILE", stack.state.join("api-token"))
         // Every test runs against the stack: none may skip.
         .env("CORRAL_REQUIRE_SERVICES", "1")

@@ -35,7 +35,11 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         return;
     }
     if !Path::new("/opt/corral/pi/observe.mjs").is_file() {
-        skip(TEST, Need::Tools, "no baked Pi runtime: run scripts/build-pi-runtime");
+        skip(
+            TEST,
+            Need::Tools,
+            "no baked Pi runtime: run scripts/build-pi-runtime",
+        );
         return;
     }
     let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../clients/typescript");
@@ -47,20 +51,30 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         .current_dir(&client)
         .output()
         .expect("tsc runs");
-    assert!(compiled.status.success(), "tsc failed:\n{}", said(&compiled));
+    assert!(
+        compiled.status.success(),
+        "tsc failed:\n{}",
+        said(&compiled)
+    );
     std::fs::create_dir_all(built.path().join("test")).expect("mkdir");
     std::fs::copy(
         client.join("test/client.test.mjs"),
         built.path().join("test/client.test.mjs"),
     )
     .expect("copy the tests");
-    let Some(stack) = Stack::start(TEST, &[], &[]) else {
+    // Two API replicas: a stream dropped on one resumes on the other.
+    let Some(stack) = Stack::start(TEST, &[], &["--api-replicas", "2"]) else {
         return;
     };
+    let replica = stack
+        .replicas
+        .first()
+        .expect("corral up printed its second replica");
     let output = Command::new("node")
         .args(["--test", "--test-reporter=spec", "test/"])
         .current_dir(built.path())
         .env("CORRAL_API_URL", &stack.api)
+        .env("CORRAL_API_REPLICA_URL", replica)
         .env("CORRAL_API_TOKEN_FILE", stack.state.join("api-token"))
         // Every test runs against the stack: none may skip.
         .env("CORRAL_REQUIRE_SERVICES", "1")
@@ -68,6 +82,6 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         .expect("node --test runs");
     let text = said(&output);
     assert!(output.status.success(), "node --test failed:\n{text}");
-    assert!(text.contains("pass 8"), "{text}");
+    assert!(text.contains("pass 11"), "{text}");
     assert!(text.contains("skipped 0"), "{text}");
 }

@@ -31,6 +31,7 @@ use fred::prelude::*;
 use fred::types::scripts::Script;
 
 pub mod browser;
+pub mod events;
 pub mod group;
 pub mod harness;
 pub mod lease;

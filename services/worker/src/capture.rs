@@ -1,5 +1,6 @@
 //! Reading a jail's stdout and stderr: the stages' protocol lines first, then the code's output,
-//! each stream capped, with reading bounded by the wall limit.
+//! each stream capped, with reading bounded by the wall limit. A streamed run's output also goes
+//! to its [`Tap`] as it is read: exactly the bytes the cap keeps, as whole characters.
 
 use std::io::Write;
 use std::io::{ErrorKind, Read};
@@ -7,14 +8,82 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::process::{ChildStderr, ChildStdin, ChildStdout};
 use std::time::{Duration, Instant};
 
+use corral_contract::limits::OUTPUT_READ_BYTES;
+use corral_contract::messages::ExecuteFrame;
 use corral_core::bounds::CappedOutput;
+use corral_core::run::progress::{Stream as Which, TextChunker};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use crate::plan::{LINE_MAX_BYTES, LINES_MAX};
 
-/// The size of one read.
-const CHUNK_BYTES: usize = 64 * 1024;
+/// The size of one read (a streamed chunk at most).
+const CHUNK_BYTES: usize = OUTPUT_READ_BYTES;
+
+/// Where a streamed run's output frames go, in order, as they are read.
+#[derive(Clone)]
+pub struct Tap(pub std::sync::Arc<dyn Fn(ExecuteFrame) + Send + Sync>);
+
+impl std::fmt::Debug for Tap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tap")
+    }
+}
+
+/// A tap and each stream's text so far: chunks of whole characters, and each stream's bound
+/// told once.
+pub struct Tapper {
+    tap: Tap,
+    text: [TextChunker; 2],
+    bound_told: [bool; 2],
+}
+
+impl Tapper {
+    /// Streams to `tap`.
+    pub fn new(tap: Tap) -> Self {
+        Self {
+            tap,
+            text: [TextChunker::default(), TextChunker::default()],
+            bound_told: [false; 2],
+        }
+    }
+
+    fn index(which: Which) -> usize {
+        match which {
+            Which::Stdout => 0,
+            Which::Stderr => 1,
+        }
+    }
+
+    /// `kept`, the bytes the cap kept of a read, then the bound if this read reached it.
+    fn read(&mut self, which: Which, kept: &[u8], truncated: bool) {
+        let index = Self::index(which);
+        let text = self.text[index].push(kept);
+        if !text.is_empty() {
+            (self.tap.0)(ExecuteFrame::Output {
+                stream: which,
+                text,
+            });
+        }
+        if truncated && !self.bound_told[index] {
+            self.bound_told[index] = true;
+            (self.tap.0)(ExecuteFrame::Bound { stream: which });
+        }
+    }
+
+    /// The end of both streams: an incomplete last character is sent as the answer shows it.
+    pub fn finish(&mut self) {
+        for which in [Which::Stdout, Which::Stderr] {
+            let text = self.text[Self::index(which)].finish();
+            if !text.is_empty() {
+                (self.tap.0)(ExecuteFrame::Output {
+                    stream: which,
+                    text,
+                });
+            }
+        }
+    }
+}
 /// Poll no longer than this at a time, so that the deadline is checked even if nothing happens.
 const POLL_SLICE: Duration = Duration::from_millis(250);
 
@@ -125,13 +194,14 @@ pub struct Captured {
 
 /// One stream being drained.
 struct Stream<R> {
+    which: Which,
     reader: Option<R>,
     output: CappedOutput,
 }
 
 impl<R: Read + AsFd> Stream<R> {
     /// Reads what is available; closes the stream at its end or on an error.
-    fn drain(&mut self, buffer: &mut [u8]) {
+    fn drain(&mut self, buffer: &mut [u8], mut tap: Option<&mut Tapper>) {
         let Some(reader) = self.reader.as_mut() else {
             return;
         };
@@ -141,7 +211,17 @@ impl<R: Read + AsFd> Stream<R> {
                     self.reader = None;
                     return;
                 }
-                Ok(read) => self.output.accept(&buffer[..read]),
+                Ok(read) => {
+                    let before = self.output.kept().len();
+                    self.output.accept(&buffer[..read]);
+                    if let Some(tap) = tap.as_deref_mut() {
+                        tap.read(
+                            self.which,
+                            &self.output.kept()[before..],
+                            self.output.truncated(),
+                        );
+                    }
+                }
                 Err(error) if error.kind() == ErrorKind::WouldBlock => return,
                 Err(error) if error.kind() == ErrorKind::Interrupted => {}
                 Err(_) => {
@@ -156,19 +236,22 @@ impl<R: Read + AsFd> Stream<R> {
 /// Captures the code's output until the jail has exited and both streams have ended, or until
 /// `deadline`. `exited` (a pidfd of stage 1) becomes readable when stage 1 exits; without one, the
 /// loop returns when both streams end. After the deadline it returns at once: the caller kills
-/// the jail and calls [`drain_after_kill`].
+/// the jail and calls [`drain_after_kill`]. What is kept also goes to `tap`, as it is read.
 pub fn capture(
     stdout: ChildStdout,
     stderr: ChildStderr,
     exited: Option<&OwnedFd>,
     cap_bytes: u64,
     deadline: Instant,
+    mut tap: Option<&mut Tapper>,
 ) -> (Captured, Streams) {
     let mut out = Stream {
+        which: Which::Stdout,
         reader: Some(stdout),
         output: CappedOutput::new(cap_bytes),
     };
     let mut err = Stream {
+        which: Which::Stderr,
         reader: Some(stderr),
         output: CappedOutput::new(cap_bytes),
     };
@@ -202,8 +285,8 @@ pub fn capture(
                 .and_then(PollFd::revents)
                 .is_some_and(|events| !events.is_empty());
         drop(fds);
-        out.drain(&mut buffer);
-        err.drain(&mut buffer);
+        out.drain(&mut buffer, tap.as_deref_mut());
+        err.drain(&mut buffer, tap.as_deref_mut());
         if pidfd_ready {
             // Stage 1 exits only after pid 1 of the jail, and the kernel has then killed and
             // reaped every process of the jail: no writer is left, so the pipes end shortly.
@@ -230,13 +313,20 @@ pub struct Streams {
 }
 
 /// After the kill: reads what the pipes still hold, for at most `grace`, then closes them.
-pub fn drain_after_kill(streams: Streams, captured: &mut Captured, grace: Duration) {
+pub fn drain_after_kill(
+    streams: Streams,
+    captured: &mut Captured,
+    grace: Duration,
+    mut tap: Option<&mut Tapper>,
+) {
     let deadline = Instant::now() + grace;
     let mut out = Stream {
+        which: Which::Stdout,
         reader: streams.stdout,
         output: std::mem::replace(&mut captured.stdout, CappedOutput::new(0)),
     };
     let mut err = Stream {
+        which: Which::Stderr,
         reader: streams.stderr,
         output: std::mem::replace(&mut captured.stderr, CappedOutput::new(0)),
     };
@@ -251,8 +341,8 @@ pub fn drain_after_kill(streams: Streams, captured: &mut Captured, grace: Durati
         }
         let _ = poll(&mut fds, timeout_until(deadline));
         drop(fds);
-        out.drain(&mut buffer);
-        err.drain(&mut buffer);
+        out.drain(&mut buffer, tap.as_deref_mut());
+        err.drain(&mut buffer, tap.as_deref_mut());
     }
     captured.stdout = out.output;
     captured.stderr = err.output;

@@ -173,6 +173,7 @@ fn run(args: RunArgs, prefix: &[&str]) -> ExitCode {
             kernel: None,
             tools: None,
             resources: None,
+            tap: None,
         }),
         Err(refused) => {
             eprintln!("corral jail: {refused}");

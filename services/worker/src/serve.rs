@@ -68,9 +68,9 @@ use corral_contract::error::{ErrorBody, ErrorCode, ErrorDetail};
 use corral_contract::limits::execute_body_max_bytes;
 use corral_contract::messages::{
     BrowserCloseRequest, BrowserOpenRequest, BrowserPrivateReply, BrowserPrivateRequest,
-    BrowserSignalReply, BrowserSignalRequest, BrowserTurnReply, EvidenceReport, ExecuteReply,
-    ExecuteRequest, HealthReply, LiveViewOrder, ResetReply, ResetRequest, ValidateReply,
-    ValidateRequest, WireFile, WorkspaceReturn,
+    BrowserSignalReply, BrowserSignalRequest, BrowserTurnReply, EvidenceReport, ExecuteFrame,
+    ExecuteReply, ExecuteRequest, HealthReply, LiveViewOrder, ResetReply, ResetRequest,
+    ValidateReply, ValidateRequest, WireFile, WorkspaceReturn,
 };
 use corral_contract::{credential, routes};
 use corral_core::bounds::ExecutionBounds;
@@ -829,6 +829,15 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
     let request_dir = state.staging.join(format!("request-{number}"));
+    // A streamed answer (WS-7): the code's output goes out as it is read, the reply last.
+    let (frames, streamed) = tokio::sync::mpsc::unbounded_channel::<ExecuteFrame>();
+    let tap = request.stream_output.then(|| {
+        let frames = frames.clone();
+        crate::capture::Tap(Arc::new(move |frame| {
+            // An API that hung up is not waited for: the run goes on to its end.
+            let _ = frames.send(frame);
+        }))
+    });
     let bounds = accepted.bounds;
     let archive = accepted.archive;
     let run = RunRequest {
@@ -845,32 +854,71 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         kernel: request.kernel,
         tools: request.tools,
         resources: accepted.resources.map(std::sync::Arc::new),
+        tap,
     };
     // The answer goes out once the result is complete; the run's own reset follows on the jail
     // thread, before any other job (the reset between leases included, which counts what it
     // left). Nothing of the run is handed on before that reset's evidence: only the pool hands
     // a worker on, and only after the reset it orders.
-    let ran = worker
-        .answer_then(move |worker| {
-            let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
-            let (ran, unreset) = match ran {
-                Ok((result, unreset)) => (Ok(result), unreset),
-                Err(refusal) => (Err(refusal), None),
-            };
-            let then: Job = Box::new(move |worker: &mut Worker| {
-                if let Some(unreset) = unreset {
-                    worker.reset_later(unreset);
-                }
-                // The staged copy is the request's alone; it is removed whatever happened.
-                let _ = std::fs::remove_dir_all(&request_dir);
-            });
-            (ran, Some(then))
-        })
-        .await;
-    drop(worker);
+    let ran = async move {
+        let ran = worker
+            .answer_then(move |worker| {
+                let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
+                let (ran, unreset) = match ran {
+                    Ok((result, unreset)) => (Ok(result), unreset),
+                    Err(refusal) => (Err(refusal), None),
+                };
+                let then: Job = Box::new(move |worker: &mut Worker| {
+                    if let Some(unreset) = unreset {
+                        worker.reset_later(unreset);
+                    }
+                    // The staged copy is the request's alone; it is removed whatever happened.
+                    let _ = std::fs::remove_dir_all(&request_dir);
+                });
+                (ran, Some(then))
+            })
+            .await;
+        drop(worker);
+        executed(ran)
+    };
+    if !request.stream_output {
+        return match ran.await {
+            Ok(reply) => axum::Json(reply).into_response(),
+            Err(body) => refusal(body),
+        };
+    }
+    // The answer begins now; the reply (or a refusal) is its last line, after every chunk.
+    tokio::spawn(async move {
+        let last = match ran.await {
+            Ok(reply) => ExecuteFrame::Reply(Box::new(reply)),
+            Err(body) => ExecuteFrame::Refused(body),
+        };
+        let _ = frames.send(last);
+    });
+    let lines = futures::stream::unfold(streamed, |mut streamed| async move {
+        let frame = streamed.recv().await?;
+        let mut line = serde_json::to_vec(&frame).unwrap_or_default();
+        line.push(b'\n');
+        Some((
+            Ok::<_, std::convert::Infallible>(Bytes::from(line)),
+            streamed,
+        ))
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            corral_contract::routes::NDJSON,
+        )],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// An execute's answer: the reply, or the refusal of a run that never got to its end.
+fn executed(ran: Result<Result<RunResult, Refusal>, String>) -> Result<ExecuteReply, ErrorBody> {
     match ran {
-        Ok(Ok(result)) => axum::Json(execute_reply(result)).into_response(),
-        Ok(Err(Refusal::Archive(e))) => error(
+        Ok(Ok(result)) => Ok(execute_reply(result)),
+        Ok(Err(Refusal::Archive(e))) => Err(ErrorBody::new(
             ErrorCode::WorkspaceArchiveRefused,
             ErrorDetail {
                 reason: Some(e.code().to_owned()),
@@ -878,9 +926,15 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
                 message: Some(e.to_string()),
                 ..ErrorDetail::default()
             },
-        ),
-        Ok(Err(Refusal::Staging(e))) => error(ErrorCode::StagingFailed, ErrorDetail::message(e)),
-        Err(e) => error(ErrorCode::RunFailed, ErrorDetail::message(e)),
+        )),
+        Ok(Err(Refusal::Staging(e))) => Err(ErrorBody::new(
+            ErrorCode::StagingFailed,
+            ErrorDetail::message(e),
+        )),
+        Err(e) => Err(ErrorBody::new(
+            ErrorCode::RunFailed,
+            ErrorDetail::message(e),
+        )),
     }
 }
 

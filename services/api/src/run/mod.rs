@@ -20,8 +20,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
+use corral_contract::messages::ExecuteFrame;
 use corral_contract::messages::{InstallOrder, KernelOrder, archive_text};
 use corral_contract::{CallError, ExecuteRequest};
+use corral_core::bounds::Bound;
 use corral_core::jail::NotRun;
 use corral_core::kernel::Kernel;
 use corral_core::pool::Disposition;
@@ -37,6 +39,7 @@ use answer::{Context, Reply};
 
 pub mod affinity;
 pub mod answer;
+pub mod events;
 pub mod keep;
 pub mod lease;
 pub mod resources;
@@ -52,16 +55,24 @@ pub type Progress = tokio::sync::mpsc::UnboundedSender<(&'static str, Value)>;
 /// Runs `request`. Spawned, so that it finishes (lease released, worker reset) whatever the
 /// caller does.
 pub async fn run_code(state: Arc<AppState>, request: RunCodeRequest) -> Reply {
-    run_code_with_progress(state, request, None).await
+    run_code_with_progress(state, request, new_run_id(), None).await
 }
 
-/// [`run_code`], telling `progress` when the run is queued and when it runs (WS-7).
+/// A fresh run id: 128 random bits in hex.
+#[must_use]
+pub fn new_run_id() -> String {
+    corral_core::ids::hex(&corral_contract::credential::random_bytes())
+}
+
+/// [`run_code`] as run `run_id`, telling `progress` when the run is queued, when it runs, and
+/// its output as the code writes it (WS-7).
 pub async fn run_code_with_progress(
     state: Arc<AppState>,
     request: RunCodeRequest,
+    run_id: String,
     progress: Option<Progress>,
 ) -> Reply {
-    match tokio::spawn(run(state, request, progress)).await {
+    match tokio::spawn(run(state, request, run_id, progress)).await {
         Ok(reply) => reply,
         Err(e) => answer::refusal(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -72,8 +83,12 @@ pub async fn run_code_with_progress(
     }
 }
 
-async fn run(state: Arc<AppState>, request: RunCodeRequest, progress: Option<Progress>) -> Reply {
-    let run_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
+async fn run(
+    state: Arc<AppState>,
+    request: RunCodeRequest,
+    run_id: String,
+    progress: Option<Progress>,
+) -> Reply {
     // A run's tool calls are taken while it runs (KER-5).
     let tools_token = request
         .tools
@@ -473,6 +488,8 @@ async fn leased(
         tools: tool_order(settings, admitted, cell),
         resources: resources_order,
         token: granted.token,
+        // `execute_streamed` asks for it.
+        stream_output: false,
     };
     cell.tell(
         corral_core::run::progress::RUNNING,
@@ -482,11 +499,35 @@ async fn leased(
             "declared": corral_core::run::progress::pending(&admitted.declared),
         }),
     );
-    let reply = match state
-        .workers
-        .execute(granted.worker, &request, &admitted.bounds)
-        .await
-    {
+    let executed =
+        match &cell.progress {
+            // Streamed: the code's output goes to the caller as the worker reads it.
+            Some(_) => {
+                state
+                    .workers
+                    .execute_streamed(granted.worker, &request, &admitted.bounds, |frame| {
+                        match frame {
+                            ExecuteFrame::Output { stream, text } => cell.tell(
+                                corral_core::run::progress::OUTPUT,
+                                json!({ "stream": stream, "text": text }),
+                            ),
+                            ExecuteFrame::Bound { stream } => cell.tell(
+                                corral_core::run::progress::BOUND,
+                                json!({ "stream": stream, "bound": Bound::Output }),
+                            ),
+                            ExecuteFrame::Reply(_) | ExecuteFrame::Refused(_) => {}
+                        }
+                    })
+                    .await
+            }
+            None => {
+                state
+                    .workers
+                    .execute(granted.worker, &request, &admitted.bounds)
+                    .await
+            }
+        };
+    let reply = match executed {
         Ok(reply) => reply,
         Err(CallError::Unreachable(message)) => return Leased::Unreachable(message),
         Err(CallError::Lost(message) | CallError::ReplyInvalid(message)) => {

@@ -21,6 +21,8 @@ pub struct Stack {
     pub admin: Client,
     pub state: PathBuf,
     pub valkey: String,
+    /// The other API replicas' URLs (`corral up --api-replicas`).
+    pub replicas: Vec<String>,
     _server: ValkeyServer,
 }
 
@@ -68,10 +70,14 @@ impl Stack {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(300);
+        let mut replicas = Vec::new();
         let api = loop {
             let line = ready
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
                 .unwrap_or_else(|_| panic!("{test}: corral up printed no ready line"));
+            if let Some(url) = line.strip_prefix("corral API replica: ") {
+                replicas.push(url.trim().to_owned());
+            }
             if let Some(rest) = line.strip_prefix("corral is ready: API ") {
                 break rest.split_whitespace().next().expect("url").to_owned();
             }
@@ -89,6 +95,7 @@ impl Stack {
             api,
             state,
             valkey: server.url(),
+            replicas,
             _server: server,
         })
     }
@@ -251,17 +258,7 @@ pub fn nix_kill(pid: u32, signal: &str) -> std::io::Result<std::process::ExitSta
         .status()
 }
 
-pub fn encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
+pub use corral_api::client::encode;
 
 pub fn python(actor: &str, conversation: &str, code: &str) -> Value {
     json!({ "actor": actor, "conversation": conversation, "member": actor, "language": "python", "code": code })

@@ -90,7 +90,7 @@ impl Worker {
             false,
         )?;
         let mut installer = RunResult::default();
-        let (observed, _) = self.supervise(jail, run, &mut installer, timeout);
+        let (observed, _) = self.supervise(jail, run, &mut installer, timeout, None);
         // The broker's route closes with the install: the code never reaches it.
         drop(run.broker_relay.take());
         let tail = |stream: &corral_core::bounds::OutputStream| {

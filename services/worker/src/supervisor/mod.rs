@@ -109,6 +109,9 @@ pub struct RunRequest {
     /// The turn's projection, verified before the code starts (PROJ-6); such a run goes cold,
     /// since a prepared jail's mounts and environment were fixed before the turn was known.
     pub resources: Option<std::sync::Arc<corral_contract::messages::Projected>>,
+    /// Where the code's output goes as it is read, for a streamed run (WS-7); its installer's
+    /// never does.
+    pub tap: Option<crate::capture::Tap>,
 }
 
 /// What one run has created, for the reset.

@@ -238,7 +238,8 @@ impl Worker {
             &mut result.reply.diagnostics,
             false,
         )?;
-        let (mut observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        let (mut observed, all_dead) =
+            self.supervise(started, run, result, wall_seconds, request.tap.as_ref());
         self.seal_kernel(language, run, &dirs, (&mut observed, all_dead), result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())
@@ -294,7 +295,8 @@ impl Worker {
             );
         }
         let started = Started { go_at, ..jail };
-        let (mut observed, all_dead) = self.supervise(started, run, result, wall_seconds);
+        let (mut observed, all_dead) =
+            self.supervise(started, run, result, wall_seconds, request.tap.as_ref());
         self.seal_kernel(language, run, &dirs, (&mut observed, all_dead), result);
         self.collect(request, &before, &dirs, observed, all_dead, result);
         Ok(())

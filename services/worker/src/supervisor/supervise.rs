@@ -30,7 +30,9 @@ impl Worker {
         run: &mut ActiveRun,
         result: &mut RunResult,
         wall_seconds: u64,
+        tap: Option<&capture::Tap>,
     ) -> (BoundObservations, bool) {
+        let mut tapper = tap.cloned().map(capture::Tapper::new);
         let deadline = started.go_at + Duration::from_secs(wall_seconds);
         let pid = i32::try_from(started.pid).unwrap_or(i32::MAX);
         let pidfd: Option<OwnedFd> = rustix::process::Pid::from_raw(pid)
@@ -41,6 +43,7 @@ impl Worker {
             pidfd.as_ref(),
             self.settings.bounds.max_output_bytes,
             deadline,
+            tapper.as_mut(),
         );
         result.reply.durations.run_ms = millis(started.go_at.elapsed());
         let mut status = None;
@@ -55,7 +58,7 @@ impl Worker {
         if captured.deadline_hit {
             let (_, reaped) = sweep::kill_run(Some(pid), &run.cgroups, &run.uids);
             status = reaped;
-            capture::drain_after_kill(streams, &mut captured, DRAIN_GRACE);
+            capture::drain_after_kill(streams, &mut captured, DRAIN_GRACE, tapper.as_mut());
         } else if status.is_none()
             && let Ok(found) = waitpid(Pid::from_raw(pid), None)
         {
@@ -79,6 +82,9 @@ impl Worker {
             }
             (false, Some(_)) => None,
         };
+        if let Some(tapper) = tapper.as_mut() {
+            tapper.finish();
+        }
         result.reply.stdout = OutputStream::from(&captured.stdout);
         result.reply.stderr = OutputStream::from(&captured.stderr);
         let counters = run.cgroups.counters();

@@ -206,7 +206,7 @@ impl Worker {
         let (jail, _) =
             self.start_jail(&plan, run, None, None, &mut result.reply.diagnostics, false)?;
         let mut tests = RunResult::default();
-        let (observed, all_dead) = self.supervise(jail, run, &mut tests, wall.as_secs());
+        let (observed, all_dead) = self.supervise(jail, run, &mut tests, wall.as_secs(), None);
         let tail = Some(output_tail(&tests));
         if observed.wall_expired {
             return Ok(Err((
@@ -301,7 +301,7 @@ impl Worker {
             false,
         )?;
         let mut installer = RunResult::default();
-        let (observed, all_dead) = self.supervise(jail, run, &mut installer, wall.as_secs());
+        let (observed, all_dead) = self.supervise(jail, run, &mut installer, wall.as_secs(), None);
         drop(run.broker_relay.take());
         let tail = Some(output_tail(&installer).replace(token, "<token>"));
         if observed.wall_expired {
@@ -373,7 +373,7 @@ impl Worker {
         let (jail, _) =
             self.start_jail(&plan, run, None, None, &mut result.reply.diagnostics, false)?;
         let mut child = RunResult::default();
-        let (observed, _) = self.supervise(jail, run, &mut child, wall.as_secs());
+        let (observed, _) = self.supervise(jail, run, &mut child, wall.as_secs(), None);
         let stderr = Some(stderr_tail(&child.reply.stderr.text));
         if observed.wall_expired {
             return Ok(Err((
