@@ -51,6 +51,9 @@ class RunResult:
     diagnostics: list[str]
     kernel: Optional[dict[str, Any]]
     body: dict[str, Any]
+    #: Rich results, as a notebook shows them: the last expression's value and the figures left
+    #: open, each ``{"text/plain", "text/html"?, "image/png"? (base64)}``.
+    results: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def succeeded(self) -> bool:
@@ -78,6 +81,7 @@ class RunResult:
             diagnostics=list(model.get("diagnostics") or []),
             kernel=model.get("kernel"),
             body=body,
+            results=list(model.get("results") or []),
         )
 
 

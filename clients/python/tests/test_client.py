@@ -5,6 +5,7 @@ skips, unless CORRAL_REQUIRE_SERVICES is set (CI), when each fails instead."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import time
 import uuid
@@ -163,6 +164,20 @@ def test_a_persistent_kernel_keeps_its_state_across_three_calls(corral: Client) 
     assert corral.run_code("items.append(2)", kernel="persistent").succeeded
     third = corral.run_code("print(items)", kernel="persistent")
     assert third.stdout.text == "[1, 2]\n", third.body
+
+
+def test_a_dataframe_and_a_figure_are_rich_results(corral: Client) -> None:
+    frame = corral.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    assert frame.succeeded, frame.body
+    assert "<table" in frame.results[0]["text/html"] and "text/plain" in frame.results[0], frame.results
+    figure = corral.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('shown')\nplt.show()")
+    pngs = [r["image/png"] for r in figure.results if "image/png" in r]
+    assert len(pngs) == 1, figure.results
+    assert base64.b64decode(pngs[0])[:8] == b"\x89PNG\r\n\x1a\n"
+    # In a persistent kernel too: the value of the cell's last expression.
+    corral.run_code("import pandas as pd\nframe = pd.DataFrame({'x': [7]})", kernel="persistent")
+    kept = corral.run_code("frame", kernel="persistent")
+    assert "<table" in kept.results[0]["text/html"], kept.results
 
 
 def test_the_workspace_is_read_and_edited_by_its_anchors(corral: Client) -> None:

@@ -25,6 +25,9 @@ export interface RunResult {
   stdout: Output;
   stderr: Output;
   error: RunError | null;
+  /** Rich results, as a notebook shows them: the last expression's value and the figures left
+   * open, each by media type (`text/plain`, `text/html`, `image/png` in base64). */
+  results: Array<Record<string, string>>;
   body: Record<string, unknown>;
 }
 
@@ -150,6 +153,7 @@ export function runResultOf(body: Record<string, unknown>): RunResult {
     stdout: output(model["stdout"]),
     stderr: output(model["stderr"]),
     error: (body["error"] as RunError | null | undefined) ?? null,
+    results: (model["results"] as Array<Record<string, string>> | undefined) ?? [],
     body,
   };
 }

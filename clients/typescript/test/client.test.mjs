@@ -120,6 +120,16 @@ test("the workspace is read and edited by its anchors", live, async () => {
   assert.equal(new TextDecoder().decode(await c.readFile("notes.txt")), "alpha\ngamma\n");
 });
 
+test("a DataFrame and a figure are rich results", live, async () => {
+  const corral = client();
+  const frame = await corral.runCode("import pandas as pd\npd.DataFrame({'a': [1, 2]})");
+  assert.ok(frame.results[0]["text/html"].includes("<table"), JSON.stringify(frame.results));
+  const figure = await corral.runCode("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()");
+  const pngs = figure.results.filter((r) => r["image/png"]).map((r) => Buffer.from(r["image/png"], "base64"));
+  assert.equal(pngs.length, 1);
+  assert.deepEqual([...pngs[0].subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47]);
+});
+
 test("a file is created, listed and never replaced", live, async () => {
   const corral = client();
   const created = await corral.writeFile("data/a.txt", "one\ntwo\n");

@@ -16,3 +16,4 @@ pub mod admission;
 pub mod compress;
 pub mod outcome;
 pub mod progress;
+pub mod results;

@@ -119,6 +119,7 @@ pub fn document() -> Value {
                     "model": { "type": "object", "description": "For the model: bounded output, diagnostics, typed downloads", "properties": {
                         "exit_code": { "type": ["integer", "null"] }, "stdout": stream, "stderr": stream,
                         "bound": { "type": ["string", "null"], "description": "The setting whose bound the run hit" },
+                        "results": { "type": "array", "description": "Rich results (Python): the last expression's value and the figures left open, each by media type: text/plain, text/html, image/png (base64)", "items": { "type": "object" } },
                         "not_run": { "type": ["string", "null"], "description": "Why the code did not run: unsupported_language, persistent_kernel_unavailable, resource_persistent_kernel, kernel_checkpoint_corrupt, kernel_checkpoint_untrusted, kernel_checkpoint_incompatible, dependency_request_invalid, dependency_install_failed, ..." },
                         "dependencies": { "type": "object", "description": "What the baked stack satisfied, what was installed through the broker (and install_ms), notes; or the failure: cause (no_registry, registry_unreachable, timed_out, install_failed), packages, message" },
                         "diagnostics": { "type": "array", "items": { "type": "string" } },

@@ -772,6 +772,10 @@ pub struct ExecuteReply {
     /// What a persistent cell's kernel restored and kept (KER-2, KER-3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel: Option<KernelReport>,
+    /// Rich results: the last expression's value and the figures left open, as Jupyter shows
+    /// them (`corral_core::run::results`), within their bounds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<corral_core::run::results::RichResult>,
 }
 
 /// What a run's install did.

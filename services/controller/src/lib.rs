@@ -214,8 +214,9 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
                         ended = true;
                     }
                     ReconcilerEvent::ReportAbandoned { worker } => {
-                        eprintln!(
-                            "corral controller: a report about {worker} got no answer; the pool's timeouts settle it"
+                        tracing::warn!(
+                            worker = %worker,
+                            "a report got no answer; the pool's timeouts settle it"
                         );
                     }
                 }

@@ -11,6 +11,7 @@ mod config_cmd;
 mod controller_cmd;
 mod egress_cmd;
 mod health;
+mod logging;
 mod mcp_cmd;
 mod network_policy_cmd;
 mod resources_cmd;
@@ -40,6 +41,20 @@ fn main() -> ExitCode {
         _ => {}
     }
     let cli = Cli::parse_from(std::iter::once("corral".to_owned()).chain(args));
+    // The services log through `tracing`; the operator tools print for a person.
+    if matches!(
+        cli.command,
+        Command::Up(_)
+            | Command::Api
+            | Command::Controller(_)
+            | Command::Worker(_)
+            | Command::EgressProxy
+            | Command::Mcp(_)
+    ) && let Err(why) = logging::init()
+    {
+        eprintln!("corral: {why}");
+        return ExitCode::from(2);
+    }
     match cli.command {
         Command::Up(args) => up_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),

@@ -82,6 +82,6 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         .expect("node --test runs");
     let text = said(&output);
     assert!(output.status.success(), "node --test failed:\n{text}");
-    assert!(text.contains("pass 11"), "{text}");
+    assert!(text.contains("pass 12"), "{text}");
     assert!(text.contains("skipped 0"), "{text}");
 }

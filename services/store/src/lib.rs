@@ -428,13 +428,13 @@ impl ValkeyStore {
                 }
             };
             if let Loaded::Outlived { version, doc } = &loaded {
-                eprintln!(
-                    "corral-store: {}: version {} of epoch {:x} was written before Valkey last \
-                     restarted (a snapshot or a failover may have rolled it back): nothing of it \
-                     is trusted; a new epoch begins and every worker of the old one is deleted",
-                    self.key,
-                    version.0,
-                    doc.epoch()
+                tracing::warn!(
+                    key = %self.key,
+                    version = version.0,
+                    epoch = %format!("{:x}", doc.epoch()),
+                    "the pool document was written before Valkey last restarted (a snapshot or a \
+                     failover may have rolled it back): nothing of it is trusted; a new epoch \
+                     begins and every worker of the old one is deleted"
                 );
             }
             let batch = Batch::prepare(loaded, now, commands, config, new_epoch);

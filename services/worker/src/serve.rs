@@ -273,9 +273,10 @@ fn prepare_next(worker: &mut Worker) {
     }
     for language in worker.languages_to_prepare() {
         if let Err(why) = worker.prepare(language) {
-            eprintln!(
-                "corral worker: no prepared {} jail, its runs go cold: {why}",
-                language.as_str()
+            tracing::warn!(
+                language = language.as_str(),
+                why = %why,
+                "no prepared jail: its runs go cold"
             );
         }
     }
@@ -1080,7 +1081,7 @@ async fn reset(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     // processes otherwise), while the answer goes out; a request arriving meanwhile waits for it
     // on the thread.
     if let Err(e) = worker.queue(Box::new(prepare_next)) {
-        eprintln!("corral worker: no prepared jail: {e}");
+        tracing::warn!(why = %e, "no prepared jail");
     }
     drop(worker);
     match done {

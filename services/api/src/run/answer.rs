@@ -225,6 +225,7 @@ pub fn decided(
             json!({ "generation": decided.generation, "saved": keeping.saved, "unchanged": keeping.unchanged }),
         );
         model.insert("warm".into(), json!(reply.warm));
+        model.insert("results".into(), json!(reply.results));
         model.insert("dependencies".into(), context.dependencies);
         model.insert("kernel".into(), context.kernel);
         if let Some(compressed) = &compressed {

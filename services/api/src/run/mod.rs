@@ -72,7 +72,20 @@ pub async fn run_code_with_progress(
     run_id: String,
     progress: Option<Progress>,
 ) -> Reply {
-    match tokio::spawn(run(state, request, run_id, progress)).await {
+    // Every line of the run carries its id, and its lease and worker once granted; never its
+    // code, its output or a credential.
+    let span = tracing::info_span!(
+        "run",
+        run_id = %run_id,
+        lease = tracing::field::Empty,
+        worker = tracing::field::Empty
+    );
+    match tokio::spawn(tracing::Instrument::instrument(
+        run(state, request, run_id, progress),
+        span,
+    ))
+    .await
+    {
         Ok(reply) => reply,
         Err(e) => answer::refusal(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -95,6 +108,13 @@ async fn run(
         .clone()
         .map(|tools| state.tool_runs.start(tools));
     let reply = attempt(&state, request, &run_id, tools_token.as_deref(), progress).await;
+    let (status, body) = &reply;
+    tracing::info!(
+        status = status.as_u16(),
+        outcome = body["outcome"].as_str().unwrap_or_default(),
+        error = body["error"]["code"].as_str(),
+        "run answered"
+    );
     if let Some(broker) = &state.broker {
         broker.end(&run_id);
     }
@@ -114,7 +134,14 @@ async fn attempt(
 ) -> Reply {
     let run_id = run_id.to_owned();
     let admitted = match admit(request, &state.settings, state.packages()) {
-        Admission::Admitted(admitted) => admitted,
+        Admission::Admitted(admitted) => {
+            tracing::info!(
+                language = ?admitted.language,
+                kernel = ?admitted.kernel,
+                "admitted"
+            );
+            admitted
+        }
         Admission::NotRun(reason) => {
             state.metrics.run("not_run");
             return answer::not_run_before_lease(&run_id, reason);
@@ -398,6 +425,10 @@ async fn leased(
 ) -> Leased {
     let settings = &state.settings;
     let granted = holder.granted();
+    let span = tracing::Span::current();
+    span.record("lease", granted.token.0);
+    span.record("worker", tracing::field::display(granted.worker));
+    tracing::info!(ticket = granted.ticket.0, "leased");
     let mut phases = Phases::new();
     let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
     // Deployment time at the grant, from the lease itself: no extra round trip.

@@ -204,16 +204,17 @@ pub async fn dispatch(
         state.metrics.refusal(refusal.reason.code());
         refused(run_id, &refusal)
     })?;
-    // A withheld selection is logged under its event with the bounded reason (PROJ-4): a line
-    // of JSON on stderr, and a counter.
+    // A withheld selection is logged under its event with the bounded reason (PROJ-4): a log
+    // line (JSON with CORRAL_LOG_FORMAT=json), and a counter.
     if let Some((event, refusal)) = &decided.withheld {
         state.metrics.event(event.event(), refusal.reason.code());
-        eprintln!(
-            "{}",
-            json!({
-                "event": event.event(), "run_id": run_id, "reason": refusal.reason.code(),
-                "file": refusal.file, "limit": refusal.limit,
-            })
+        tracing::info!(
+            event = event.event(),
+            run_id = %run_id,
+            reason = refusal.reason.code(),
+            file = ?refusal.file,
+            limit = ?refusal.limit,
+            "selection withheld"
         );
     }
     let withheld = decided.withheld.as_ref().map(|(event, refusal)| {

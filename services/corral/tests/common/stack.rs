@@ -29,6 +29,16 @@ pub struct Stack {
 impl Stack {
     /// Starts `corral up` with `env` and `args` for the test `test`, or skips the test.
     pub fn start(test: &str, env: &[(&str, &str)], args: &[&str]) -> Option<Stack> {
+        Self::start_with_stderr(test, env, args, Stdio::inherit())
+    }
+
+    /// [`Stack::start`] with `corral up`'s stderr (its logs) going to `stderr`.
+    pub fn start_with_stderr(
+        test: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+        stderr: Stdio,
+    ) -> Option<Stack> {
         let server = super::root_and_valkey_or_skip(test)?;
         // Under Cargo's target directory rather than the system's temporary one, which may be a
         // tmpfs: the failed-save check needs a filesystem that keeps the immutable flag.
@@ -54,7 +64,7 @@ impl Stack {
             .env("SANDBOX_WARM_POOL_MIN", "2")
             .env("SANDBOX_POOL_TARGET_IDLE", "1")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(stderr);
         for (name, value) in env {
             command.env(name, value);
         }

@@ -5,6 +5,166 @@ use corral_core::jail::Language;
 use crate::plan::LINE_WAITING;
 use crate::relay;
 
+/// Where the jail's interpreter writes a run's rich results (`corral_core::run::results`).
+pub(super) fn results_path() -> String {
+    format!("/tmp/{}", corral_core::run::results::FILE)
+}
+
+/// The display code's limits, as the Python tuple `_corral_results` takes: one definition, the
+/// core's.
+pub(super) fn results_limits() -> String {
+    use corral_core::run::results::{HTML_MAX_BYTES, PNG_MAX_BYTES, RESULTS_MAX, TEXT_MAX_CHARS};
+    format!("({RESULTS_MAX}, {TEXT_MAX_CHARS}, {HTML_MAX_BYTES}, {PNG_MAX_BYTES})")
+}
+
+/// The Python that writes a run's rich results (`_corral_results`), shared by the runner and a
+/// persistent cell's driver.
+pub(super) const DISPLAY_SOURCE: &str = include_str!("display.py");
+
+/// The Python runner: the code from stdin (a prepared jail's bootstrap, after the waiting line)
+/// or from `path` (a cold run), run as the main program under `path`'s name; the value of its
+/// last expression and the figures it left open written as rich results to `results`, if given.
+fn python_runner(
+    python: &str,
+    path: &str,
+    preimport: &[String],
+    from_stdin: bool,
+    results: Option<&str>,
+) -> Vec<String> {
+    // Imported while no tenant's file exists (the workspace is filled when a run takes
+    // the jail), so no workspace module can stand in for one of these; the import
+    // system's directory caches are dropped once the code has arrived, so that the
+    // tenant's modules are found.
+    let preimport_source = if preimport.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
+        format!(
+            "def _corral_preimport(names):\n\
+             \x20   import importlib\n\
+             \x20   for name in names:\n\
+             \x20       try:\n\
+             \x20           importlib.import_module(name)\n\
+             \x20       except Exception:\n\
+             \x20           pass\n\
+             _corral_preimport([{}])\n",
+            names.join(", ")
+        )
+    };
+    let invalidate = if preimport.is_empty() {
+        ""
+    } else {
+        "\x20   __import__('importlib').invalidate_caches()\n"
+    };
+    // The bootstrap's own names are removed from __main__ before the code runs in it; what
+    // runs after the code holds its own references (closure cells), not globals the code
+    // could rebind.
+    //
+    // The end of the run (decision 0015): what the interpreter's own exit does before it
+    // tears its modules down (join non-daemon threads, atexit handlers, the run's globals
+    // dropped so that their files are flushed and closed, a collection, the standard
+    // streams flushed), then `os._exit`. Tearing down the pre-imported stack would cost
+    // every run a quarter of a second; the jail is discarded after the run regardless.
+    // The pre-imported objects are frozen out of the collector, so the collection sees
+    // only the run's. An uncaught exception prints as it would in a cold run, without the
+    // bootstrap's frame.
+    // Where the code comes from: the supervisor's pipe, once the waiting line is out, with
+    // /dev/null put in its place so the code reads end of input as a cold run does; or the
+    // code's file.
+    let read = if from_stdin {
+        format!(
+            "\x20   sys.stdout.flush()\n\
+             \x20   os.write(1, b'{LINE_WAITING}\\n')\n\
+             \x20   src = sys.stdin.buffer.read()\n\
+             {invalidate}\
+             \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
+             \x20   os.dup2(fd, 0)\n\
+             \x20   os.close(fd)\n"
+        )
+    } else {
+        format!("\x20   with open({path:?}, 'rb') as f:\n\x20       src = f.read()\n")
+    };
+    // Rich results (corral_core::run::results): the last statement, when it is an expression,
+    // is evaluated apart so that its value can be shown, as a notebook cell's is. The syntax tree
+    // comes from the builtin `_ast` (imported while a jail is prepared; `ast` would cost a cold
+    // run 5 ms of imports).
+    let (display, show) = match results {
+        Some(results) => (
+            DISPLAY_SOURCE.to_owned(),
+            format!(
+                "\x20       show(value, last is not None, {results:?}, {})\n",
+                results_limits()
+            ),
+        ),
+        None => ("_corral_results = None\n".to_owned(), String::new()),
+    };
+    let source = format!(
+        "import sys, os, _ast as ast, __main__ as m\n\
+         {preimport_source}\
+         {display}\
+         def _corral(sys=sys, os=os, ast=ast, m=m, show=_corral_results):\n\
+         \x20   import gc, atexit\n\
+         {read}\
+         \x20   sys.argv = [{path:?}]\n\
+         \x20   sys.path[0] = {dir:?}\n\
+         \x20   g = m.__dict__\n\
+         \x20   for k in [k for k in g if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__')]:\n\
+         \x20       del g[k]\n\
+         \x20   g['__file__'] = {path:?}\n\
+         \x20   tree = compile(src, {path:?}, 'exec', ast.PyCF_ONLY_AST)\n\
+         \x20   last = tree.body.pop() if tree.body and type(tree.body[-1]) is ast.Expr else None\n\
+         \x20   code = compile(tree, {path:?}, 'exec')\n\
+         \x20   last = compile(ast.Expression(last.value), {path:?}, 'eval') if last is not None else None\n\
+         \x20   del tree\n\
+         \x20   gc.freeze()\n\
+         \x20   def run():\n\
+         \x20       status = 0\n\
+         \x20       value = None\n\
+         \x20       try:\n\
+         \x20           exec(code, g)\n\
+         \x20           if last is not None:\n\
+         \x20               value = eval(last, g)\n\
+         \x20       except SystemExit as e:\n\
+         \x20           c = e.code\n\
+         \x20           if c is None:\n\
+         \x20               status = 0\n\
+         \x20           elif isinstance(c, int):\n\
+         \x20               status = c\n\
+         \x20           else:\n\
+         \x20               try:\n\
+         \x20                   print(c, file=sys.stderr)\n\
+         \x20               except Exception:\n\
+         \x20                   pass\n\
+         \x20               status = 1\n\
+         \x20       except BaseException as e:\n\
+         \x20           tb = e.__traceback__\n\
+         \x20           if tb is not None:\n\
+         \x20               e.__traceback__ = tb = tb.tb_next\n\
+         \x20           sys.excepthook(type(e), e, tb)\n\
+         \x20           status = 1\n\
+         {show}\
+         \x20       value = None\n\
+         \x20       try:\n\
+         \x20           if 'threading' in sys.modules:\n\
+         \x20               sys.modules['threading']._shutdown()\n\
+         \x20           atexit._run_exitfuncs()\n\
+         \x20           g.clear()\n\
+         \x20           gc.collect()\n\
+         \x20       except BaseException:\n\
+         \x20           pass\n\
+         \x20       for stream in (sys.stdout, sys.stderr):\n\
+         \x20           try:\n\
+         \x20               stream.flush()\n\
+         \x20           except Exception:\n\
+         \x20               status = status or 120\n\
+         \x20       os._exit(status & 0xff)\n\
+         \x20   return run\n\
+         _corral()()\n",
+        dir = JAIL_CODE_DIR,
+    );
+    vec![python.to_owned(), "-c".to_owned(), source]
+}
+
 /// Where the jail sees the code's directory (the run's code files, read-only).
 const JAIL_CODE_DIR: &str = "/run/corral";
 
@@ -15,12 +175,18 @@ pub(super) fn code_path(language: Language) -> String {
 
 /// The interpreter's command line for the code at `path` (inside the jail); `python` is the
 /// Python interpreter (the baked stack's, or the system's).
-pub(super) fn interpreter(language: Language, python: &str, path: &str) -> Vec<String> {
-    let program = match language {
-        Language::Python => python,
-        Language::Node => "/usr/bin/node",
-    };
-    vec![program.to_owned(), path.to_owned()]
+pub(super) fn interpreter(
+    language: Language,
+    python: &str,
+    path: &str,
+    results: Option<&str>,
+) -> Vec<String> {
+    match language {
+        // The runner a prepared jail has, reading the code's file: the same main program, the
+        // same end, the same rich results.
+        Language::Python => python_runner(python, path, &[], false, results),
+        Language::Node => vec!["/usr/bin/node".to_owned(), path.to_owned()],
+    }
 }
 
 /// The interpreter's command line in a prepared jail: a bootstrap that blocks reading the code
@@ -37,109 +203,10 @@ pub(super) fn bootstrap(
     python: &str,
     path: &str,
     preimport: &[String],
+    results: Option<&str>,
 ) -> Vec<String> {
     match language {
-        Language::Python => {
-            // Imported while no tenant's file exists (the workspace is filled when a run takes
-            // the jail), so no workspace module can stand in for one of these; the import
-            // system's directory caches are dropped once the code has arrived, so that the
-            // tenant's modules are found.
-            let preimport_source = if preimport.is_empty() {
-                String::new()
-            } else {
-                let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
-                format!(
-                    "def _corral_preimport(names):\n\
-                     \x20   import importlib\n\
-                     \x20   for name in names:\n\
-                     \x20       try:\n\
-                     \x20           importlib.import_module(name)\n\
-                     \x20       except Exception:\n\
-                     \x20           pass\n\
-                     _corral_preimport([{}])\n",
-                    names.join(", ")
-                )
-            };
-            let invalidate = if preimport.is_empty() {
-                ""
-            } else {
-                "\x20   __import__('importlib').invalidate_caches()\n"
-            };
-            // The bootstrap's own names are removed from __main__ before the code runs in it; what
-            // runs after the code holds its own references (closure cells), not globals the code
-            // could rebind.
-            //
-            // The end of the run (decision 0015): what the interpreter's own exit does before it
-            // tears its modules down (join non-daemon threads, atexit handlers, the run's globals
-            // dropped so that their files are flushed and closed, a collection, the standard
-            // streams flushed), then `os._exit`. Tearing down the pre-imported stack would cost
-            // every run a quarter of a second; the jail is discarded after the run regardless.
-            // The pre-imported objects are frozen out of the collector, so the collection sees
-            // only the run's. An uncaught exception prints as it would in a cold run, without the
-            // bootstrap's frame.
-            let source = format!(
-                "import sys, os, __main__ as m\n\
-                 {preimport_source}\
-                 def _corral(sys=sys, os=os, m=m):\n\
-                 \x20   import gc, atexit\n\
-                 \x20   sys.stdout.flush()\n\
-                 \x20   os.write(1, b'{waiting}\\n')\n\
-                 \x20   src = sys.stdin.buffer.read()\n\
-                 {invalidate}\
-                 \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
-                 \x20   os.dup2(fd, 0)\n\
-                 \x20   os.close(fd)\n\
-                 \x20   sys.argv = [{path:?}]\n\
-                 \x20   sys.path[0] = {dir:?}\n\
-                 \x20   g = m.__dict__\n\
-                 \x20   for k in [k for k in g if k not in ('__name__', '__doc__', '__builtins__', '__spec__', '__loader__', '__package__')]:\n\
-                 \x20       del g[k]\n\
-                 \x20   g['__file__'] = {path:?}\n\
-                 \x20   code = compile(src, {path:?}, 'exec')\n\
-                 \x20   gc.freeze()\n\
-                 \x20   def run():\n\
-                 \x20       status = 0\n\
-                 \x20       try:\n\
-                 \x20           exec(code, g)\n\
-                 \x20       except SystemExit as e:\n\
-                 \x20           c = e.code\n\
-                 \x20           if c is None:\n\
-                 \x20               status = 0\n\
-                 \x20           elif isinstance(c, int):\n\
-                 \x20               status = c\n\
-                 \x20           else:\n\
-                 \x20               try:\n\
-                 \x20                   print(c, file=sys.stderr)\n\
-                 \x20               except Exception:\n\
-                 \x20                   pass\n\
-                 \x20               status = 1\n\
-                 \x20       except BaseException as e:\n\
-                 \x20           tb = e.__traceback__\n\
-                 \x20           if tb is not None:\n\
-                 \x20               e.__traceback__ = tb = tb.tb_next\n\
-                 \x20           sys.excepthook(type(e), e, tb)\n\
-                 \x20           status = 1\n\
-                 \x20       try:\n\
-                 \x20           if 'threading' in sys.modules:\n\
-                 \x20               sys.modules['threading']._shutdown()\n\
-                 \x20           atexit._run_exitfuncs()\n\
-                 \x20           g.clear()\n\
-                 \x20           gc.collect()\n\
-                 \x20       except BaseException:\n\
-                 \x20           pass\n\
-                 \x20       for stream in (sys.stdout, sys.stderr):\n\
-                 \x20           try:\n\
-                 \x20               stream.flush()\n\
-                 \x20           except Exception:\n\
-                 \x20               status = status or 120\n\
-                 \x20       os._exit(status & 0xff)\n\
-                 \x20   return run\n\
-                 _corral()()\n",
-                dir = JAIL_CODE_DIR,
-                waiting = LINE_WAITING,
-            );
-            vec![python.to_owned(), "-c".to_owned(), source]
-        }
+        Language::Python => python_runner(python, path, preimport, true, results),
         Language::Node => {
             let source = format!(
                 "(() => {{ const fs = require('fs'), M = require('module'); \
@@ -209,7 +276,7 @@ mod tests {
     /// itself then reads end of input and sees itself as the main program at `path`.
     fn bootstrapped(language: Language, code: &str, preimport: &[String]) -> (i32, String, String) {
         let path = format!("/run/corral/main.{}", language.extension());
-        let argv = bootstrap(language, "/usr/bin/python3", &path, preimport);
+        let argv = bootstrap(language, "/usr/bin/python3", &path, preimport, None);
         let mut child = Command::new(&argv[0])
             .args(&argv[1..])
             .stdin(Stdio::piped())
@@ -314,6 +381,81 @@ mod tests {
         assert_eq!(code, 0, "{stderr}");
         assert_eq!(stdout, "no newlinethread done\natexit ran\n");
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "kept");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_python_runner_shows_the_last_expression_warm_and_cold_as_a_rich_result() {
+        let test = "the_python_runner_shows_the_last_expression_warm_and_cold_as_a_rich_result";
+        if !interpreter_or_skip(test, "/usr/bin/python3") {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("corral-results-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let results = dir.join("results.jsonl");
+        let results_text = results.to_string_lossy().into_owned();
+        // Warm: the bootstrap, the code on stdin.
+        let code = "class T:\n    def _repr_html_(self):\n        return '<b>t</b>'\n    def __repr__(self):\n        return 'T()'\nprint('out')\nT()\n";
+        let argv = bootstrap(
+            Language::Python,
+            "/usr/bin/python3",
+            "/run/corral/main.py",
+            &[],
+            Some(&results_text),
+        );
+        let mut child = Command::new(&argv[0])
+            .args(&argv[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(code.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!("{LINE_WAITING}\nout\n")
+        );
+        let (shown, notes) =
+            corral_core::run::results::accept(&std::fs::read_to_string(&results).unwrap());
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(shown.len(), 1);
+        assert_eq!(shown[0].text_plain.as_deref(), Some("T()"));
+        assert_eq!(shown[0].text_html.as_deref(), Some("<b>t</b>"));
+        std::fs::remove_file(&results).unwrap();
+        // Cold: the same runner reading the code's file; a failing last expression shows nothing
+        // and fails as a script would.
+        let file = dir.join("main.py");
+        for (program, status, expected) in [
+            ("x = 6\nx * 7\n", 0, Some("42")),
+            ("x = 6\nprint(x)\n", 0, None),
+            ("x = 6\n", 0, None),
+            ("1 / 0\n", 1, None),
+        ] {
+            std::fs::write(&file, program).unwrap();
+            let argv = interpreter(
+                Language::Python,
+                "/usr/bin/python3",
+                &file.to_string_lossy(),
+                Some(&results_text),
+            );
+            let output = Command::new(&argv[0]).args(&argv[1..]).output().unwrap();
+            assert_eq!(output.status.code(), Some(status), "{program}");
+            let shown = std::fs::read_to_string(&results).ok();
+            let plain = shown.as_deref().map(|text| {
+                corral_core::run::results::accept(text).0[0]
+                    .text_plain
+                    .clone()
+                    .unwrap()
+            });
+            assert_eq!(plain.as_deref(), expected, "{program}");
+            let _ = std::fs::remove_file(&results);
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -210,10 +210,16 @@ pub(super) fn program(language: Language, cell: &[u8], kernel: &KernelCell, path
         "nonce": kernel.nonce,
         "magic": kernel::MAGIC,
         "reason_max": kernel::REASON_MAX_CHARS,
+        "results": super::command::results_path(),
     });
     let params = BASE64.encode(params.to_string());
     match language {
-        Language::Python => format!("{PYTHON_DRIVER}\n_corral_kernel('{params}')\n"),
+        // The display code first, which the driver takes for the cell's rich results.
+        Language::Python => format!(
+            "{}{PYTHON_DRIVER}\n_corral_kernel('{params}', {})\n",
+            super::command::DISPLAY_SOURCE,
+            super::command::results_limits()
+        ),
         Language::Node => format!("{NODE_DRIVER}\ncorralKernel('{params}');\n"),
     }
     .into_bytes()
@@ -366,7 +372,7 @@ fn read(root: &Path, relative: &str, max_bytes: u64) -> Result<Option<Vec<u8>>, 
 }
 
 /// Opens `relative` under `root` for reading if it exists, with the checks [`read`] describes.
-fn open_checked(root: &Path, relative: &str) -> Result<Option<std::fs::File>, String> {
+pub(super) fn open_checked(root: &Path, relative: &str) -> Result<Option<std::fs::File>, String> {
     let mut at = root.to_path_buf();
     let parts: Vec<&str> = relative.split('/').collect();
     for (i, part) in parts.iter().enumerate() {

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use corral_core::jail::{Language, NotRun, Posture, Primitive};
 
-use super::command::{bootstrap, code_path, environment, interpreter};
+use super::command::{bootstrap, code_path, environment, interpreter, results_path};
 use super::{ActiveRun, Worker};
 use crate::capture;
 use crate::plan::{GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits};
@@ -75,9 +75,15 @@ impl Worker {
                     &self.python(),
                     &code_path(language),
                     self.preimport(),
+                    Some(&results_path()),
                 )
             } else {
-                interpreter(language, &self.python(), &code_path(language))
+                interpreter(
+                    language,
+                    &self.python(),
+                    &code_path(language),
+                    Some(&results_path()),
+                )
             },
             env: environment(),
             limits: Limits {

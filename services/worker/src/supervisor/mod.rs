@@ -240,7 +240,7 @@ impl Worker {
         };
         let python_stack = stack::find(Path::new(&settings.jail.python_stack));
         if let Err(why) = &python_stack {
-            eprintln!("corral worker: Python runs without the baked stack: {why}");
+            tracing::warn!(why = %why, "Python runs without the baked stack");
         }
         Self {
             settings,

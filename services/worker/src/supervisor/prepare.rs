@@ -69,7 +69,7 @@ impl Worker {
             }
             Err(why) => {
                 self.upgrade_failed = true;
-                eprintln!("corral worker: the idle re-preparation with the stack failed: {why}");
+                tracing::warn!(why = %why, "the idle re-preparation with the stack failed");
             }
         }
     }
@@ -168,9 +168,10 @@ impl Worker {
                     let mut notes = Vec::new();
                     let _ = self.teardown_prepared(old, &mut notes);
                 }
-                eprintln!(
-                    "corral worker: no prepared {} jail, its runs go cold: {why}",
-                    language.as_str()
+                tracing::warn!(
+                    language = language.as_str(),
+                    why = %why,
+                    "no prepared jail: its runs go cold"
                 );
                 self.prepare_failures.insert(language, why);
             }
@@ -197,7 +198,7 @@ impl Worker {
                     let _ = self.teardown_prepared(upgrade, &mut notes);
                 }
                 self.upgrade_failed = true;
-                eprintln!("corral worker: the idle re-preparation with the stack failed: {why}");
+                tracing::warn!(why = %why, "the idle re-preparation with the stack failed");
             }
         }
     }

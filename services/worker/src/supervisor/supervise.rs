@@ -180,7 +180,39 @@ impl Worker {
         let hit = bounds_hit(&observed, bounds.tmp_max_bytes, bounds.workspace_max_bytes);
         result.reply.bounds = hit.iter().copied().collect();
         result.reply.bound = hit.first().copied();
+        if all_dead {
+            read_results(dirs, result);
+        }
     }
+}
+
+/// The run's rich results (`corral_core::run::results`), from the file its interpreter wrote in
+/// its `/tmp`: read without following a link, at most `FILE_MAX_BYTES`, and kept as the core
+/// accepts them; what is left out is noted. Read only once nothing of the run is alive.
+fn read_results(dirs: &RunDirs, result: &mut RunResult) {
+    use corral_core::run::results::{FILE, FILE_MAX_BYTES, accept};
+    use std::io::Read as _;
+    let file = match super::kernel::open_checked(&dirs.scratch().join("tmp"), FILE) {
+        Ok(Some(file)) => file,
+        Ok(None) => return,
+        Err(why) => {
+            note(&mut result.reply.diagnostics, format!("results: {why}"));
+            return;
+        }
+    };
+    let mut text = String::new();
+    if let Err(error) = file.take(FILE_MAX_BYTES).read_to_string(&mut text) {
+        note(
+            &mut result.reply.diagnostics,
+            format!("results: not read ({error})"),
+        );
+        return;
+    }
+    let (results, notes) = accept(&text);
+    for why in notes {
+        note(&mut result.reply.diagnostics, why);
+    }
+    result.reply.results = results;
 }
 
 /// Waits for process `pid` to exit, polling, until `deadline`; `None` if it has not by then.

@@ -1,4 +1,4 @@
-def _corral_kernel(params):
+def _corral_kernel(params, limits):
     # A persistent Python cell (KER-1 to KER-3, decision 0016): restore the previous cell's
     # variables, run the cell as the main program, checkpoint the variables. The supervisor has
     # already checked the checkpoint's structure, seal and runtime; this restores all of it or
@@ -7,6 +7,7 @@ def _corral_kernel(params):
     g = sys.modules['__main__'].__dict__
     g.pop('_corral_kernel', None)
     checkpoint = g.pop('_corral_checkpoint')
+    results = g.pop('_corral_results')
     p = json.loads(base64.b64decode(params))
     src = p['cell']
     filename = p['filename']
@@ -38,13 +39,23 @@ def _corral_kernel(params):
     linecache.cache[filename] = (len(src), None, lines, filename)
     status = 0
     try:
-        code = compile(src, filename, 'exec')
+        # The last statement, when it is an expression, is evaluated apart: its value is the
+        # cell's rich result, as a notebook shows it.
+        import _ast as ast
+        tree = compile(src, filename, 'exec', ast.PyCF_ONLY_AST)
+        last = tree.body.pop() if tree.body and type(tree.body[-1]) is ast.Expr else None
+        code = compile(tree, filename, 'exec')
+        last = compile(ast.Expression(last.value), filename, 'eval') if last is not None else None
+        del tree
     except SyntaxError as e:
         traceback.print_exception(type(e), e, None)
         # Nothing ran: the checkpoint stays as it was.
         raise SystemExit(1)
+    value = None
     try:
         exec(code, g)
+        if last is not None:
+            value = eval(last, g)
     except SystemExit as e:
         c = e.code
         if c is None:
@@ -62,6 +73,8 @@ def _corral_kernel(params):
         # would read the driver's file.
         traceback.print_exception(type(e), e, tb)
         status = 1
+    results(value, last is not None, p['results'], limits)
+    value = None
     try:
         checkpoint(g, p)
     except OSError as e:
