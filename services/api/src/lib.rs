@@ -39,6 +39,7 @@ pub mod refusal;
 pub mod resources;
 pub mod run;
 pub mod tools;
+pub mod trace;
 pub mod validate;
 pub mod viewer;
 pub mod workspace_files;

@@ -13,6 +13,10 @@ use std::time::Duration;
 use corral_core::pool::StateCounts;
 use corral_store::WriteCounts;
 
+/// Spans this process's OTLP exporter could not send and dropped (the endpoint down or refusing):
+/// counted by the binary's exporter, shown by `/metrics`.
+pub static OTLP_SPANS_DROPPED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Upper bounds of the acquire-latency histogram's buckets, in seconds.
 const ACQUIRE_BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
@@ -129,6 +133,11 @@ impl Metrics {
                 "corral_egress_dispatch_total{{effective_mode=\"{mode}\"}} {n}"
             );
         }
+        let _ = writeln!(
+            out,
+            "# TYPE corral_otlp_spans_dropped_total counter\ncorral_otlp_spans_dropped_total {}",
+            OTLP_SPANS_DROPPED.load(Ordering::Relaxed)
+        );
         let _ = writeln!(out, "# TYPE corral_acquire_seconds histogram");
         for (bound, n) in ACQUIRE_BUCKETS.iter().zip(c.acquire_buckets) {
             let _ = writeln!(out, "corral_acquire_seconds_bucket{{le=\"{bound}\"}} {n}");

@@ -153,6 +153,10 @@ pub struct ExecuteRequest {
     pub resources: Option<ResourceOrder>,
     /// The operation token the reset evidence carries.
     pub token: OpToken,
+    /// The W3C `traceparent` of the API's span that dispatched the run, so the worker's spans
+    /// join the run's one trace (OpenTelemetry, when the deployment exports traces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
     /// Answer as a stream of [`ExecuteFrame`] lines (`application/x-ndjson`): the code's output
     /// as it writes it, then the reply (WS-7's `run.output`). False: one [`ExecuteReply`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -884,6 +888,7 @@ mod tests {
             tools: None,
             resources: None,
             token: OpToken(3),
+            traceparent: None,
             stream_output: false,
         }
     }

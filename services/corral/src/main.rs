@@ -41,21 +41,29 @@ fn main() -> ExitCode {
         _ => {}
     }
     let cli = Cli::parse_from(std::iter::once("corral".to_owned()).chain(args));
-    // The services log through `tracing`; the operator tools print for a person.
-    if matches!(
-        cli.command,
-        Command::Up(_)
-            | Command::Api
-            | Command::Controller(_)
-            | Command::Worker(_)
-            | Command::EgressProxy
-            | Command::Mcp(_)
-    ) && let Err(why) = logging::init()
+    // The services log (and trace) through `tracing`; the operator tools print for a person.
+    let service = match &cli.command {
+        Command::Up(_) => Some("corral"),
+        Command::Api => Some("corral-api"),
+        Command::Controller(_) => Some("corral-controller"),
+        Command::Worker(_) => Some("corral-worker"),
+        Command::EgressProxy => Some("corral-egress-proxy"),
+        Command::Mcp(_) => Some("corral-mcp"),
+        _ => None,
+    };
+    if let Some(service) = service
+        && let Err(why) = logging::init(service)
     {
         eprintln!("corral: {why}");
         return ExitCode::from(2);
     }
-    match cli.command {
+    let code = run(cli.command);
+    logging::shutdown();
+    code
+}
+
+fn run(command: Command) -> ExitCode {
+    match command {
         Command::Up(args) => up_cmd::run(args),
         Command::Run(args) => run_cmd::run(args),
         Command::Mcp(args) => mcp_cmd::run(args),

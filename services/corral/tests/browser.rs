@@ -1002,8 +1002,12 @@ async fn brow_02_brow_05_brow_08_brow_09_brow_10_brow_11_brow_12_members_watch_t
     let url = format!("{}{viewport}", stack.api);
     let mut bob_view = tokio::task::block_in_place(|| Viewer::open(&url, 1600, 1000));
     let state = tokio::task::block_in_place(|| {
+        // A frame decoded and its size known: the size arrives with the first decoded frame's
+        // metadata, a moment after the frame counter moves.
         bob_view.wait("bob connects through TURN", Duration::from_secs(20), |s| {
-            s["state"] == "connected" && s["frames"].as_u64() > Some(0)
+            s["state"] == "connected"
+                && s["frames"].as_u64() > Some(0)
+                && s["width"].as_u64() > Some(0)
         })
     });
     assert_eq!(state["pair"], json!(["relay", "relay"]), "{state}");

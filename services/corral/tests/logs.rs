@@ -39,7 +39,7 @@ async fn json_logs_carry_a_runs_id_lease_and_worker_and_never_its_code_output_or
         .collect();
     let of_run: Vec<&Value> = lines
         .iter()
-        .filter(|line| line["span"]["run_id"] == run_id.as_str())
+        .filter(|line| line["span"]["corral.run_id"] == run_id.as_str())
         .collect();
     let messages: Vec<&str> = of_run
         .iter()
@@ -56,8 +56,8 @@ async fn json_logs_carry_a_runs_id_lease_and_worker_and_never_its_code_output_or
         .find(|line| line["fields"]["message"] == "run answered")
         .unwrap();
     assert_eq!(answered["fields"]["outcome"], "succeeded", "{answered}");
-    assert!(answered["span"]["worker"].is_string(), "{answered}");
-    assert!(answered["span"]["lease"].is_u64(), "{answered}");
+    assert!(answered["span"]["corral.worker"].is_string(), "{answered}");
+    assert!(answered["span"]["corral.lease"].is_u64(), "{answered}");
     // Nothing of the code, the output or a credential, in any line of any process.
     let everything = std::fs::read_to_string(&log_path).unwrap();
     for secret in [

@@ -74,6 +74,7 @@ mod stage;
 mod supervisor;
 mod sweep;
 mod tools;
+mod trace;
 mod workspace;
 
 pub use result::RunResult;

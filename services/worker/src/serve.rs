@@ -830,6 +830,15 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     };
     let number = state.requests.fetch_add(1, Ordering::Relaxed);
     let request_dir = state.staging.join(format!("request-{number}"));
+    // The worker's part of the run's one trace: the API's span is its parent.
+    let span = tracing::info_span!(
+        "execute",
+        corral.lease = request.token.0,
+        corral.language = request.language.as_str(),
+        corral.warm = tracing::field::Empty,
+        corral.exit_code = tracing::field::Empty
+    );
+    crate::trace::continue_from(&span, request.traceparent.as_deref());
     // A streamed answer (WS-7): the code's output goes out as it is read, the reply last.
     let (frames, streamed) = tokio::sync::mpsc::unbounded_channel::<ExecuteFrame>();
     let tap = request.stream_output.then(|| {
@@ -880,8 +889,16 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             })
             .await;
         drop(worker);
+        if let Ok(Ok(result)) = &ran {
+            let span = tracing::Span::current();
+            span.record("corral.warm", result.reply.warm);
+            if let Some(code) = result.reply.exit_code {
+                span.record("corral.exit_code", code);
+            }
+        }
         executed(ran)
     };
+    let ran = tracing::Instrument::instrument(ran, span);
     if !request.stream_output {
         return match ran.await {
             Ok(reply) => axum::Json(reply).into_response(),

@@ -76,9 +76,12 @@ pub async fn run_code_with_progress(
     // code, its output or a credential.
     let span = tracing::info_span!(
         "run",
-        run_id = %run_id,
-        lease = tracing::field::Empty,
-        worker = tracing::field::Empty
+        corral.run_id = %run_id,
+        corral.lease = tracing::field::Empty,
+        corral.worker = tracing::field::Empty,
+        corral.outcome = tracing::field::Empty,
+        corral.bound = tracing::field::Empty,
+        corral.egress_mode = tracing::field::Empty
     );
     match tokio::spawn(tracing::Instrument::instrument(
         run(state, request, run_id, progress),
@@ -109,6 +112,13 @@ async fn run(
         .map(|tools| state.tool_runs.start(tools));
     let reply = attempt(&state, request, &run_id, tools_token.as_deref(), progress).await;
     let (status, body) = &reply;
+    let span = tracing::Span::current();
+    if let Some(outcome) = body["outcome"].as_str() {
+        span.record("corral.outcome", outcome);
+    }
+    if let Some(bound) = body["model"]["bound"].as_str() {
+        span.record("corral.bound", bound);
+    }
     tracing::info!(
         status = status.as_u16(),
         outcome = body["outcome"].as_str().unwrap_or_default(),
@@ -426,8 +436,8 @@ async fn leased(
     let settings = &state.settings;
     let granted = holder.granted();
     let span = tracing::Span::current();
-    span.record("lease", granted.token.0);
-    span.record("worker", tracing::field::display(granted.worker));
+    span.record("corral.lease", granted.token.0);
+    span.record("corral.worker", tracing::field::display(granted.worker));
     tracing::info!(ticket = granted.ticket.0, "leased");
     let mut phases = Phases::new();
     let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
@@ -473,6 +483,7 @@ async fn leased(
         }
     );
     state.metrics.egress(egress.effective_mode);
+    tracing::Span::current().record("corral.egress_mode", egress.effective_mode);
     let snapshot = match snapshot {
         Ok(snapshot) => snapshot,
         Err(e) => {
@@ -519,6 +530,7 @@ async fn leased(
         tools: tool_order(settings, admitted, cell),
         resources: resources_order,
         token: granted.token,
+        traceparent: crate::trace::traceparent(),
         // `execute_streamed` asks for it.
         stream_output: false,
     };
