@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
+import threading
 import time
 import uuid
 
@@ -104,6 +105,32 @@ def test_refusals_map_to_their_types_and_carry_retry_after() -> None:
         with pytest.raises(Busy) as busy:
             mocked.run_code("kernel_busy")
         assert busy.value.retry_after is None
+
+
+def test_a_full_pool_refuses_with_its_typed_exception_and_retry_after(corral: Client) -> None:
+    # The stack allows two workers at once (SANDBOX_POOL_MAX_ALLOCATED=2): two runs hold both,
+    # each seen running before the third asks, which waits a second and is refused.
+    url, token = _stack()
+    running = [threading.Event(), threading.Event()]
+
+    def hold(started: threading.Event) -> None:
+        with Client(url, token, actor="py-holder", conversation=uuid.uuid4().hex) as holder:
+            for event in holder.stream_code("import time; time.sleep(4)"):
+                if event.name == "run.running":
+                    started.set()
+
+    holders = [threading.Thread(target=hold, args=(started,)) for started in running]
+    for thread in holders:
+        thread.start()
+    try:
+        assert all(started.wait(60) for started in running), "the holders never ran"
+        with pytest.raises(CapacityUnavailable) as full:
+            corral.run_code("print('third')", wait_seconds=1)
+        assert (full.value.code, full.value.status) == ("wait_timeout", 503)
+        assert full.value.retry_after is not None and full.value.retry_after > 0
+    finally:
+        for thread in holders:
+            thread.join()
 
 
 def test_a_streamed_run_gives_its_events_as_they_happen(corral: Client) -> None:

@@ -49,6 +49,27 @@ test("refusals carry Retry-After (the API's shape, replayed by a stand-in fetch)
   await assert.rejects(mocked.runCode("print(1)"), (e) => e instanceof CapacityUnavailable && e.retryAfter === 5 && e.code === "wait_timeout");
 });
 
+test("a full pool refuses with its typed error and Retry-After", live, async () => {
+  // The stack allows two workers at once (SANDBOX_POOL_MAX_ALLOCATED=2): two runs hold both,
+  // each seen running before the third asks, which waits a second and is refused.
+  const holders = [0, 1].map(() => {
+    let ran;
+    const running = new Promise((resolve) => { ran = resolve; });
+    const done = (async () => {
+      for await (const event of client().streamCode("import time; time.sleep(4)")) {
+        if (event.name === "run.running") ran();
+      }
+    })();
+    return { running, done };
+  });
+  await Promise.all(holders.map((h) => h.running));
+  await assert.rejects(
+    client().runCode("print('third')", "python", { wait_seconds: 1 }),
+    (e) => e instanceof CapacityUnavailable && e.code === "wait_timeout" && e.status === 503 && e.retryAfter > 0,
+  );
+  await Promise.all(holders.map((h) => h.done));
+});
+
 test("a streamed run gives its events as they happen", live, async () => {
   const events = [];
   const result = await client().runCode("import time; time.sleep(1.0); print('done')", "python", { onEvent: (e) => events.push(e) });

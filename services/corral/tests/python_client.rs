@@ -34,7 +34,15 @@ fn the_python_client_passes_its_tests_against_corral_up() {
         return;
     }
     // Two API replicas: a stream dropped on one resumes on the other.
-    let Some(stack) = Stack::start(TEST, &[], &["--api-replicas", "2"]) else {
+    // Two workers at most: the suite fills the pool to see a full pool's refusal.
+    let Some(stack) = Stack::start(
+        TEST,
+        &[
+            ("SANDBOX_POOL_MAX_ALLOCATED", "2"),
+            ("SANDBOX_MAX_CONCURRENT_CREATES", "2"),
+        ],
+        &["--api-replicas", "2"],
+    ) else {
         return;
     };
     let replica = stack

@@ -63,7 +63,15 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
     )
     .expect("copy the tests");
     // Two API replicas: a stream dropped on one resumes on the other.
-    let Some(stack) = Stack::start(TEST, &[], &["--api-replicas", "2"]) else {
+    // Two workers at most: the suite fills the pool to see a full pool's refusal.
+    let Some(stack) = Stack::start(
+        TEST,
+        &[
+            ("SANDBOX_POOL_MAX_ALLOCATED", "2"),
+            ("SANDBOX_MAX_CONCURRENT_CREATES", "2"),
+        ],
+        &["--api-replicas", "2"],
+    ) else {
         return;
     };
     let replica = stack
@@ -82,6 +90,6 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         .expect("node --test runs");
     let text = said(&output);
     assert!(output.status.success(), "node --test failed:\n{text}");
-    assert!(text.contains("pass 12"), "{text}");
+    assert!(text.contains("pass 13"), "{text}");
     assert!(text.contains("skipped 0"), "{text}");
 }
