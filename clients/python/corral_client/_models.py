@@ -36,6 +36,11 @@ class RunError:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+#: The fields of a run answer's ``model`` that :class:`RunResult` reads; the tests check each
+#: against the API's ``/openapi.json``.
+RUN_MODEL_FIELDS = ("exit_code", "stdout", "stderr", "downloads", "diagnostics", "kernel", "results")
+
+
 @dataclass(frozen=True)
 class RunResult:
     """A run's answer. ``outcome`` is ``succeeded``, ``failed`` (nonzero exit), ``bound_exceeded``,

@@ -46,6 +46,19 @@ def corral():
         yield client
 
 
+def test_the_models_and_routes_are_the_openapi_documents(corral: Client) -> None:
+    from corral_client._models import RUN_MODEL_FIELDS
+
+    document = corral._http.get("/openapi.json").json()
+    run = document["components"]["schemas"]["RunResult"]["properties"]
+    assert {"run_id", "outcome", "error", "model", "member"} <= set(run), sorted(run)
+    missing = [name for name in RUN_MODEL_FIELDS if name not in run["model"]["properties"]]
+    assert not missing, missing
+    for route in ("/v1/run_code", "/v1/runs/{run_id}/events", "/v1/read_workspace", "/v1/edit_workspace",
+                  "/v1/list_workspace", "/v1/write_workspace", "/v1/validate_package", "/v1/browser_sessions"):
+        assert route in document["paths"], route
+
+
 def test_a_run_answers_its_output(corral: Client) -> None:
     result = corral.run_code("print(6 * 7)")
     assert result.succeeded, result.body

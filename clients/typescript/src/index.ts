@@ -31,6 +31,10 @@ export interface RunResult {
   body: Record<string, unknown>;
 }
 
+/** The fields of a run answer's `model` that `RunResult` reads; the tests check each against the
+ * API's `/openapi.json`. */
+export const RUN_MODEL_FIELDS = ["exit_code", "stdout", "stderr", "results"] as const;
+
 /** One event of a streamed run, with when this client received it (`performance.now()`). */
 export interface RunEvent {
   name: string;

@@ -7,7 +7,7 @@ import { readFileSync } from "node:fs";
 import { randomUUID } from "node:crypto";
 import test from "node:test";
 
-import { CapacityUnavailable, Client, InvalidRequest, PackageRejected, Unauthorized } from "../dist/index.js";
+import { CapacityUnavailable, Client, InvalidRequest, PackageRejected, RUN_MODEL_FIELDS, Unauthorized } from "../dist/index.js";
 
 const url = process.env.CORRAL_API_URL;
 const tokenFile = process.env.CORRAL_API_TOKEN_FILE;
@@ -16,6 +16,15 @@ if (missing && process.env.CORRAL_REQUIRE_SERVICES) throw new Error(missing);
 const token = missing ? "" : readFileSync(tokenFile, "utf8").trim();
 const live = { skip: missing ?? false };
 const client = () => new Client({ baseUrl: url, token, actor: "ts-client", conversation: randomUUID() });
+
+test("the models and routes are the OpenAPI document's", live, async () => {
+  const document = await (await fetch(`${url}/openapi.json`)).json();
+  const run = document.components.schemas.RunResult.properties;
+  for (const field of RUN_MODEL_FIELDS) assert.ok(field in run.model.properties, field);
+  for (const route of ["/v1/run_code", "/v1/runs/{run_id}/events", "/v1/list_workspace", "/v1/write_workspace", "/v1/edit_workspace"]) {
+    assert.ok(route in document.paths, route);
+  }
+});
 
 test("a run answers its output", live, async () => {
   const result = await client().runCode("print(6 * 7)");

@@ -90,6 +90,6 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         .expect("node --test runs");
     let text = said(&output);
     assert!(output.status.success(), "node --test failed:\n{text}");
-    assert!(text.contains("pass 13"), "{text}");
+    assert!(text.contains("pass 14"), "{text}");
     assert!(text.contains("skipped 0"), "{text}");
 }
