@@ -62,27 +62,14 @@ fn the_typescript_client_passes_its_tests_against_corral_up() {
         built.path().join("test/client.test.mjs"),
     )
     .expect("copy the tests");
-    // Two API replicas: a stream dropped on one resumes on the other.
-    // Two workers at most: the suite fills the pool to see a full pool's refusal.
-    let Some(stack) = Stack::start(
-        TEST,
-        &[
-            ("SANDBOX_POOL_MAX_ALLOCATED", "2"),
-            ("SANDBOX_MAX_CONCURRENT_CREATES", "2"),
-        ],
-        &["--api-replicas", "2"],
-    ) else {
+    let Some((stack, replica)) = Stack::for_client_suite(TEST) else {
         return;
     };
-    let replica = stack
-        .replicas
-        .first()
-        .expect("corral up printed its second replica");
     let output = Command::new("node")
         .args(["--test", "--test-reporter=spec", "test/"])
         .current_dir(built.path())
         .env("CORRAL_API_URL", &stack.api)
-        .env("CORRAL_API_REPLICA_URL", replica)
+        .env("CORRAL_API_REPLICA_URL", &replica)
         .env("CORRAL_API_TOKEN_FILE", stack.state.join("api-token"))
         // Every test runs against the stack: none may skip.
         .env("CORRAL_REQUIRE_SERVICES", "1")

@@ -110,6 +110,26 @@ impl Stack {
         })
     }
 
+    /// The stack the client suites run against: two API replicas (a stream dropped on one
+    /// resumes on the other) and two workers at most (the suite fills the pool to see a full
+    /// pool's refusal); with the second replica's URL.
+    pub fn for_client_suite(test: &str) -> Option<(Stack, String)> {
+        let stack = Stack::start(
+            test,
+            &[
+                ("SANDBOX_POOL_MAX_ALLOCATED", "2"),
+                ("SANDBOX_MAX_CONCURRENT_CREATES", "2"),
+            ],
+            &["--api-replicas", "2"],
+        )?;
+        let replica = stack
+            .replicas
+            .first()
+            .expect("corral up printed its second replica")
+            .clone();
+        Some((stack, replica))
+    }
+
     pub async fn run(&self, body: Value) -> (u16, Value) {
         self.caller.run_code(&body).await.expect("the API answers")
     }
