@@ -7,7 +7,7 @@ use std::fmt;
 use corral_core::ids::WorkerId;
 use corral_core::run::outcome::Outcome;
 
-use crate::history::{Answer, History, Kind, Nanos, Op};
+use crate::history::{Answer, History, Kind, Nanos, Op, Via};
 
 /// One broken rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub struct Violation {
 pub struct Summary {
     /// Operations by answer (`succeeded`, `refused`, `failed`, `no_answer`).
     pub answers: BTreeMap<&'static str, u64>,
+    /// Of those, the Hashline edits, by answer.
+    pub edits: BTreeMap<&'static str, u64>,
     /// Faults by kind.
     pub faults: BTreeMap<String, u64>,
     /// Refusal and failure codes seen, with how often.
@@ -80,10 +82,16 @@ fn describe(op: &Op) -> String {
             seen,
             exec_start_ns,
             exec_end_ns,
-        } => format!(
-            "succeeded on {worker} (generation {generation:?}, ran {exec_start_ns}..{exec_end_ns}, saw {} token(s))",
-            seen.len()
-        ),
+        } => {
+            let how = match op.via {
+                Via::Run => format!("succeeded on {worker}"),
+                Via::Edit => "applied by an edit".to_owned(),
+            };
+            format!(
+                "{how} (generation {generation:?}, ran {exec_start_ns}..{exec_end_ns}, saw {} token(s))",
+                seen.len()
+            )
+        }
         Answer::Refused { status, code } => format!("refused {status} {code:?}"),
         Answer::Failed {
             status,
@@ -92,8 +100,12 @@ fn describe(op: &Op) -> String {
         } => format!("failed {status} {outcome:?} {code:?}"),
         Answer::NoAnswer { why } => format!("no answer ({why})"),
     };
+    let via = match op.via {
+        Via::Run => "",
+        Via::Edit => " edit",
+    };
     format!(
-        "#{} {:?} {}/{} member {} token {} sent {} answered {}: {answer}",
+        "#{} {:?}{via} {}/{} member {} token {} sent {} answered {}: {answer}",
         op.id, op.kind, op.actor, op.conversation, op.member, op.token, op.start_ns, op.end_ns
     )
 }
@@ -178,11 +190,12 @@ impl<'a> Checker<'a> {
     }
 
     /// Every execution the history shows: a succeeded operation's, and any other operation's
-    /// whose answer still carried what its code printed.
+    /// whose answer still carried what its code printed. An edit executes on no worker.
     fn executions(&self) -> Vec<Execution<'a>> {
         self.history
             .ops
             .iter()
+            .filter(|op| op.via == Via::Run)
             .filter_map(|op| match (&op.answer, &op.ran) {
                 (
                     Answer::Succeeded {
@@ -577,6 +590,9 @@ impl<'a> Checker<'a> {
         let mut summary = Summary::default();
         for op in &self.history.ops {
             *summary.answers.entry(answer_name(&op.answer)).or_default() += 1;
+            if op.via == Via::Edit {
+                *summary.edits.entry(answer_name(&op.answer)).or_default() += 1;
+            }
             let code = match &op.answer {
                 Answer::Refused { code, .. } | Answer::Failed { code, .. } => code.clone(),
                 _ => None,

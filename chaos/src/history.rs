@@ -19,6 +19,20 @@ pub enum Kind {
     Kernel,
 }
 
+/// How an operation reached its workspace or kernel.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// `POST /v1/run_code`: code on a leased worker.
+    #[default]
+    Run,
+    /// A Hashline edit (`GET /v1/read_workspace?view=hashline`, then `POST /v1/edit_workspace`
+    /// appending after the last line shown): no worker; the API saves the workspace itself.
+    Edit,
+}
+
 /// One client operation and its answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Op {
@@ -34,6 +48,9 @@ pub struct Op {
     pub member: String,
     /// The token this operation appends; unique in the history.
     pub token: String,
+    /// A run or a Hashline edit.
+    #[serde(default)]
+    pub via: Via,
     /// The API replica it was sent to (0-based).
     #[serde(default)]
     pub replica: usize,
@@ -66,15 +83,17 @@ pub struct Ran {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
 pub enum Answer {
-    /// `outcome: succeeded`: the code ran to its end and the run's state was kept.
+    /// `outcome: succeeded`: the code ran to its end and the run's state was kept (an edit:
+    /// `outcome: applied`, its workspace saved).
     Succeeded {
-        /// The worker that ran it.
+        /// The worker that ran it (an edit: empty, it ran on none).
         worker: String,
         /// The workspace generation the run saved (none when nothing changed).
         generation: Option<u64>,
         /// The tokens the code read before appending its own, in order.
         seen: Vec<String>,
-        /// When the code started and ended, on the harness's clock.
+        /// When the code started and ended, on the harness's clock (an edit: its read was sent
+        /// and its edit answered).
         exec_start_ns: Nanos,
         /// See `exec_start_ns`.
         exec_end_ns: Nanos,

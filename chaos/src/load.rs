@@ -14,7 +14,7 @@ use corral_api::client::Client;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::history::{Answer, Kind, Op, Ran};
+use crate::history::{Answer, Kind, Op, Ran, Via};
 use crate::rng::Rng;
 
 /// How long a client waits for one answer before recording none.
@@ -25,6 +25,12 @@ const LONG_MS: u64 = 3_000;
 
 /// The line the code prints: `CHAOS <start> <end> <token> <token> ...`.
 const LINE: &str = "CHAOS";
+
+/// The workspace file every run and edit of a workspace appends its token to.
+const TOKENS_FILE: &str = "tokens.txt";
+
+/// One in this many workspace operations is a Hashline edit (once the file exists).
+const EDIT_ONE_IN: u64 = 4;
 
 /// The harness's clock: nanoseconds since `origin`, and `CLOCK_MONOTONIC` at `origin`.
 #[derive(Clone, Copy, Debug)]
@@ -70,8 +76,8 @@ impl Clock {
 pub fn code(kind: Kind, token: &str, pause_ms: u64) -> String {
     let read = match kind {
         Kind::Workspace => format!(
-            "try:\n    seen = open('tokens.txt').read().split()\nexcept FileNotFoundError:\n    seen = []\n\
-             time.sleep({pause})\nopen('tokens.txt', 'a').write('{token}\\n')\n",
+            "try:\n    seen = open('{TOKENS_FILE}').read().split()\nexcept FileNotFoundError:\n    seen = []\n\
+             time.sleep({pause})\nopen('{TOKENS_FILE}', 'a').write('{token}\\n')\n",
             pause = pause_ms as f64 / 1000.0
         ),
         Kind::Kernel => format!(
@@ -157,6 +163,173 @@ pub fn classify(clock: &Clock, status: u16, body: &Value) -> Answer {
     }
 }
 
+/// What the answer `(status, body)` to a Hashline edit that read `seen` tells: `applied` is a
+/// success with the generation it saved (its "execution" is the read's sending to the answer, on
+/// no worker); a refusal (an anchor, a lost create-only save) is definite (nothing was changed,
+/// WS-5); a server error may or may not have saved, like a run's storage failure.
+#[must_use]
+pub fn classify_edit(
+    status: u16,
+    body: &Value,
+    seen: Vec<String>,
+    sent_ns: u64,
+    answered_ns: u64,
+) -> Answer {
+    let code = body["error"]["code"].as_str().map(str::to_owned);
+    if status == 200 && body["outcome"] == "applied" {
+        return Answer::Succeeded {
+            worker: String::new(),
+            generation: body["generation"].as_u64(),
+            seen,
+            exec_start_ns: sent_ns,
+            exec_end_ns: answered_ns,
+        };
+    }
+    // Every refusal of the edit handler comes before its create-only save, or is that save's
+    // conflict: nothing was changed (WS-5). A 5xx may come after the save was sent.
+    if (400..500).contains(&status) {
+        Answer::Refused { status, code }
+    } else {
+        Answer::Failed {
+            status,
+            outcome: None,
+            code,
+        }
+    }
+}
+
+/// The lines of a Hashline view (`LINE:TAG|text`), as the tokens they hold.
+fn view_tokens(lines: &str) -> Option<Vec<String>> {
+    lines
+        .lines()
+        .map(|line| {
+            let (_, text) = line.split_once('|')?;
+            Some(text.trim().to_owned())
+        })
+        .filter(|token| token.as_ref().is_none_or(|t| !t.is_empty()))
+        .collect()
+}
+
+/// How a Hashline edit went before its own answer.
+enum Read {
+    /// The whole file, shown under one tag: its tokens, the tag and its last line.
+    Shown {
+        seen: Vec<String>,
+        tag: String,
+        last: u64,
+    },
+    /// No file (or no workspace) yet: the workspace's first run has not saved it.
+    Missing,
+    /// The read itself was answered with an error or not at all: nothing was changed.
+    Failed(Answer),
+}
+
+/// Reads the whole tokens file of `stream` through Hashline views, page by page, all under one
+/// tag (the file did not change between the pages).
+async fn read_tokens(replica: &Client, stream: &Stream) -> Read {
+    let mut seen = Vec::new();
+    let mut start = 1u64;
+    let mut tag: Option<String> = None;
+    loop {
+        let query = format!(
+            "/v1/read_workspace?actor={}&conversation={}&path={TOKENS_FILE}&view=hashline&start={start}",
+            corral_api::client::encode(&stream.actor),
+            corral_api::client::encode(&stream.conversation),
+        );
+        let answered = tokio::time::timeout(ANSWER_WAIT, replica.get(&query)).await;
+        let (status, bytes) = match answered {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(why)) => return Read::Failed(Answer::NoAnswer { why }),
+            Err(_) => {
+                return Read::Failed(Answer::NoAnswer {
+                    why: format!("no answer to the read within {ANSWER_WAIT:?}"),
+                });
+            }
+        };
+        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let code = body["error"]["code"].as_str().map(str::to_owned);
+        if status != 200 {
+            return match code.as_deref() {
+                Some("workspace_path_not_found" | "workspace_not_found") => Read::Missing,
+                _ => Read::Failed(Answer::Refused { status, code }),
+            };
+        }
+        let (Some(page_tag), Some(total), Some(lines)) = (
+            body["tag"].as_str(),
+            body["total_lines"].as_u64(),
+            body["lines"].as_str(),
+        ) else {
+            return Read::Failed(Answer::Failed {
+                status,
+                outcome: None,
+                code: Some("chaos_unreadable_view".to_owned()),
+            });
+        };
+        if tag.as_deref().is_some_and(|t| t != page_tag) {
+            // Changed between two pages: as good as a stale read, nothing to edit by.
+            return Read::Failed(Answer::Refused {
+                status,
+                code: Some("stale_anchor".to_owned()),
+            });
+        }
+        tag = Some(page_tag.to_owned());
+        let Some(tokens) = view_tokens(lines) else {
+            return Read::Failed(Answer::Failed {
+                status,
+                outcome: None,
+                code: Some("chaos_unreadable_view".to_owned()),
+            });
+        };
+        let shown = u64::try_from(lines.lines().count()).unwrap_or(0);
+        seen.extend(tokens);
+        if total == 0 {
+            return Read::Missing;
+        }
+        if shown == 0 || start + shown > total {
+            return Read::Shown {
+                seen,
+                tag: tag.unwrap_or_default(),
+                last: total,
+            };
+        }
+        start += shown;
+    }
+}
+
+/// One Hashline edit appending `token` to `stream`'s tokens file after the last line shown;
+/// `None` when there is no file yet (the client runs instead). The answer and when the read was
+/// sent and the edit answered.
+async fn edit(
+    shared: &Shared,
+    replica: &Client,
+    stream: &Stream,
+    token: &str,
+) -> Option<(Answer, u64, u64)> {
+    let sent_ns = shared.clock.now();
+    let (seen, tag, last) = match read_tokens(replica, stream).await {
+        Read::Shown { seen, tag, last } => (seen, tag, last),
+        Read::Missing => return None,
+        Read::Failed(answer) => return Some((answer, sent_ns, shared.clock.now())),
+    };
+    let body = json!({
+        "actor": stream.actor,
+        "conversation": stream.conversation,
+        "path": TOKENS_FILE,
+        "edits": [{ "op": "insert_after", "tag": tag, "line": last, "text": token }],
+    });
+    let answered =
+        tokio::time::timeout(ANSWER_WAIT, replica.post("/v1/edit_workspace", &body)).await;
+    let answered_ns = shared.clock.now();
+    let answer = match answered {
+        Ok(Ok((status, body))) => classify_edit(status, &body, seen, sent_ns, answered_ns),
+        Ok(Err(why)) => Answer::NoAnswer { why },
+        Err(_) => Answer::NoAnswer {
+            why: format!("no answer within {ANSWER_WAIT:?}"),
+        },
+    };
+    Some((answer, sent_ns, answered_ns))
+}
+
 /// One client's stream: the workspace or kernel it extends, as one member. Two clients may
 /// extend one workspace as two members at once (only one save of a generation may win).
 #[derive(Clone, Debug)]
@@ -208,7 +381,8 @@ impl Shared {
     }
 }
 
-/// Runs one client on `stream` until the load stops.
+/// Runs one client on `stream` until the load stops: a workspace's client makes one operation
+/// in [`EDIT_ONE_IN`] a Hashline edit once the file exists.
 pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: Rng) {
     let mut n = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
@@ -221,45 +395,31 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         } else {
             rng.between(0, 300)
         };
-        let mut body = json!({
-            "actor": stream.actor,
-            "conversation": stream.conversation,
-            "member": stream.member,
-            "language": "python",
-            "code": code(stream.kind, &token, pause_ms),
-        });
-        if stream.kind == Kind::Kernel {
-            body["kernel"] = json!("persistent");
-        }
         let replica_index = usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0);
+        let try_edit = stream.kind == Kind::Workspace && rng.below(EDIT_ONE_IN) == 0;
         let replica = &shared.replicas[replica_index];
-        let start_ns = shared.clock.now();
-        let long = pause_ms >= LONG_MS;
+        let long = pause_ms >= LONG_MS && !try_edit;
         shared.in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
         if long {
             shared.long_in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
         }
-        let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
+        let edited = if try_edit {
+            edit(&shared, replica, &stream, &token).await
+        } else {
+            None
+        };
+        let (via, answer, ran, start_ns, end_ns) = match edited {
+            Some((answer, start_ns, end_ns)) => (Via::Edit, answer, None, start_ns, end_ns),
+            None => {
+                let (answer, ran, start_ns, end_ns) =
+                    run(&shared, replica, &stream, &token, pause_ms).await;
+                (Via::Run, answer, ran, start_ns, end_ns)
+            }
+        };
         shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
         if long {
             shared.long_in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
         }
-        let end_ns = shared.clock.now();
-        let mut ran = None;
-        let answer = match answered {
-            Ok(Ok((status, body))) => {
-                let answer = classify(&shared.clock, status, &body);
-                // Code that ran but was not answered `succeeded` still ran where it says.
-                if !matches!(answer, Answer::Succeeded { .. }) {
-                    ran = execution(&shared.clock, &body);
-                }
-                answer
-            }
-            Ok(Err(why)) => Answer::NoAnswer { why },
-            Err(_) => Answer::NoAnswer {
-                why: format!("no answer within {ANSWER_WAIT:?}"),
-            },
-        };
         let definite_refusal = matches!(answer, Answer::Refused { .. });
         let op = Op {
             id: shared.next_id.fetch_add(1, Ordering::Relaxed),
@@ -268,6 +428,7 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
             conversation: stream.conversation.clone(),
             member: stream.member.clone(),
             token,
+            via,
             replica: replica_index,
             ran,
             start_ns,
@@ -283,6 +444,46 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
         };
         tokio::time::sleep(Duration::from_millis(think)).await;
     }
+}
+
+/// One run appending `token` after a pause of `pause_ms` in its code: the answer, where its code
+/// ran when an answer other than `succeeded` still says, and when it was sent and answered.
+async fn run(
+    shared: &Shared,
+    replica: &Client,
+    stream: &Stream,
+    token: &str,
+    pause_ms: u64,
+) -> (Answer, Option<Ran>, u64, u64) {
+    let mut body = json!({
+        "actor": stream.actor,
+        "conversation": stream.conversation,
+        "member": stream.member,
+        "language": "python",
+        "code": code(stream.kind, token, pause_ms),
+    });
+    if stream.kind == Kind::Kernel {
+        body["kernel"] = json!("persistent");
+    }
+    let start_ns = shared.clock.now();
+    let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
+    let end_ns = shared.clock.now();
+    let mut ran = None;
+    let answer = match answered {
+        Ok(Ok((status, body))) => {
+            let answer = classify(&shared.clock, status, &body);
+            // Code that ran but was not answered `succeeded` still ran where it says.
+            if !matches!(answer, Answer::Succeeded { .. }) {
+                ran = execution(&shared.clock, &body);
+            }
+            answer
+        }
+        Ok(Err(why)) => Answer::NoAnswer { why },
+        Err(_) => Answer::NoAnswer {
+            why: format!("no answer within {ANSWER_WAIT:?}"),
+        },
+    };
+    (answer, ran, start_ns, end_ns)
 }
 
 #[cfg(test)]
@@ -374,5 +575,48 @@ mod tests {
             assert!(read < append, "{code}");
             assert!(code.contains("time.sleep(0.05)"), "{code}");
         }
+    }
+
+    #[test]
+    fn an_edit_applied_is_a_success_on_no_worker_and_a_refusal_is_definite() {
+        let applied = json!({"outcome": "applied", "generation": 12, "tag": "ab12"});
+        assert_eq!(
+            classify_edit(200, &applied, vec!["c1n1".to_owned()], 10, 20),
+            Answer::Succeeded {
+                worker: String::new(),
+                generation: Some(12),
+                seen: vec!["c1n1".to_owned()],
+                exec_start_ns: 10,
+                exec_end_ns: 20,
+            }
+        );
+        for (status, code) in [
+            (409, "stale_anchor"),
+            (409, "workspace_conflict"),
+            (422, "anchor_not_shown"),
+        ] {
+            let refused = json!({"outcome": "refused", "error": {"code": code}});
+            assert_eq!(
+                classify_edit(status, &refused, Vec::new(), 0, 1),
+                Answer::Refused {
+                    status,
+                    code: Some(code.to_owned())
+                }
+            );
+        }
+        let unavailable = json!({"error": {"code": "workspace_storage_unavailable"}});
+        assert!(matches!(
+            classify_edit(503, &unavailable, Vec::new(), 0, 1),
+            Answer::Failed { status: 503, .. }
+        ));
+    }
+
+    #[test]
+    fn a_hashline_view_reads_as_its_tokens() {
+        assert_eq!(
+            view_tokens("1:ab12|c1n1\n2:ab12|c2n4\n"),
+            Some(vec!["c1n1".to_owned(), "c2n4".to_owned()])
+        );
+        assert_eq!(view_tokens("1:ab12|c1n1\ngarbage\n"), None);
     }
 }

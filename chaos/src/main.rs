@@ -209,6 +209,9 @@ fn report(history: &History, verdict: &Verdict) {
     for (code, count) in &summary.codes {
         println!("  code {code:<22} {count:>8}");
     }
+    for (answer, count) in &summary.edits {
+        println!("  of them Hashline edits {answer:<10} {count:>6}");
+    }
     match &summary.longest_recovery {
         Some((nanos, fault)) => println!(
             "longest return to the warm target after a fault: {:.1} s ({fault})",

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::history::{Fault, PoolSample};
+use crate::history::{Fault, PoolSample, Via};
 
 /// A history of `ops` with a ceiling of 4, a warm target of 2, a member limit of 1, recovered.
 fn history(ops: Vec<Op>) -> History {
@@ -51,6 +51,7 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
         conversation: conv.to_owned(),
         member: format!("m-{conv}"),
         token: format!("t{id}"),
+        via: Via::Run,
         replica: 0,
         ran: None,
         start_ns: start,
@@ -63,6 +64,15 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
             exec_end_ns: end - 1,
         },
     }
+}
+
+/// `op` as a Hashline edit: it ran on no worker.
+fn edited(mut op: Op) -> Op {
+    op.via = Via::Edit;
+    if let Answer::Succeeded { worker, .. } = &mut op.answer {
+        worker.clear();
+    }
+    op
 }
 
 fn with(mut op: Op, answer: Answer) -> Op {
@@ -437,4 +447,87 @@ fn pool_05_code_that_ran_under_a_failed_answer_still_counts_for_single_tenancy()
     let verdict = check(&history(ops));
     assert_eq!(rules(&verdict), ["double_lease"], "{verdict}");
     assert_eq!(verdict.violations[0].ops, [3, 7]);
+}
+
+#[test]
+fn ws_03_edits_run_on_no_worker_and_two_at_once_are_no_double_lease() {
+    let mut ops = clean();
+    // Two edits of two workspaces at once, beside the runs: nothing ran twice on one worker.
+    ops.push(edited(ok(
+        7,
+        Kind::Workspace,
+        "c1",
+        "",
+        700,
+        800,
+        &["t1", "t2", "t3"],
+    )));
+    ops.push(edited(ok(8, Kind::Workspace, "c3", "", 700, 800, &[])));
+    let verdict = check(&history(ops));
+    assert!(verdict.violations.is_empty(), "{verdict}");
+}
+
+#[test]
+fn ws_05_an_applied_edit_lost_by_a_later_run_is_caught() {
+    let mut ops = clean();
+    ops.push(edited(ok(
+        7,
+        Kind::Workspace,
+        "c1",
+        "",
+        700,
+        800,
+        &["t1", "t2", "t3"],
+    )));
+    // A run after the edit that does not see its token: the edit's save was lost.
+    ops.push(ok(
+        9,
+        Kind::Workspace,
+        "c1",
+        "w-1",
+        900,
+        1_000,
+        &["t1", "t2", "t3"],
+    ));
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["lost_write"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [7, 9]);
+    assert!(
+        verdict.violations[0]
+            .detail
+            .contains("#7 Workspace edit a/c1"),
+        "{verdict}"
+    );
+}
+
+#[test]
+fn ws_05_a_refused_edit_whose_line_was_kept_is_caught() {
+    let mut ops = clean();
+    ops.push(with(
+        edited(ok(
+            7,
+            Kind::Workspace,
+            "c1",
+            "",
+            700,
+            800,
+            &["t1", "t2", "t3"],
+        )),
+        Answer::Refused {
+            status: 409,
+            code: Some("stale_anchor".to_owned()),
+        },
+    ));
+    ops.push(ok(
+        9,
+        Kind::Workspace,
+        "c1",
+        "w-1",
+        900,
+        1_000,
+        &["t1", "t2", "t3", "t7"],
+    ));
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["refused_applied"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [7, 9]);
 }
