@@ -920,6 +920,80 @@ fn a_request_waiting_for_the_worker_hastens_what_it_prepared() {
     reset(&server, 1);
 }
 
+#[test]
+fn every_thread_a_prepared_jail_started_runs_the_code_at_the_normal_priority() {
+    const TEST: &str = "every_thread_a_prepared_jail_started_runs_the_code_at_the_normal_priority";
+    if !root_or_skip(TEST) {
+        return;
+    }
+    // numpy's BLAS starts its pool of threads at import only where there are two CPUs or more.
+    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
+        corral_testkit::skip(
+            TEST,
+            corral_testkit::Need::Tools,
+            "one CPU: numpy starts no threads",
+        );
+        return;
+    }
+    if !std::path::Path::new("/opt/corral/python/bin/python3").exists() {
+        corral_testkit::skip(
+            TEST,
+            corral_testkit::Need::Tools,
+            "no baked Python stack: run scripts/build-python-stack",
+        );
+        return;
+    }
+    let _serial = serial();
+    // A new worker's first jail skips the stack; left idle, it prepares one that imports it, at
+    // the idle re-preparation's priority (decision 0037).
+    let server = Server::start(&[
+        ("CORRAL_WORKER_PREPARE_LANGUAGES", "python"),
+        ("CORRAL_WORKER_PYTHON_PREIMPORT", "numpy"),
+        ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "1"),
+    ]);
+    wait_preimported(&server);
+    let (python, _) = waiting_bootstraps(&server);
+    assert_eq!(python.len(), 1, "{python:?}");
+    let prepared = thread_nices(python[0]);
+    assert!(
+        prepared.len() > 1,
+        "numpy's import started threads in the prepared jail: {prepared:?}"
+    );
+    assert!(
+        prepared.iter().all(|nice| *nice == 19),
+        "prepared at the idle priority: {prepared:?}"
+    );
+    // The run's code reads the nice value of every thread of its own interpreter: the ones the
+    // import started too, not only the main thread (the last thread to exit frees the address
+    // space, and the answer waits for it).
+    let code = "import os\nprint(sorted({int(open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[16]) for t in os.listdir('/proc/self/task')}), len(os.listdir('/proc/self/task')) > 1)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "[0] True\n", "{json}");
+    reset(&server, 1);
+}
+
+/// The nice value of every thread of process `pid`.
+fn thread_nices(pid: u32) -> Vec<i64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|dir| {
+            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|tid| {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+                    stat.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(16)?
+                        .parse()
+                        .ok()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A process's nice value: field 19 of /proc/PID/stat, counted after the command's closing
 /// parenthesis.
 fn nice_of(pid: u32) -> Option<i64> {

@@ -391,57 +391,93 @@ fn interpreter_alive(stage1: u32) -> Option<bool> {
     Some(live)
 }
 
-/// Gives every process of a prepared jail (its cgroups' members, and the interpreter) the normal
-/// priority back. Best effort: a process that is gone needs none.
+/// Gives every thread of a prepared jail (its cgroups' members, the interpreter, stage 1, and
+/// their descendants) the normal priority back. Every thread: Linux keeps a nice value per
+/// thread, and the threads a pre-imported module started (a BLAS pool) were started at the
+/// preparation's. The last thread of a process to exit frees its address space, and a run's
+/// answer waits for that: at nice 19 behind any other work, a pre-imported stack's teardown took
+/// 7 ms of a 10 ms run. Best effort: what has exited needs none.
 pub(super) fn restore_priority(run: &ActiveRun, interpreter: u32) {
-    let mut pids = run.cgroups.processes().unwrap_or_default();
-    pids.extend(i32::try_from(interpreter));
+    let mut roots = run.cgroups.processes().unwrap_or_default();
+    roots.extend(i32::try_from(interpreter));
     if let Some(stage1) = &run.stage1 {
-        pids.extend(i32::try_from(stage1.id()));
+        roots.extend(i32::try_from(stage1.id()));
     }
-    for pid in pids {
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-            let _ = rustix::process::setpriority_process(Some(pid), 0);
-        }
-    }
+    each_thread(
+        roots,
+        |_| false,
+        |tid| {
+            let _ = rustix::process::setpriority_process(Some(tid), 0);
+        },
+    );
 }
 
 /// Gives the thread `tid` of this process (the worker's jail thread) and every process it
-/// started, with their descendants, the normal priority back, because a request waits for the
-/// thread: a preparation at its low priority would otherwise make that request wait behind every
-/// run on the machine (decision 0036). Best effort, like [`restore_priority`]: what has exited
-/// needs none, and a prepared jail that waits idle costs nothing at any priority.
+/// started, with their descendants and all their threads, the normal priority back, because a
+/// request waits for the thread: a preparation at its low priority would otherwise make that
+/// request wait behind every run on the machine (decision 0036). Best effort, like
+/// [`restore_priority`]: what has exited needs none, and a prepared jail that waits idle costs
+/// nothing at any priority.
 pub fn hasten(tid: i32) {
-    let children = |pid: i32, task: i32| -> Vec<i32> {
-        std::fs::read_to_string(format!("/proc/{pid}/task/{task}/children"))
-            .map(|text| {
-                text.split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let process = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
-    let mut pending = children(process, tid);
-    let mut seen = 0usize;
+    // An idle worker's re-preparation is nobody's wait: it stays at its priority (a run that
+    // needs it restores it itself), and so do its descendants.
+    let idle = |pid: rustix::process::Pid| {
+        rustix::process::getpriority_process(Some(pid)).ok() == Some(IDLE_PREPARE_NICE)
+    };
+    each_thread(thread_children(process, tid), idle, |tid| {
+        let _ = rustix::process::setpriority_process(Some(tid), 0);
+    });
+    if let Some(id) = rustix::process::Pid::from_raw(tid) {
+        let _ = rustix::process::setpriority_process(Some(id), 0);
+    }
+}
+
+/// The children the thread `task` of process `pid` started (`/proc/PID/task/TID/children`).
+fn thread_children(pid: i32, task: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{task}/children"))
+        .map(|text| {
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Calls `each` with every thread of the processes `roots` and of their descendants (the
+/// children of each of their threads), at most [`HASTEN_PROCESSES_MAX`] processes; a process
+/// `skip` names is left out with its descendants.
+fn each_thread(
+    mut pending: Vec<i32>,
+    skip: impl Fn(rustix::process::Pid) -> bool,
+    mut each: impl FnMut(rustix::process::Pid),
+) {
+    let mut seen = std::collections::BTreeSet::new();
     // Bounded: a jail's processes are few until its code runs, and a run's are the run's.
     while let Some(pid) = pending.pop()
-        && seen < HASTEN_PROCESSES_MAX
+        && seen.len() < HASTEN_PROCESSES_MAX
     {
-        seen += 1;
+        if !seen.insert(pid) {
+            continue;
+        }
         let Some(id) = rustix::process::Pid::from_raw(pid) else {
             continue;
         };
-        // An idle worker's re-preparation is nobody's wait: it stays at its priority (a run
-        // that needs it restores it itself), and so do its descendants.
-        if rustix::process::getpriority_process(Some(id)).ok() == Some(IDLE_PREPARE_NICE) {
+        if skip(id) {
             continue;
         }
-        let _ = rustix::process::setpriority_process(Some(id), 0);
-        pending.extend(children(pid, pid));
-    }
-    if let Some(id) = rustix::process::Pid::from_raw(tid) {
-        let _ = rustix::process::setpriority_process(Some(id), 0);
+        let tasks: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|dir| {
+                dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_else(|_| vec![pid]);
+        for task in tasks {
+            if let Some(thread) = rustix::process::Pid::from_raw(task) {
+                each(thread);
+            }
+            pending.extend(thread_children(pid, task));
+        }
     }
 }
 
