@@ -182,6 +182,15 @@ impl RunCgroups {
         Ok(())
     }
 
+    /// Groups at `memory` and `pids` that nothing created (for tests of what reads them).
+    #[cfg(test)]
+    pub(crate) fn at(memory: PathBuf, pids: PathBuf) -> Self {
+        Self {
+            memory: Some(Group { path: memory }),
+            pids: Some(Group { path: pids }),
+        }
+    }
+
     /// Whether any group exists.
     pub fn any(&self) -> bool {
         self.memory.is_some() || self.pids.is_some()

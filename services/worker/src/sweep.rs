@@ -125,7 +125,8 @@ pub fn kill_run(
                 continue;
             }
             Some(left) => left,
-            None if !scan => {
+            // Unreadable groups: the scan of the uids proves instead, when there are uids.
+            None if !scan && !uids.is_empty() => {
                 scan = true;
                 continue;
             }
@@ -162,4 +163,26 @@ pub fn mounts_under_each(dirs: &[&Path]) -> Vec<Option<u32>> {
             u32::try_from(count).ok()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreadable() -> RunCgroups {
+        let gone = Path::new("/nonexistent/corral-sweep-test");
+        RunCgroups::at(gone.join("memory"), gone.join("pids"))
+    }
+
+    #[test]
+    fn groups_that_cannot_be_read_and_no_uids_to_scan_leave_the_run_uncounted() {
+        // Not "nothing left": nothing could say so (the supervision then packs nothing).
+        assert_eq!(kill_run(None, &unreadable(), &[]).0, None);
+    }
+
+    #[test]
+    fn groups_that_cannot_be_read_are_proved_by_the_uid_scan_instead() {
+        // A uid no process has: the scan reads every process and finds none of it.
+        assert_eq!(kill_run(None, &unreadable(), &[4_000_000_001]).0, Some(0));
+    }
 }

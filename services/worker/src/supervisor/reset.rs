@@ -140,7 +140,7 @@ impl Worker {
     /// [`Worker::reset`]; with `scan` false, the run's processes are found by its cgroups alone,
     /// for a reset whose proof the reset between leases makes (it scans every uid of every run
     /// of this supervisor): a run answered before its reset, whose processes the supervision
-    /// already proved gone by a scan.
+    /// already found gone (by its cgroups, or by a scan where it had none).
     pub(super) fn reset_proving(
         &self,
         run: &mut ActiveRun,
