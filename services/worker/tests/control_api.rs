@@ -818,14 +818,13 @@ fn python_preimport_is_in_sys_modules_before_the_code_imports_it() {
         "{json}"
     );
     assert_answered_before_reset(&json);
-    // The cold run built for the next request has imported nothing: the check above can fail.
+    // The jail prepared without the stack, which waited beside it (decision 0046), has imported
+    // nothing: the check above can fail.
     let (_, json) =
         server.execute(&json!({ "language": "python", "code": code, "workspace": workspace }));
-    assert_eq!(json["warm"], false, "{json}");
-    // (A cold run's __main__ is a script's, with its own dunder names: only the modules count.)
-    let text = json["stdout"]["text"].as_str().unwrap_or_default();
-    assert!(
-        text.starts_with("False False\n") && text.ends_with("\n[5]\n"),
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(
+        json["stdout"]["text"], "False False\n['sys']\n[5]\n",
         "{json}"
     );
     reset(&server, 2);
@@ -952,9 +951,9 @@ fn every_thread_a_prepared_jail_started_runs_the_code_at_the_normal_priority() {
         ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "1"),
     ]);
     wait_preimported(&server);
-    let (python, _) = waiting_bootstraps(&server);
-    assert_eq!(python.len(), 1, "{python:?}");
-    let prepared = thread_nices(python[0]);
+    let stack = descendants_running(server.child.id(), "/python3", "_corral_preimport");
+    assert_eq!(stack.len(), 1, "{stack:?}");
+    let prepared = thread_nices(stack[0]);
     assert!(
         prepared.len() > 1,
         "numpy's import started threads in the prepared jail: {prepared:?}"
@@ -963,10 +962,11 @@ fn every_thread_a_prepared_jail_started_runs_the_code_at_the_normal_priority() {
         prepared.iter().all(|nice| *nice == 19),
         "prepared at the idle priority: {prepared:?}"
     );
-    // The run's code reads the nice value of every thread of its own interpreter: the ones the
-    // import started too, not only the main thread (the last thread to exit frees the address
-    // space, and the answer waits for it).
-    let code = "import os\nprint(sorted({int(open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[16]) for t in os.listdir('/proc/self/task')}), len(os.listdir('/proc/self/task')) > 1)\n";
+    // The run's code (which uses numpy, so it takes the jail that imported it) reads the nice
+    // value of every thread of its own interpreter: the ones the import started too, not only
+    // the main thread (the last thread to exit frees the address space, and the answer waits
+    // for it).
+    let code = "import os, numpy\nprint(sorted({int(open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[16]) for t in os.listdir('/proc/self/task')}), len(os.listdir('/proc/self/task')) > 1)\n";
     let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["warm"], true, "{json}");
@@ -1024,15 +1024,24 @@ fn pkg_1_an_idle_worker_prepares_its_python_jail_again_with_the_stack() {
     reset(&server, 1);
     wait_prepared(&server);
     assert_eq!(preimporting(&server), 0, "prepared without the stack first");
-    // Left idle, the worker prepares a second jail with the stack; once it waits, it takes the
-    // first one's place (the first is torn down), and the next run finds it there.
+    // Left idle, the worker prepares a second jail with the stack, which waits beside the first
+    // (decision 0046): a run that does not use the stack takes the first, whose exit frees
+    // little; one that does takes the second.
     wait_preimported(&server);
     let code = "import sys\nprint('json' in sys.modules)\n";
     let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["warm"], true, "{json}");
-    assert_eq!(json["stdout"]["text"], "True\n", "{json}");
+    assert_eq!(json["stdout"]["text"], "False\n", "{json}");
     reset(&server, 2);
+    wait_preimported(&server);
+    // Imported before the code's own import: the jail that pre-imported it.
+    let code = "import sys\nhad = 'json' in sys.modules\nimport json\nprint(had)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "True\n", "{json}");
+    reset(&server, 3);
 }
 
 /// How many of the server's waiting Python bootstraps pre-import.
@@ -1040,17 +1049,32 @@ fn preimporting(server: &Server) -> usize {
     descendants_running(server.child.id(), "/python3", "_corral_preimport").len()
 }
 
-/// Waits until the server's one prepared Python jail is one that pre-imported and waits for the
-/// code (a check of its state, repeated until a deadline only a stuck worker reaches).
+/// Waits until the server's Python jail prepared again with the stack waits for the code beside
+/// the one prepared without it (a check of their state, repeated until a deadline only a stuck
+/// worker reaches): two bootstraps, the one that pre-imports blocked reading its pipe.
 fn wait_preimported(server: &Server) {
-    let swapped = |server: &Server| {
+    let beside = |server: &Server| {
         let (python, _) = waiting_bootstraps(server);
-        python.len() == 1 && preimporting(server) == 1
+        let stack = descendants_running(server.child.id(), "/python3", "_corral_preimport");
+        python.len() == 2 && stack.len() == 1 && waits_on_its_pipe(stack[0])
     };
+    // Judged once per look: a look that found the state is the answer (a second look could
+    // meet a process of a torn-down jail whose command line is already gone).
     let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
-    while !swapped(server) && std::time::Instant::now() < deadline {
+    let mut found = beside(server);
+    while !found && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
+        found = beside(server);
     }
-    assert!(swapped(server), "a prepared Python jail that pre-imported");
+    assert!(
+        found,
+        "a prepared Python jail that pre-imported, beside the plain one"
+    );
     wait_prepared(server);
+}
+
+/// Whether process `pid` sleeps reading a pipe (its bootstrap waits for the code).
+fn waits_on_its_pipe(pid: u32) -> bool {
+    // `pipe_read`, or `anon_pipe_read` on later kernels.
+    std::fs::read_to_string(format!("/proc/{pid}/wchan")).is_ok_and(|w| w.ends_with("pipe_read"))
 }

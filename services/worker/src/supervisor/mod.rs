@@ -192,8 +192,9 @@ pub struct Worker {
     /// What the resets of runs answered before their reset left, and their notes, for the next
     /// reset between leases to count ([`Worker::reset_later`]).
     reset_after_answer: Option<(corral_core::reset::ResetEvidence, Vec<String>)>,
-    /// A Python jail being prepared again with the stack while the one prepared without it still
-    /// waits (decision 0037); it takes that one's place once its bootstrap waits.
+    /// A Python jail prepared again with the stack beside the one prepared without it (decision
+    /// 0037), which still waits and serves every run that does not use the stack; a run that
+    /// does takes this one (decision 0046).
     upgrade: Option<Prepared>,
     /// Whether that re-preparation failed since the last reset (not tried again before it).
     upgrade_failed: bool,
@@ -345,7 +346,7 @@ impl Worker {
     /// Whether a prepared jail is still importing (see [`Worker::poll_prepared`]).
     #[must_use]
     pub fn is_preparing(&self) -> bool {
-        self.upgrade.is_some() || self.prepared.values().any(|p| !p.ready)
+        self.upgrade.as_ref().is_some_and(|u| !u.ready) || self.prepared.values().any(|p| !p.ready)
     }
 
     /// The languages to keep a jail prepared for (`CORRAL_WORKER_PREPARE_LANGUAGES`).

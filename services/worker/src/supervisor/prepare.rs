@@ -176,22 +176,19 @@ impl Worker {
                 self.prepare_failures.insert(language, why);
             }
         }
-        let Some(upgrade) = self.upgrade.as_mut() else {
+        // A ready one has said all it says: it is not read again.
+        let Some(upgrade) = self.upgrade.as_mut().filter(|u| !u.ready) else {
             return;
         };
         let polled = poll_one(upgrade, until);
         if polled.is_err() || upgrade.ready {
             self.upgrade_slot = None;
         }
+        // Ready, it waits beside the jail prepared without the stack, for the runs that use the
+        // stack; the others keep the plain one, whose exit frees a tenth of the memory
+        // (decision 0046).
         let mut notes = Vec::new();
         match polled {
-            Ok(()) if upgrade.ready => {
-                if let Some(upgrade) = self.upgrade.take()
-                    && let Some(old) = self.prepared.insert(Language::Python, upgrade)
-                {
-                    let _ = self.teardown_prepared(old, &mut notes);
-                }
-            }
             Ok(()) => {}
             Err(why) => {
                 if let Some(upgrade) = self.upgrade.take() {
@@ -200,6 +197,18 @@ impl Worker {
                 self.upgrade_failed = true;
                 tracing::warn!(why = %why, "the idle re-preparation with the stack failed");
             }
+        }
+    }
+
+    /// Puts the ready re-preparation with the stack where the next Python run takes its jail, and
+    /// the jail prepared without it in the re-preparation's place (the reset between leases
+    /// tears down both).
+    fn stack_in_place(&mut self) {
+        if !self.upgrade.as_ref().is_some_and(|u| u.ready) {
+            return;
+        }
+        if let Some(stack) = self.upgrade.take() {
+            self.upgrade = self.prepared.insert(Language::Python, stack);
         }
     }
 
@@ -214,7 +223,7 @@ impl Worker {
     ) -> Option<Prepared> {
         let language = request.language;
         // A run that uses the stack waits for the re-preparation with it, if one is under way
-        // (at the run's priority); any other takes the jail prepared without it.
+        // (at the run's priority), and takes it; any other takes the jail prepared without it.
         if let Some(upgrade) = self
             .upgrade
             .as_ref()
@@ -226,9 +235,14 @@ impl Worker {
         {
             restore_priority(&upgrade.run, upgrade.started.pid);
             let until = Instant::now() + BOOTSTRAP_DEADLINE;
-            while self.upgrade.is_some() && Instant::now() < until {
+            while self.upgrade.as_ref().is_some_and(|u| !u.ready) && Instant::now() < until {
                 self.poll_prepared(until);
             }
+            self.stack_in_place();
+        }
+        // No jail prepared without the stack (its preparation failed): the stack's serves any run.
+        if language == Language::Python && !self.prepared.contains_key(&language) {
+            self.stack_in_place();
         }
         // Not ready yet: a run waits for a bootstrap that only starts (milliseconds), or for
         // one whose imports it uses; any other goes cold at once rather than wait a
