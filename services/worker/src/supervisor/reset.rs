@@ -80,8 +80,10 @@ impl Worker {
     }
 
     /// Tears down every prepared jail no run took. Returns what their teardowns left, summed
-    /// (each measured after its own kill, its cgroups' members included), for the reset between
-    /// leases to count; notes each teardown that did not come out clean.
+    /// (each measured after its own kill by its cgroups' members), for the reset between leases
+    /// to count; notes each teardown that did not come out clean. The scan of every process's
+    /// uids is the caller's, once for every run of the supervisor, these included: on a machine
+    /// of a hundred workers one scan reads a thousand status files.
     pub(super) fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
         let mut left = ResetEvidence::clean(OpToken(0));
         self.upgrade_failed = false;
@@ -91,7 +93,7 @@ impl Worker {
             .into_values()
             .chain(upgrade)
         {
-            let evidence = self.teardown_prepared(prepared, diagnostics);
+            let evidence = self.teardown_prepared_scanning(prepared, diagnostics, false);
             add_evidence(&mut left, &evidence);
         }
         left
@@ -104,6 +106,17 @@ impl Worker {
         prepared: Prepared,
         diagnostics: &mut Vec<String>,
     ) -> ResetEvidence {
+        self.teardown_prepared_scanning(prepared, diagnostics, true)
+    }
+
+    /// [`Worker::teardown_prepared`]; with `scan` false its processes are found by its cgroups
+    /// alone, for a caller that scans every uid after it ([`Worker::reset_all`]).
+    fn teardown_prepared_scanning(
+        &self,
+        prepared: Prepared,
+        diagnostics: &mut Vec<String>,
+        scan: bool,
+    ) -> ResetEvidence {
         let Prepared {
             mut run,
             language,
@@ -111,7 +124,7 @@ impl Worker {
             ..
         } = prepared;
         drop(program);
-        let evidence = self.reset(&mut run, OpToken(0), diagnostics);
+        let evidence = self.reset_proving(&mut run, OpToken(0), diagnostics, scan);
         if !matches!(
             corral_core::reset::judge(&evidence, evidence.token),
             corral_core::reset::Verdict::Clean
