@@ -198,6 +198,17 @@ pub fn classify_edit(
     }
 }
 
+/// `call`'s answer within [`ANSWER_WAIT`], or why there was none.
+async fn within<T>(call: impl Future<Output = Result<T, String>>) -> Result<T, Answer> {
+    match tokio::time::timeout(ANSWER_WAIT, call).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(why)) => Err(Answer::NoAnswer { why }),
+        Err(_) => Err(Answer::NoAnswer {
+            why: format!("no answer within {ANSWER_WAIT:?}"),
+        }),
+    }
+}
+
 /// The lines of a Hashline view (`LINE:TAG|text`), as the tokens they hold.
 fn view_tokens(lines: &str) -> Option<Vec<String>> {
     lines
@@ -236,15 +247,9 @@ async fn read_tokens(replica: &Client, stream: &Stream) -> Read {
             corral_api::client::encode(&stream.actor),
             corral_api::client::encode(&stream.conversation),
         );
-        let answered = tokio::time::timeout(ANSWER_WAIT, replica.get(&query)).await;
-        let (status, bytes) = match answered {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(why)) => return Read::Failed(Answer::NoAnswer { why }),
-            Err(_) => {
-                return Read::Failed(Answer::NoAnswer {
-                    why: format!("no answer to the read within {ANSWER_WAIT:?}"),
-                });
-            }
+        let (status, bytes) = match within(replica.get(&query)).await {
+            Ok(answer) => answer,
+            Err(none) => return Read::Failed(none),
         };
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let code = body["error"]["code"].as_str().map(str::to_owned);
@@ -254,16 +259,19 @@ async fn read_tokens(replica: &Client, stream: &Stream) -> Read {
                 _ => Read::Failed(Answer::Refused { status, code }),
             };
         }
+        let unreadable = || {
+            Read::Failed(Answer::Failed {
+                status,
+                outcome: None,
+                code: Some("chaos_unreadable_view".to_owned()),
+            })
+        };
         let (Some(page_tag), Some(total), Some(lines)) = (
             body["tag"].as_str(),
             body["total_lines"].as_u64(),
             body["lines"].as_str(),
         ) else {
-            return Read::Failed(Answer::Failed {
-                status,
-                outcome: None,
-                code: Some("chaos_unreadable_view".to_owned()),
-            });
+            return unreadable();
         };
         if tag.as_deref().is_some_and(|t| t != page_tag) {
             // Changed between two pages: as good as a stale read, nothing to edit by.
@@ -274,11 +282,7 @@ async fn read_tokens(replica: &Client, stream: &Stream) -> Read {
         }
         tag = Some(page_tag.to_owned());
         let Some(tokens) = view_tokens(lines) else {
-            return Read::Failed(Answer::Failed {
-                status,
-                outcome: None,
-                code: Some("chaos_unreadable_view".to_owned()),
-            });
+            return unreadable();
         };
         let shown = u64::try_from(lines.lines().count()).unwrap_or(0);
         seen.extend(tokens);
@@ -317,15 +321,11 @@ async fn edit(
         "path": TOKENS_FILE,
         "edits": [{ "op": "insert_after", "tag": tag, "line": last, "text": token }],
     });
-    let answered =
-        tokio::time::timeout(ANSWER_WAIT, replica.post("/v1/edit_workspace", &body)).await;
+    let answered = within(replica.post("/v1/edit_workspace", &body)).await;
     let answered_ns = shared.clock.now();
     let answer = match answered {
-        Ok(Ok((status, body))) => classify_edit(status, &body, seen, sent_ns, answered_ns),
-        Ok(Err(why)) => Answer::NoAnswer { why },
-        Err(_) => Answer::NoAnswer {
-            why: format!("no answer within {ANSWER_WAIT:?}"),
-        },
+        Ok((status, body)) => classify_edit(status, &body, seen, sent_ns, answered_ns),
+        Err(none) => none,
     };
     Some((answer, sent_ns, answered_ns))
 }
@@ -466,11 +466,11 @@ async fn run(
         body["kernel"] = json!("persistent");
     }
     let start_ns = shared.clock.now();
-    let answered = tokio::time::timeout(ANSWER_WAIT, replica.run_code(&body)).await;
+    let answered = within(replica.run_code(&body)).await;
     let end_ns = shared.clock.now();
     let mut ran = None;
     let answer = match answered {
-        Ok(Ok((status, body))) => {
+        Ok((status, body)) => {
             let answer = classify(&shared.clock, status, &body);
             // Code that ran but was not answered `succeeded` still ran where it says.
             if !matches!(answer, Answer::Succeeded { .. }) {
@@ -478,10 +478,7 @@ async fn run(
             }
             answer
         }
-        Ok(Err(why)) => Answer::NoAnswer { why },
-        Err(_) => Answer::NoAnswer {
-            why: format!("no answer within {ANSWER_WAIT:?}"),
-        },
+        Err(none) => none,
     };
     (answer, ran, start_ns, end_ns)
 }

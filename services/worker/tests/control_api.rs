@@ -979,16 +979,7 @@ fn thread_nices(pid: u32) -> Vec<i64> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .map(|dir| {
             dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-                .filter_map(|tid| {
-                    let stat =
-                        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-                    stat.rsplit_once(')')?
-                        .1
-                        .split_whitespace()
-                        .nth(16)?
-                        .parse()
-                        .ok()
-                })
+                .filter_map(|tid| nice_in(&format!("/proc/{pid}/task/{tid}/stat")))
                 .collect()
         })
         .unwrap_or_default()
@@ -997,7 +988,12 @@ fn thread_nices(pid: u32) -> Vec<i64> {
 /// A process's nice value: field 19 of /proc/PID/stat, counted after the command's closing
 /// parenthesis.
 fn nice_of(pid: u32) -> Option<i64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    nice_in(&format!("/proc/{pid}/stat"))
+}
+
+/// The nice value in the stat file at `path` (a process's or one thread's).
+fn nice_in(path: &str) -> Option<i64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     stat.rsplit_once(')')?
         .1
         .split_whitespace()

@@ -34,7 +34,7 @@ impl Worker {
     pub fn prepare(&mut self, language: Language) -> Result<(), String> {
         let mut notes = Vec::new();
         if let Some(old) = self.prepared.remove(&language) {
-            let _ = self.teardown_prepared(old, &mut notes);
+            let _ = self.teardown_prepared(old, &mut notes, true);
         }
         match self.build(language, PREPARE_NICE) {
             Ok(prepared) => {
@@ -166,7 +166,7 @@ impl Worker {
             if let Err(why) = poll_one(prepared, until) {
                 if let Some(old) = self.prepared.remove(&language) {
                     let mut notes = Vec::new();
-                    let _ = self.teardown_prepared(old, &mut notes);
+                    let _ = self.teardown_prepared(old, &mut notes, true);
                 }
                 tracing::warn!(
                     language = language.as_str(),
@@ -192,7 +192,7 @@ impl Worker {
             Ok(()) => {}
             Err(why) => {
                 if let Some(upgrade) = self.upgrade.take() {
-                    let _ = self.teardown_prepared(upgrade, &mut notes);
+                    let _ = self.teardown_prepared(upgrade, &mut notes, true);
                 }
                 self.upgrade_failed = true;
                 tracing::warn!(why = %why, "the idle re-preparation with the stack failed");
@@ -417,13 +417,7 @@ pub(super) fn restore_priority(run: &ActiveRun, interpreter: u32) {
     if let Some(stage1) = &run.stage1 {
         roots.extend(i32::try_from(stage1.id()));
     }
-    each_thread(
-        roots,
-        |_| false,
-        |tid| {
-            let _ = rustix::process::setpriority_process(Some(tid), 0);
-        },
-    );
+    renice_tree(roots, |_| false);
 }
 
 /// Gives the thread `tid` of this process (the worker's jail thread) and every process it
@@ -439,9 +433,7 @@ pub fn hasten(tid: i32) {
     let idle = |pid: rustix::process::Pid| {
         rustix::process::getpriority_process(Some(pid)).ok() == Some(IDLE_PREPARE_NICE)
     };
-    each_thread(thread_children(process, tid), idle, |tid| {
-        let _ = rustix::process::setpriority_process(Some(tid), 0);
-    });
+    renice_tree(thread_children(process, tid), idle);
     if let Some(id) = rustix::process::Pid::from_raw(tid) {
         let _ = rustix::process::setpriority_process(Some(id), 0);
     }
@@ -458,14 +450,10 @@ fn thread_children(pid: i32, task: i32) -> Vec<i32> {
         .unwrap_or_default()
 }
 
-/// Calls `each` with every thread of the processes `roots` and of their descendants (the
-/// children of each of their threads), at most [`HASTEN_PROCESSES_MAX`] processes; a process
+/// Gives every thread of the processes `roots` and of their descendants (the children of each
+/// of their threads) the normal priority, at most [`HASTEN_PROCESSES_MAX`] processes; a process
 /// `skip` names is left out with its descendants.
-fn each_thread(
-    mut pending: Vec<i32>,
-    skip: impl Fn(rustix::process::Pid) -> bool,
-    mut each: impl FnMut(rustix::process::Pid),
-) {
+fn renice_tree(mut pending: Vec<i32>, skip: impl Fn(rustix::process::Pid) -> bool) {
     let mut seen = std::collections::BTreeSet::new();
     // Bounded: a jail's processes are few until its code runs, and a run's are the run's.
     while let Some(pid) = pending.pop()
@@ -488,7 +476,7 @@ fn each_thread(
             .unwrap_or_else(|_| vec![pid]);
         for task in tasks {
             if let Some(thread) = rustix::process::Pid::from_raw(task) {
-                each(thread);
+                let _ = rustix::process::setpriority_process(Some(thread), 0);
             }
             pending.extend(thread_children(pid, task));
         }

@@ -93,25 +93,16 @@ impl Worker {
             .into_values()
             .chain(upgrade)
         {
-            let evidence = self.teardown_prepared_scanning(prepared, diagnostics, false);
+            let evidence = self.teardown_prepared(prepared, diagnostics, false);
             add_evidence(&mut left, &evidence);
         }
         left
     }
 
     /// Tears down one prepared jail (closing its program pipe first); notes a teardown that did
-    /// not come out clean.
+    /// not come out clean. With `scan` false its processes are found by its cgroups alone, for a
+    /// caller that scans every uid after it ([`Worker::reset_all`]).
     pub(super) fn teardown_prepared(
-        &self,
-        prepared: Prepared,
-        diagnostics: &mut Vec<String>,
-    ) -> ResetEvidence {
-        self.teardown_prepared_scanning(prepared, diagnostics, true)
-    }
-
-    /// [`Worker::teardown_prepared`]; with `scan` false its processes are found by its cgroups
-    /// alone, for a caller that scans every uid after it ([`Worker::reset_all`]).
-    fn teardown_prepared_scanning(
         &self,
         prepared: Prepared,
         diagnostics: &mut Vec<String>,
