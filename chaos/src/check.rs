@@ -27,6 +27,11 @@ pub struct Summary {
     pub answers: BTreeMap<&'static str, u64>,
     /// Of those, the Hashline edits, by answer.
     pub edits: BTreeMap<&'static str, u64>,
+    /// Of those, the installs through the broker, by answer.
+    pub installs: BTreeMap<&'static str, u64>,
+    /// Of those, the browser sessions, by answer (`succeeded`: closed by its own close), and by
+    /// how a close went (`confirmed`, `unconfirmed`); `actions` counts the actions answered.
+    pub sessions: BTreeMap<&'static str, u64>,
     /// Faults by kind.
     pub faults: BTreeMap<String, u64>,
     /// Refusal and failure codes seen, with how often.
@@ -84,8 +89,9 @@ fn describe(op: &Op) -> String {
             exec_end_ns,
         } => {
             let how = match op.via {
-                Via::Run => format!("succeeded on {worker}"),
+                Via::Run | Via::Install => format!("succeeded on {worker}"),
                 Via::Edit => "applied by an edit".to_owned(),
+                Via::Session => format!("held {worker} and closed it"),
             };
             format!(
                 "{how} (generation {generation:?}, ran {exec_start_ns}..{exec_end_ns}, saw {} token(s))",
@@ -103,6 +109,8 @@ fn describe(op: &Op) -> String {
     let via = match op.via {
         Via::Run => "",
         Via::Edit => " edit",
+        Via::Install => " install",
+        Via::Session => " session",
     };
     format!(
         "#{} {:?}{via} {}/{} member {} token {} sent {} answered {}: {answer}",
@@ -141,6 +149,8 @@ pub fn check(history: &History) -> Verdict {
     checker.ran_without_lease();
     checker.member_limit();
     checker.streams();
+    checker.installs();
+    checker.sessions();
     checker.codes();
     checker.ceiling();
     let summary = checker.summary();
@@ -190,12 +200,13 @@ impl<'a> Checker<'a> {
     }
 
     /// Every execution the history shows: a succeeded operation's, and any other operation's
-    /// whose answer still carried what its code printed. An edit executes on no worker.
+    /// whose answer still carried what its code printed. An edit executes on no worker; a
+    /// browser session's execution is the time it provably held its worker.
     fn executions(&self) -> Vec<Execution<'a>> {
         self.history
             .ops
             .iter()
-            .filter(|op| op.via == Via::Run)
+            .filter(|op| op.via != Via::Edit)
             .filter_map(|op| match (&op.answer, &op.ran) {
                 (
                     Answer::Succeeded {
@@ -342,7 +353,8 @@ impl<'a> Checker<'a> {
         }
         for (member, runs) in by_member {
             let mut edges: Vec<(Nanos, i32, &Op)> = Vec::new();
-            for run in &runs {
+            // An instant (a session seen held only by its open's answer) overlaps nothing.
+            for run in runs.iter().filter(|run| run.end > run.start) {
                 edges.push((run.start, 1, run.op));
                 edges.push((run.end, -1, run.op));
             }
@@ -375,7 +387,12 @@ impl<'a> Checker<'a> {
     /// operations before it left, with nothing lost, repeated, reordered or invented.
     fn streams(&mut self) {
         let mut streams: BTreeMap<(Kind, &str, &str), Vec<&'a Op>> = BTreeMap::new();
-        for op in &self.history.ops {
+        for op in self
+            .history
+            .ops
+            .iter()
+            .filter(|op| op.kind != Kind::Browser)
+        {
             streams
                 .entry((op.kind, &op.actor, &op.conversation))
                 .or_default()
@@ -394,7 +411,7 @@ impl<'a> Checker<'a> {
             let mut reported: BTreeSet<&str> = BTreeSet::new();
             let mut reordered: BTreeSet<(u64, u64)> = BTreeSet::new();
             let (lost, repeated) = match kind {
-                Kind::Workspace => ("lost_write", "duplicate_write"),
+                Kind::Workspace | Kind::Browser => ("lost_write", "duplicate_write"),
                 Kind::Kernel => ("lost_element", "duplicate_element"),
             };
             for reader in &succeeded {
@@ -515,6 +532,97 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// An install answered `succeeded` ran its code with the package the harness's registry
+    /// serves, installed through the broker: the code printed the run's mark.
+    fn installs(&mut self) {
+        let mark = &self.history.package_mark;
+        let unproven: Vec<&'a Op> = self
+            .history
+            .ops
+            .iter()
+            .filter(|op| op.via == Via::Install && matches!(op.answer, Answer::Succeeded { .. }))
+            .filter(|op| op.mark.as_ref() != Some(mark))
+            .collect();
+        for op in unproven {
+            self.violation(
+                "install_unproven",
+                format!(
+                    "a succeeded install printed the mark {:?}, not the registry's {mark:?}",
+                    op.mark
+                ),
+                &[op],
+            );
+        }
+    }
+
+    /// Browser sessions (BROW-13): a session's page starts empty (nothing of an earlier session
+    /// on its worker), keeps every token its answered actions pushed, and a worker whose close
+    /// was not confirmed clean is never used again. (A session also holds its worker alone and
+    /// under its lease: it is one of [`Checker::executions`].)
+    fn sessions(&mut self) {
+        let sessions: Vec<(&'a Op, &'a crate::history::Session)> = self
+            .history
+            .ops
+            .iter()
+            .filter_map(|op| op.session.as_ref().map(|s| (op, s)))
+            .collect();
+        let executions = self.executions();
+        let mut found: Vec<(&'static str, String, Vec<&'a Op>)> = Vec::new();
+        for (op, session) in &sessions {
+            let mut pushed: BTreeSet<&str> = BTreeSet::new();
+            let mut kept: Vec<&str> = Vec::new();
+            for act in &session.acts {
+                pushed.insert(&act.token);
+                let Some(seen) = &act.seen else {
+                    continue;
+                };
+                if let Some(foreign) = seen.iter().find(|t| !pushed.contains(t.as_str())) {
+                    found.push((
+                        "browser_state_leaked",
+                        format!(
+                            "session {} on {}: action {} saw {foreign}, which no action of this session pushed",
+                            session.id, session.worker, act.token
+                        ),
+                        vec![*op],
+                    ));
+                }
+                if let Some(lost) = kept
+                    .iter()
+                    .chain([&act.token.as_str()])
+                    .find(|t| !seen.iter().any(|s| s == **t))
+                {
+                    found.push((
+                        "browser_state_lost",
+                        format!(
+                            "session {} on {}: action {} did not see {lost}, pushed by an answered action",
+                            session.id, session.worker, act.token
+                        ),
+                        vec![*op],
+                    ));
+                }
+                kept.push(&act.token);
+            }
+            if session.confirmed == Some(false)
+                && let Some(close_sent) = session.close_sent_ns
+                && let Some(later) = executions
+                    .iter()
+                    .find(|e| e.op.id != op.id && e.worker == session.worker && e.end > close_sent)
+            {
+                found.push((
+                    "browser_worker_reused",
+                    format!(
+                        "{} ran an operation after session {}'s close was not confirmed clean",
+                        session.worker, session.id
+                    ),
+                    vec![*op, later.op],
+                ));
+            }
+        }
+        for (rule, detail, ops) in found {
+            self.violation(rule, detail, &ops);
+        }
+    }
+
     /// Every refusal and every failure the API answered with an error status carries a stable
     /// code; every outcome named is one of corral-core's.
     fn codes(&mut self) {
@@ -590,8 +698,26 @@ impl<'a> Checker<'a> {
         let mut summary = Summary::default();
         for op in &self.history.ops {
             *summary.answers.entry(answer_name(&op.answer)).or_default() += 1;
-            if op.via == Via::Edit {
-                *summary.edits.entry(answer_name(&op.answer)).or_default() += 1;
+            let by_via = match op.via {
+                Via::Edit => Some(&mut summary.edits),
+                Via::Install => Some(&mut summary.installs),
+                Via::Session => Some(&mut summary.sessions),
+                Via::Run => None,
+            };
+            if let Some(counts) = by_via {
+                *counts.entry(answer_name(&op.answer)).or_default() += 1;
+            }
+            if let Some(session) = &op.session {
+                let close = match session.confirmed {
+                    Some(true) => Some("confirmed"),
+                    Some(false) => Some("unconfirmed"),
+                    None => None,
+                };
+                if let Some(close) = close {
+                    *summary.sessions.entry(close).or_default() += 1;
+                }
+                *summary.sessions.entry("actions").or_default() +=
+                    session.acts.iter().filter(|a| a.seen.is_some()).count() as u64;
             }
             let code = match &op.answer {
                 Answer::Refused { code, .. } | Answer::Failed { code, .. } => code.clone(),

@@ -78,6 +78,8 @@ pub struct Proc {
     log: PathBuf,
     /// The running child, if any.
     pub child: Option<Child>,
+    /// The port it serves, for those whose readiness the deployment waits for again.
+    pub port: u16,
 }
 
 impl Proc {
@@ -155,6 +157,119 @@ pub struct Deployment {
     /// Each replica's clock file ([`crate::clock`]); empty when the clock shim could not be built
     /// (no C compiler), and then no clock is stepped.
     pub clock_files: Vec<PathBuf>,
+    /// coturn, the live view's TURN server, when this machine has it (else no browser sessions).
+    pub coturn: Option<Proc>,
+    /// pypiserver serving the package installs ask for, when this machine has it (else no
+    /// installs).
+    pub pypi: Option<Proc>,
+}
+
+/// Where coturn's server is.
+const TURNSERVER: &str = "/usr/bin/turnserver";
+
+/// How long a browser session may stay idle before a replica's sweep closes it.
+pub const BROWSER_IDLE_SECONDS: u64 = 20;
+
+/// Whether a TURN server on `127.0.0.1:port` answers a STUN Binding request within 200 ms.
+fn stun_answers(port: u16) -> bool {
+    use corral_core::browser::turn::{binding_request, is_binding_success};
+    let Ok(socket) = std::net::UdpSocket::bind("127.0.0.1:0") else {
+        return false;
+    };
+    let transaction = *b"corral-chaos";
+    let mut reply = [0u8; 576];
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .is_ok()
+        && socket
+            .send_to(&binding_request(transaction), ("127.0.0.1", port))
+            .is_ok()
+        && socket
+            .recv(&mut reply)
+            .is_ok_and(|n| is_binding_success(&reply[..n], &transaction))
+}
+
+/// coturn on loopback with `corral up`'s configuration and a secret of its own in `dir`: the
+/// process and its `turn:` URL.
+fn start_coturn(
+    dir: &Path,
+    marker: &(String, String),
+    logs: &Path,
+) -> Result<(Proc, String), String> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let secret = secret(&dir.join("turn-secret"))?;
+    let port = free_port()?;
+    let config = dir.join("turnserver.conf");
+    let text = corral_core::browser::turn::loopback_config(
+        port,
+        &secret,
+        &dir.join("turnserver.pid").display().to_string(),
+    );
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&config)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", config.display()))?;
+    let mut coturn = Proc {
+        name: "coturn".to_owned(),
+        command: vec![
+            TURNSERVER.to_owned(),
+            "-c".to_owned(),
+            config.display().to_string(),
+        ],
+        env: vec![marker.clone()],
+        log: logs.join("coturn.log"),
+        child: None,
+        port,
+    };
+    coturn.start()?;
+    wait_for("coturn", Duration::from_secs(10), || stun_answers(port))?;
+    Ok((coturn, format!("turn:127.0.0.1:{port}")))
+}
+
+/// pypiserver serving one wheel, [`crate::load::PACKAGE`] 1.0, whose module's `MARK` is `mark`:
+/// the process and its index URL.
+fn start_pypi(
+    dir: &Path,
+    mark: &str,
+    marker: &(String, String),
+    logs: &Path,
+) -> Result<(Proc, String), String> {
+    let wheels = dir.join("wheels");
+    fs::create_dir_all(&wheels).map_err(|e| format!("{}: {e}", wheels.display()))?;
+    corral_testkit::registries::build_wheel(
+        &wheels,
+        crate::load::PACKAGE,
+        "1.0",
+        &[],
+        &[(
+            &format!("{}.py", crate::load::PACKAGE_MODULE),
+            &format!("MARK = {mark:?}\n"),
+        )],
+    );
+    let port = free_port()?;
+    let command = corral_testkit::registries::pypiserver_command(&wheels, port);
+    let mut pypi = Proc {
+        name: "pypiserver".to_owned(),
+        command: std::iter::once(command.get_program())
+            .chain(command.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect(),
+        env: vec![marker.clone()],
+        log: logs.join("pypiserver.log"),
+        child: None,
+        port,
+    };
+    pypi.start()?;
+    let url = format!("http://127.0.0.1:{port}");
+    wait_for("pypiserver", Duration::from_secs(60), || {
+        request(&url, "GET", corral_testkit::registries::PYPISERVER_HEALTH)
+            .is_some_and(|(s, _)| s == 200)
+    })?;
+    Ok((pypi, format!("{url}/simple/")))
 }
 
 fn free_port() -> Result<u16, String> {
@@ -214,6 +329,7 @@ impl Deployment {
         corral: &Path,
         pool: PoolSettings,
         store_kind: StoreKind,
+        package_mark: &str,
     ) -> Result<Self, String> {
         let valkey_binary = corral_store::valkey_server::find_binary()
             .ok_or("no valkey-server (scripts/setup-services installs it)")?;
@@ -250,6 +366,7 @@ impl Deployment {
             env: vec![marker.clone()],
             log: logs.join("valkey.log"),
             child: None,
+            port: 0,
         };
         valkey.start()?;
         wait_for("valkey", Duration::from_secs(10), || {
@@ -283,6 +400,7 @@ impl Deployment {
                     env: vec![marker.clone()],
                     log: logs.join("s3.log"),
                     child: None,
+                    port: 0,
                 };
                 moto.start()?;
                 let url = format!("http://127.0.0.1:{port}");
@@ -310,8 +428,34 @@ impl Deployment {
             }
         };
 
+        // The live view's TURN server, without which no browser session opens (BROW-9).
+        let coturn = if Path::new(TURNSERVER).is_file() {
+            Some(start_coturn(dir, &marker, &logs)?)
+        } else {
+            println!("chaos: no browser sessions: no {TURNSERVER}");
+            None
+        };
+        // The registry installs come from, through the broker.
+        let pypi = match corral_testkit::registries::pypiserver_missing() {
+            Some(why) => {
+                println!("chaos: no installs: {why}");
+                None
+            }
+            None => Some(start_pypi(dir, package_mark, &marker, &logs)?),
+        };
         let proxy_port = free_port()?;
         let proxy_url = format!("http://127.0.0.1:{proxy_port}");
+        let mut extra: Vec<(String, String)> = Vec::new();
+        if let Some((_, url)) = &coturn {
+            extra.push(("CORRAL_TURN_URL".to_owned(), url.clone()));
+            extra.push(("CORRAL_TURN_SECRET_FILE".to_owned(), file("turn-secret")));
+        }
+        if let Some((_, url)) = &pypi {
+            extra.push((
+                "SANDBOX_PACKAGE_REGISTRIES".to_owned(),
+                serde_json::json!({ "pypi": url }).to_string(),
+            ));
+        }
         let settings: Vec<(String, String)> = [
             ("SANDBOX_WARM_POOL_MIN", pool.warm_min.to_string()),
             ("SANDBOX_POOL_TARGET_IDLE", "1".to_owned()),
@@ -337,10 +481,17 @@ impl Deployment {
             ("SANDBOX_FIELD_KEY_FILE", file("field-key")),
             ("CORRAL_WORKER_TOKEN_FILE", file("worker-token")),
             ("CORRAL_POOL", "default".to_owned()),
+            // A session its agent left (a killed replica, a close never answered) is reaped
+            // within the harness's wait for recovery after the load.
+            (
+                "CORRAL_BROWSER_IDLE_SECONDS",
+                BROWSER_IDLE_SECONDS.to_string(),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .chain([marker.clone()])
+        .chain(extra)
         .collect();
 
         let mut links = Vec::new();
@@ -387,6 +538,7 @@ impl Deployment {
                 env,
                 log: logs.join(format!("api-{index}.log")),
                 child: None,
+                port: 0,
             };
             api.start()?;
             apis.push(api);
@@ -421,6 +573,7 @@ impl Deployment {
             ],
             log: logs.join("egress-proxy.log"),
             child: None,
+            port: 0,
         };
         proxy.start()?;
 
@@ -444,6 +597,7 @@ impl Deployment {
             env: controller_env,
             log: logs.join("controller.log"),
             child: None,
+            port: 0,
         };
         controller.start()?;
 
@@ -464,6 +618,8 @@ impl Deployment {
             store_kind,
             s3,
             clock_files,
+            coturn: coturn.map(|(proc, _)| proc),
+            pypi: pypi.map(|(proc, _)| proc),
         })
     }
 
@@ -505,6 +661,17 @@ impl Deployment {
         })
     }
 
+    /// Restarts coturn (killed or not) and waits until it answers.
+    ///
+    /// # Errors
+    /// When there is none, or it does not answer again.
+    pub fn restart_coturn(&mut self) -> Result<(), String> {
+        let coturn = self.coturn.as_mut().ok_or("no coturn in this deployment")?;
+        coturn.restart()?;
+        let port = coturn.port;
+        wait_for("coturn", Duration::from_secs(10), || stun_answers(port))
+    }
+
     /// Stops everything it started (SIGKILL), the links too.
     pub fn stop(&mut self) {
         self.controller.kill();
@@ -513,8 +680,11 @@ impl Deployment {
         }
         self.proxy.kill();
         self.valkey.kill();
-        if let Some(s3) = &mut self.s3 {
-            s3.kill();
+        for other in [&mut self.s3, &mut self.coturn, &mut self.pypi]
+            .into_iter()
+            .flatten()
+        {
+            other.kill();
         }
         for link in &self.links {
             link.stop();

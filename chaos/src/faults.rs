@@ -12,13 +12,14 @@ use crate::deploy::{Deployment, REPLICAS, StoreKind};
 use crate::rng::Rng;
 
 /// Every kind of fault, by its name in the report.
-pub const KINDS: [&str; 14] = [
+pub const KINDS: [&str; 15] = [
     "kill_api",
     "pause_api",
     "kill_controller",
     "kill_worker",
     "pause_worker",
     "kill_egress_proxy",
+    "kill_coturn",
     "valkey_stop",
     "valkey_restart_empty",
     "valkey_restart_snapshot",
@@ -55,6 +56,8 @@ pub enum Healing {
     RestartController,
     /// Restart the egress proxy.
     RestartProxy,
+    /// Restart coturn.
+    RestartCoturn,
     /// Restart Valkey from its snapshot.
     RestartValkey,
     /// Heal this replica's link.
@@ -133,6 +136,13 @@ pub fn inject(
             d.proxy.kill();
             ("egress-proxy".to_owned(), Healing::RestartProxy)
         }
+        "kill_coturn" => {
+            d.coturn
+                .as_mut()
+                .ok_or("no coturn in this deployment")?
+                .kill();
+            ("coturn".to_owned(), Healing::RestartCoturn)
+        }
         "valkey_stop" => {
             let pid = d.valkey.pid().ok_or("valkey is not running")?;
             signal(pid, Signal::SIGSTOP)?;
@@ -208,6 +218,7 @@ pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(),
         }),
         Healing::RestartController => d.controller.restart(),
         Healing::RestartProxy => d.proxy.restart(),
+        Healing::RestartCoturn => d.restart_coturn(),
         Healing::RestartValkey => d.restart_valkey(false),
         Healing::HealLink(replica) => {
             d.links[replica].set_cut(false);

@@ -34,6 +34,9 @@ pub struct Plan {
     pub clients: (usize, usize),
     /// How many clients (each its own member) extend each workspace at once.
     pub writers: usize,
+    /// How many clients open, drive and close browser sessions, one after another (none when the
+    /// machine has no coturn).
+    pub browsers: usize,
     /// How long the pool has after the load to be back at its warm target.
     pub recovery: Duration,
     /// The pool's settings.
@@ -74,10 +77,11 @@ pub async fn run(plan: Plan) -> Result<History, String> {
     let started = {
         let (dir, corral, pool, store) =
             (plan.dir.clone(), plan.corral.clone(), plan.pool, plan.store);
+        let mark = package_mark(plan.seed);
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _entered = handle.enter();
-            Deployment::start(&dir, &corral, pool, store)
+            Deployment::start(&dir, &corral, pool, store, &mark)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -99,6 +103,11 @@ pub async fn run(plan: Plan) -> Result<History, String> {
         ));
     }
     result
+}
+
+/// The mark a run's package holds: from its seed, so that a replay serves the same.
+fn package_mark(seed: u64) -> String {
+    format!("mark{:016x}", Rng::new(seed).fork(0x6d61_726b).next_u64())
 }
 
 async fn sample(store: &mut Option<ValkeyStore>, url: &str, clock: &Clock) -> Option<PoolSample> {
@@ -155,6 +164,12 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         .iter()
         .map(|url| Client::new(url, &deployment.caller))
         .collect::<Result<Vec<_>, _>>()?;
+    let installs = deployment.pypi.is_some();
+    let browsers = if deployment.coturn.is_some() {
+        plan.browsers
+    } else {
+        0
+    };
     let deployment = Arc::new(Mutex::new(deployment));
     let mut rng = Rng::new(plan.seed);
 
@@ -188,6 +203,7 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         long_in_flight: (0..crate::deploy::REPLICAS)
             .map(|_| AtomicU64::new(0))
             .collect(),
+        installs,
     });
     // The pool's sampler.
     let samples = Arc::new(tokio::sync::Mutex::new(Vec::new()));
@@ -222,6 +238,15 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
                 member: format!("member-{index}-{writer}"),
             });
         }
+    }
+    for index in 0..browsers {
+        let name = format!("browser-{index}");
+        streams.push(Stream {
+            kind: Kind::Browser,
+            actor: name.clone(),
+            conversation: name.clone(),
+            member: name,
+        });
     }
     for (index, stream) in streams.into_iter().enumerate() {
         clients.push(tokio::spawn(load::client(
@@ -333,6 +358,7 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         faults: fault_log,
         quiet_ns,
         end_ns,
+        package_mark: package_mark(plan.seed),
     })
 }
 

@@ -17,6 +17,9 @@ pub enum Kind {
     Workspace,
     /// A persistent cell: it prints the list kept in its kernel, then appends its own token.
     Kernel,
+    /// A browser session: opened, driven by actions that each push a token onto a list its page
+    /// keeps and read the list back, and closed.
+    Browser,
 }
 
 /// How an operation reached its workspace or kernel.
@@ -31,6 +34,11 @@ pub enum Via {
     /// A Hashline edit (`GET /v1/read_workspace?view=hashline`, then `POST /v1/edit_workspace`
     /// appending after the last line shown): no worker; the API saves the workspace itself.
     Edit,
+    /// `POST /v1/run_code` with `packages`: a package the stack does not bake, installed through
+    /// the API's broker in the run's jail before the code, which imports it and prints its mark.
+    Install,
+    /// `POST /v1/browser_sessions`, its actions and its close: a session held on a leased worker.
+    Session,
 }
 
 /// One client operation and its answer.
@@ -64,6 +72,45 @@ pub struct Op {
     /// the code printed (a succeeded answer carries it itself).
     #[serde(default)]
     pub ran: Option<Ran>,
+    /// An install's code: the mark it printed from the installed package.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mark: Option<String>,
+    /// A browser session's actions and close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<Session>,
+}
+
+/// What happened to a browser session after it opened. Its operation's answer is `succeeded`
+/// when its own close answered `closed`; its "execution", the time it provably held its worker,
+/// runs from the open's answer to the close's sending when the worker confirmed the close, else
+/// to the last action answered (the operation's `ran` when the close did not answer `closed`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Session {
+    /// The session's id.
+    pub id: String,
+    /// The worker the open's answer named.
+    pub worker: String,
+    /// The actions, in order.
+    pub acts: Vec<Act>,
+    /// When the close was sent, if it was.
+    pub close_sent_ns: Option<Nanos>,
+    /// What the close answered: `Some(confirmed)` when it closed the session.
+    pub confirmed: Option<bool>,
+}
+
+/// One action on a session: push `token` onto the page's list and read the list back.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Act {
+    /// The token pushed; unique in the history.
+    pub token: String,
+    /// When it was sent.
+    pub sent_ns: Nanos,
+    /// When it was answered (or given up).
+    pub answered_ns: Nanos,
+    /// The list the page held after the push, when the action was answered with it.
+    pub seen: Option<Vec<String>>,
+    /// The code of a refusal, or why nothing came back.
+    pub refused: Option<String>,
 }
 
 /// Where and when an operation's code ran, as it printed.
@@ -184,4 +231,8 @@ pub struct History {
     pub quiet_ns: Nanos,
     /// When the harness stopped watching.
     pub end_ns: Nanos,
+    /// The mark the package installs print: drawn by the harness for each run, served by its
+    /// registry only.
+    #[serde(default)]
+    pub package_mark: String,
 }

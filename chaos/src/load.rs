@@ -14,7 +14,7 @@ use corral_api::client::Client;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::history::{Answer, Kind, Op, Ran, Via};
+use crate::history::{Act, Answer, Kind, Op, Ran, Session, Via};
 use crate::rng::Rng;
 
 /// How long a client waits for one answer before recording none.
@@ -31,6 +31,22 @@ const TOKENS_FILE: &str = "tokens.txt";
 
 /// One in this many workspace operations is a Hashline edit (once the file exists).
 const EDIT_ONE_IN: u64 = 4;
+
+/// One in this many of the other workspace operations installs [`PACKAGE`] first.
+const INSTALL_ONE_IN: u64 = 6;
+
+/// The package an install asks for: not in the baked stack, served by the harness's registry only
+/// (through the API's broker), with a module that holds the run's mark.
+pub const PACKAGE: &str = "corral-chaos-mark";
+
+/// The module [`PACKAGE`] installs; its `MARK` is the run's.
+pub const PACKAGE_MODULE: &str = "corral_chaos_mark";
+
+/// The line an install's code prints first: `INSTALLED <mark>` (not a prefix of [`LINE`]'s).
+const MARK_LINE: &str = "INSTALLED";
+
+/// How many actions a browser session gets, at most, before its close.
+const ACTS_MAX: u64 = 5;
 
 /// The harness's clock: nanoseconds since `origin`, and `CLOCK_MONOTONIC` at `origin`.
 #[derive(Clone, Copy, Debug)]
@@ -71,9 +87,15 @@ impl Clock {
 }
 
 /// The code of one operation appending `token`, after a pause of `pause_ms` inside the code (the
-/// window a fault can land in).
+/// window a fault can land in). An install's code first imports [`PACKAGE_MODULE`] and prints
+/// its mark.
 #[must_use]
-pub fn code(kind: Kind, token: &str, pause_ms: u64) -> String {
+pub fn code(kind: Kind, via: Via, token: &str, pause_ms: u64) -> String {
+    let import = if via == Via::Install {
+        format!("import {PACKAGE_MODULE}\nprint('{MARK_LINE}', {PACKAGE_MODULE}.MARK)\n")
+    } else {
+        String::new()
+    };
     let read = match kind {
         Kind::Workspace => format!(
             "try:\n    seen = open('{TOKENS_FILE}').read().split()\nexcept FileNotFoundError:\n    seen = []\n\
@@ -85,10 +107,22 @@ pub fn code(kind: Kind, token: &str, pause_ms: u64) -> String {
              time.sleep({pause})\nchaos_list.append('{token}')\n",
             pause = pause_ms as f64 / 1000.0
         ),
+        // A session runs no code.
+        Kind::Browser => String::new(),
     };
     format!(
-        "import time\nstarted = time.monotonic_ns()\n{read}print('{LINE}', started, time.monotonic_ns(), *seen)\n"
+        "{import}import time\nstarted = time.monotonic_ns()\n{read}print('{LINE}', started, time.monotonic_ns(), *seen)\n"
     )
+}
+
+/// The mark an install's code printed, from an answer of any outcome.
+#[must_use]
+pub fn printed_mark(body: &Value) -> Option<String> {
+    let stdout = body["model"]["stdout"]["text"].as_str()?;
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(MARK_LINE))
+        .map(|mark| mark.trim().to_owned())
 }
 
 /// The line the code printed, read from an answer of any outcome: where and when the code ran,
@@ -360,9 +394,16 @@ pub struct Shared {
     pub in_flight: Vec<AtomicU64>,
     /// Of those, the ones whose code outlasts the lease's time to live.
     pub long_in_flight: Vec<AtomicU64>,
+    /// Whether the harness's registry serves [`PACKAGE`], so that installs are part of the load.
+    pub installs: bool,
 }
 
 impl Shared {
+    /// A replica picked by `rng`.
+    pub fn any_replica(&self, rng: &mut Rng) -> usize {
+        usize::try_from(rng.below(self.replicas.len() as u64)).unwrap_or(0)
+    }
+
     /// The replica with a long operation in flight (one whose holder, paused, would wake as a
     /// zombie with its code still running), else the one with the most requests in flight, if
     /// any has one.
@@ -382,58 +423,18 @@ impl Shared {
 }
 
 /// Runs one client on `stream` until the load stops: a workspace's client makes one operation
-/// in [`EDIT_ONE_IN`] a Hashline edit once the file exists.
+/// in [`EDIT_ONE_IN`] a Hashline edit once the file exists, and one in [`INSTALL_ONE_IN`] of the
+/// others an install; a browser client opens, drives and closes one session after another.
 pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: Rng) {
     let mut n = 0u64;
     while !shared.stop.load(Ordering::Relaxed) {
         n += 1;
         let token = format!("c{index}n{n}");
-        // Mostly short; one in twenty outlasts the lease's time to live, so that a paused
-        // holder's lease can expire while its code still runs.
-        let pause_ms = if rng.below(20) == 0 {
-            rng.between(LONG_MS, 2 * LONG_MS)
+        let replica_index = shared.any_replica(&mut rng);
+        let (op, definite_refusal) = if stream.kind == Kind::Browser {
+            browse(&shared, &stream, token, replica_index, &mut rng).await
         } else {
-            rng.between(0, 300)
-        };
-        let replica_index = usize::try_from(rng.below(shared.replicas.len() as u64)).unwrap_or(0);
-        let try_edit = stream.kind == Kind::Workspace && rng.below(EDIT_ONE_IN) == 0;
-        let replica = &shared.replicas[replica_index];
-        let long = pause_ms >= LONG_MS && !try_edit;
-        shared.in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
-        if long {
-            shared.long_in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
-        }
-        let edited = if try_edit {
-            edit(&shared, replica, &stream, &token).await
-        } else {
-            None
-        };
-        let (via, answer, ran, start_ns, end_ns) = match edited {
-            Some((answer, start_ns, end_ns)) => (Via::Edit, answer, None, start_ns, end_ns),
-            None => {
-                let (answer, ran, start_ns, end_ns) =
-                    run(&shared, replica, &stream, &token, pause_ms).await;
-                (Via::Run, answer, ran, start_ns, end_ns)
-            }
-        };
-        shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
-        if long {
-            shared.long_in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
-        }
-        let definite_refusal = matches!(answer, Answer::Refused { .. });
-        let op = Op {
-            id: shared.next_id.fetch_add(1, Ordering::Relaxed),
-            kind: stream.kind,
-            actor: stream.actor.clone(),
-            conversation: stream.conversation.clone(),
-            member: stream.member.clone(),
-            token,
-            via,
-            replica: replica_index,
-            ran,
-            start_ns,
-            end_ns,
-            answer,
+            extend(&shared, &stream, token, replica_index, &mut rng).await
         };
         shared.ops.lock().await.push(op);
         // After a refusal, back off a little, as a platform honouring Retry-After would.
@@ -446,6 +447,242 @@ pub async fn client(shared: Arc<Shared>, index: usize, stream: Stream, mut rng: 
     }
 }
 
+/// The operation a client of `stream` records, before its id and answer.
+fn op(shared: &Shared, stream: &Stream, token: String, via: Via, replica: usize) -> Op {
+    Op {
+        id: shared.next_id.fetch_add(1, Ordering::Relaxed),
+        kind: stream.kind,
+        actor: stream.actor.clone(),
+        conversation: stream.conversation.clone(),
+        member: stream.member.clone(),
+        token,
+        via,
+        replica,
+        ran: None,
+        start_ns: 0,
+        end_ns: 0,
+        answer: Answer::NoAnswer { why: String::new() },
+        mark: None,
+        session: None,
+    }
+}
+
+/// One operation extending a workspace or a kernel, and whether it was refused.
+async fn extend(
+    shared: &Shared,
+    stream: &Stream,
+    token: String,
+    replica_index: usize,
+    rng: &mut Rng,
+) -> (Op, bool) {
+    // Mostly short; one in twenty outlasts the lease's time to live, so that a paused
+    // holder's lease can expire while its code still runs.
+    let pause_ms = if rng.below(20) == 0 {
+        rng.between(LONG_MS, 2 * LONG_MS)
+    } else {
+        rng.between(0, 300)
+    };
+    let try_edit = stream.kind == Kind::Workspace && rng.below(EDIT_ONE_IN) == 0;
+    let install = stream.kind == Kind::Workspace
+        && !try_edit
+        && shared.installs
+        && rng.below(INSTALL_ONE_IN) == 0;
+    let replica = &shared.replicas[replica_index];
+    let long = pause_ms >= LONG_MS && !try_edit;
+    shared.in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
+    if long {
+        shared.long_in_flight[replica_index].fetch_add(1, Ordering::Relaxed);
+    }
+    let edited = if try_edit {
+        edit(shared, replica, stream, &token).await
+    } else {
+        None
+    };
+    let via = match (&edited, install) {
+        (Some(_), _) => Via::Edit,
+        (None, true) => Via::Install,
+        (None, false) => Via::Run,
+    };
+    let mut op = op(shared, stream, token, via, replica_index);
+    match edited {
+        Some((answer, start_ns, end_ns)) => {
+            (op.answer, op.start_ns, op.end_ns) = (answer, start_ns, end_ns);
+        }
+        None => {
+            let ran = run(shared, replica, stream, &op.token, via, pause_ms).await;
+            (op.answer, op.ran, op.mark, op.start_ns, op.end_ns) = ran;
+        }
+    }
+    shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
+    if long {
+        shared.long_in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
+    }
+    let refused = matches!(op.answer, Answer::Refused { .. });
+    (op, refused)
+}
+
+/// The answer `(status, body)` to a browser session's open or close when it is not the one
+/// hoped for: a 4xx or a 503 carries a refusal's code (nothing was opened, or nothing closed);
+/// anything else may or may not have taken effect.
+#[must_use]
+pub fn classify_session_call(status: u16, body: &Value) -> Answer {
+    let code = body["error"]["code"].as_str().map(str::to_owned);
+    if (400..500).contains(&status) || status == 503 {
+        Answer::Refused { status, code }
+    } else {
+        Answer::Failed {
+            status,
+            outcome: None,
+            code,
+        }
+    }
+}
+
+/// The JavaScript an action evaluates: push `token` onto the page's list, answer the list.
+fn push_expression(token: &str) -> String {
+    format!("((window.chaos = window.chaos || []).push('{token}'), window.chaos.join(' '))")
+}
+
+/// What an action's answer `(status, body)` says: the list the page held, or the refusal's code.
+#[must_use]
+pub fn read_act(status: u16, body: &Value) -> (Option<Vec<String>>, Option<String>) {
+    if status == 200 {
+        // The value is the expression's JSON.
+        let list = body["result"]["value"]
+            .as_str()
+            .and_then(|json| serde_json::from_str::<String>(json).ok())
+            .map(|list| list.split_whitespace().map(str::to_owned).collect());
+        let unread = list.is_none().then(|| "chaos_unreadable_value".to_owned());
+        return (list, unread);
+    }
+    let code = body["error"]["code"]
+        .as_str()
+        .map_or_else(|| format!("http_{status}"), str::to_owned);
+    (None, Some(code))
+}
+
+/// One browser session: opened on `replica_index` at `about:blank`, up to [`ACTS_MAX`] actions
+/// and the close each on a replica the seed picks (the holder is the opener; the others
+/// announce), and whether the open was refused.
+async fn browse(
+    shared: &Shared,
+    stream: &Stream,
+    token: String,
+    replica_index: usize,
+    rng: &mut Rng,
+) -> (Op, bool) {
+    let mut op = op(shared, stream, token, Via::Session, replica_index);
+    let owner = json!({ "actor": stream.actor, "conversation": stream.conversation });
+    let mut body = owner.clone();
+    body["member"] = json!(stream.member);
+    body["url"] = json!("about:blank");
+    op.start_ns = shared.clock.now();
+    let opened = within(shared.replicas[replica_index].post("/v1/browser_sessions", &body)).await;
+    let opened_ns = shared.clock.now();
+    let (id, worker) = match opened {
+        Ok((200, body)) => match (body["session"].as_str(), body["worker"].as_str()) {
+            (Some(id), Some(worker)) => (id.to_owned(), worker.to_owned()),
+            _ => {
+                op.end_ns = opened_ns;
+                op.answer = Answer::Failed {
+                    status: 200,
+                    outcome: None,
+                    code: Some("chaos_unreadable_open".to_owned()),
+                };
+                return (op, false);
+            }
+        },
+        Ok((status, body)) => {
+            op.end_ns = opened_ns;
+            op.answer = classify_session_call(status, &body);
+            let refused = matches!(op.answer, Answer::Refused { .. });
+            return (op, refused);
+        }
+        Err(none) => {
+            op.end_ns = opened_ns;
+            op.answer = none;
+            return (op, false);
+        }
+    };
+    let mut session = Session {
+        id: id.clone(),
+        worker: worker.clone(),
+        acts: Vec::new(),
+        close_sent_ns: None,
+        confirmed: None,
+    };
+    let mut alive_until = opened_ns;
+    for k in 0..rng.between(1, ACTS_MAX) {
+        tokio::time::sleep(Duration::from_millis(rng.between(50, 1_500))).await;
+        let replica = &shared.replicas[shared.any_replica(rng)];
+        let mut call = owner.clone();
+        let act_token = format!("{}a{k}", op.token);
+        call["action"] = json!({ "action": "evaluate", "expression": push_expression(&act_token) });
+        let sent_ns = shared.clock.now();
+        let answered =
+            within(replica.post(&format!("/v1/browser_sessions/{id}/actions"), &call)).await;
+        let answered_ns = shared.clock.now();
+        let (seen, refused) = match answered {
+            Ok((status, body)) => read_act(status, &body),
+            Err(Answer::NoAnswer { why }) => (None, Some(why)),
+            Err(_) => (None, None),
+        };
+        if seen.is_some() {
+            alive_until = answered_ns;
+        }
+        let ended = refused.is_some() && seen.is_none();
+        session.acts.push(Act {
+            token: act_token,
+            sent_ns,
+            answered_ns,
+            seen,
+            refused,
+        });
+        if ended {
+            break;
+        }
+    }
+    let replica = &shared.replicas[shared.any_replica(rng)];
+    let close_sent_ns = shared.clock.now();
+    session.close_sent_ns = Some(close_sent_ns);
+    let closed = within(replica.post(&format!("/v1/browser_sessions/{id}/close"), &owner)).await;
+    op.end_ns = shared.clock.now();
+    op.answer = match closed {
+        Ok((200, body)) if body["closed"] == true => {
+            session.confirmed = body["confirmed"].as_bool();
+            // A worker that confirmed the close held the session until the close reached it;
+            // otherwise the last answered action is the last sign the session held its worker
+            // (its lease may have been lost meanwhile, and the worker discarded, as the close
+            // then says).
+            let held_until = if session.confirmed == Some(true) {
+                close_sent_ns
+            } else {
+                alive_until
+            };
+            Answer::Succeeded {
+                worker: worker.clone(),
+                generation: None,
+                seen: Vec::new(),
+                exec_start_ns: opened_ns,
+                exec_end_ns: held_until,
+            }
+        }
+        Ok((status, body)) => classify_session_call(status, &body),
+        Err(none) => none,
+    };
+    if !matches!(op.answer, Answer::Succeeded { .. }) {
+        // Held, as far as the client saw, from the open's answer to the last action's.
+        op.ran = Some(Ran {
+            worker,
+            start_ns: opened_ns,
+            end_ns: alive_until,
+            seen: Vec::new(),
+        });
+    }
+    op.session = Some(session);
+    (op, false)
+}
+
 /// One run appending `token` after a pause of `pause_ms` in its code: the answer, where its code
 /// ran when an answer other than `succeeded` still says, and when it was sent and answered.
 async fn run(
@@ -453,24 +690,30 @@ async fn run(
     replica: &Client,
     stream: &Stream,
     token: &str,
+    via: Via,
     pause_ms: u64,
-) -> (Answer, Option<Ran>, u64, u64) {
+) -> (Answer, Option<Ran>, Option<String>, u64, u64) {
     let mut body = json!({
         "actor": stream.actor,
         "conversation": stream.conversation,
         "member": stream.member,
         "language": "python",
-        "code": code(stream.kind, token, pause_ms),
+        "code": code(stream.kind, via, token, pause_ms),
     });
     if stream.kind == Kind::Kernel {
         body["kernel"] = json!("persistent");
+    }
+    if via == Via::Install {
+        body["packages"] = json!([PACKAGE]);
     }
     let start_ns = shared.clock.now();
     let answered = within(replica.run_code(&body)).await;
     let end_ns = shared.clock.now();
     let mut ran = None;
+    let mut mark = None;
     let answer = match answered {
         Ok((status, body)) => {
+            mark = printed_mark(&body);
             let answer = classify(&shared.clock, status, &body);
             // Code that ran but was not answered `succeeded` still ran where it says.
             if !matches!(answer, Answer::Succeeded { .. }) {
@@ -480,7 +723,7 @@ async fn run(
         }
         Err(none) => none,
     };
-    (answer, ran, start_ns, end_ns)
+    (answer, ran, mark, start_ns, end_ns)
 }
 
 #[cfg(test)]
@@ -554,6 +797,7 @@ mod tests {
             next_id: AtomicU64::new(1),
             in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
             long_in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
+            installs: false,
         };
         assert_eq!(shared.busiest(), None);
         shared.in_flight[1].store(2, Ordering::Relaxed);
@@ -566,12 +810,50 @@ mod tests {
     #[test]
     fn the_code_reads_before_it_appends() {
         for kind in [Kind::Workspace, Kind::Kernel] {
-            let code = code(kind, "c3n9", 50);
+            let code = code(kind, Via::Run, "c3n9", 50);
             let read = code.find("seen =").expect("reads");
             let append = code.find("c3n9").expect("appends");
             assert!(read < append, "{code}");
             assert!(code.contains("time.sleep(0.05)"), "{code}");
         }
+    }
+
+    #[test]
+    fn an_install_prints_the_package_mark_and_still_reads_as_what_the_code_saw() {
+        // The install's code, run for real by Python beside a module standing for the package.
+        let dir = std::env::temp_dir().join(format!("corral-chaos-install-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory");
+        std::fs::write(dir.join(format!("{PACKAGE_MODULE}.py")), "MARK = 'm42'\n").expect("module");
+        let clock = clock();
+        let mut answers = Vec::new();
+        for token in ["c1n1", "c1n2"] {
+            let output = std::process::Command::new("/usr/bin/python3")
+                .arg("-c")
+                .arg(code(Kind::Workspace, Via::Install, token, 0))
+                .current_dir(&dir)
+                .env("PYTHONPATH", &dir)
+                .output()
+                .expect("python3 runs");
+            assert!(output.status.success(), "{output:?}");
+            let body = json!({
+                "outcome": "succeeded",
+                "model": {"worker": "w1", "stdout": {"text": String::from_utf8_lossy(&output.stdout)}},
+            });
+            answers.push((printed_mark(&body), classify(&clock, 200, &body)));
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        for (mark, _) in &answers {
+            assert_eq!(mark.as_deref(), Some("m42"));
+        }
+        let seen: Vec<Vec<String>> = answers
+            .into_iter()
+            .map(|(_, answer)| match answer {
+                Answer::Succeeded { seen, .. } => seen,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(seen, [vec![], vec!["c1n1".to_owned()]]);
     }
 
     #[test]

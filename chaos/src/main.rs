@@ -136,6 +136,7 @@ fn run(options: Options) -> Result<ExitCode, String> {
             .unwrap_or_else(|| kinds_for(store).into_iter().map(str::to_owned).collect()),
         clients: (2, 2),
         writers: 2,
+        browsers: 1,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
         store,
@@ -209,8 +210,14 @@ fn report(history: &History, verdict: &Verdict) {
     for (code, count) in &summary.codes {
         println!("  code {code:<22} {count:>8}");
     }
-    for (answer, count) in &summary.edits {
-        println!("  of them Hashline edits {answer:<10} {count:>6}");
+    for (what, counts) in [
+        ("Hashline edits", &summary.edits),
+        ("installs", &summary.installs),
+        ("browser sessions", &summary.sessions),
+    ] {
+        for (answer, count) in counts {
+            println!("  of them {what:<16} {answer:<11} {count:>6}");
+        }
     }
     match &summary.longest_recovery {
         Some((nanos, fault)) => println!(

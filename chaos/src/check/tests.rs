@@ -38,6 +38,7 @@ fn history(ops: Vec<Op>) -> History {
         faults: Vec::new(),
         quiet_ns: 9_000,
         end_ns: 11_000,
+        package_mark: String::new(),
     }
 }
 
@@ -63,6 +64,8 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
             exec_start_ns: start + 1,
             exec_end_ns: end - 1,
         },
+        mark: None,
+        session: None,
     }
 }
 
@@ -530,4 +533,165 @@ fn ws_05_a_refused_edit_whose_line_was_kept_is_caught() {
     let verdict = check(&history(ops));
     assert_eq!(rules(&verdict), ["refused_applied"], "{verdict}");
     assert_eq!(verdict.violations[0].ops, [7, 9]);
+}
+
+/// A browser session `id` (member `m-<conv>`) on `worker`, held over `start..end`, whose actions
+/// saw `acts` (each its token and the list it saw, `None` unanswered), closed `confirmed`.
+fn session(
+    id: u64,
+    conv: &str,
+    worker: &str,
+    (start, end): (u64, u64),
+    acts: &[(&str, Option<&[&str]>)],
+    confirmed: Option<bool>,
+) -> Op {
+    let mut op = ok(id, Kind::Browser, conv, worker, start, end, &[]);
+    op.via = Via::Session;
+    if let Answer::Succeeded { generation, .. } = &mut op.answer {
+        *generation = None;
+    }
+    op.session = Some(crate::history::Session {
+        id: format!("s{id}"),
+        worker: worker.to_owned(),
+        acts: acts
+            .iter()
+            .map(|(token, seen)| crate::history::Act {
+                token: (*token).to_owned(),
+                sent_ns: start + 1,
+                answered_ns: start + 2,
+                seen: seen.map(|s| s.iter().map(|t| (*t).to_owned()).collect()),
+                refused: None,
+            })
+            .collect(),
+        close_sent_ns: Some(end - 1),
+        confirmed,
+    });
+    op
+}
+
+#[test]
+fn brow_13_a_clean_session_beside_runs_has_no_violation() {
+    let mut ops = clean();
+    ops.push(session(
+        7,
+        "b1",
+        "w-3",
+        (100, 900),
+        &[
+            ("a1", Some(&["a1"])),
+            ("a2", None),
+            ("a3", Some(&["a1", "a2", "a3"])),
+        ],
+        Some(true),
+    ));
+    // The worker serves a run once the session's close was confirmed.
+    ops.push(ok(8, Kind::Workspace, "c9", "w-3", 950, 990, &[]));
+    let verdict = check(&history(ops));
+    assert!(verdict.violations.is_empty(), "{verdict}");
+    assert_eq!(verdict.summary.sessions.get("confirmed"), Some(&1));
+    assert_eq!(verdict.summary.sessions.get("actions"), Some(&2));
+}
+
+#[test]
+fn brow_13_a_run_on_a_session_worker_before_its_close_is_a_double_lease() {
+    let mut ops = clean();
+    ops.push(session(7, "b1", "w-3", (100, 900), &[], Some(true)));
+    ops.push(ok(8, Kind::Workspace, "c9", "w-3", 400, 500, &[]));
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["double_lease"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [7, 8]);
+}
+
+#[test]
+fn brow_13_a_worker_used_again_after_an_unconfirmed_close_is_caught() {
+    let mut ops = clean();
+    ops.push(session(7, "b1", "w-3", (100, 900), &[], Some(false)));
+    ops.push(ok(8, Kind::Workspace, "c9", "w-3", 950, 990, &[]));
+    let verdict = check(&history(ops));
+    assert_eq!(rules(&verdict), ["browser_worker_reused"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [7, 8]);
+}
+
+#[test]
+fn brow_13_a_page_that_shows_another_session_or_forgets_its_own_is_caught() {
+    let leaked = session(
+        7,
+        "b1",
+        "w-3",
+        (100, 900),
+        &[("b1", Some(&["a1", "b1"]))],
+        Some(true),
+    );
+    let lost = session(
+        8,
+        "b2",
+        "w-4",
+        (100, 900),
+        &[("c1", Some(&["c1"])), ("c2", Some(&["c2"]))],
+        Some(true),
+    );
+    let verdict = check(&history(vec![leaked, lost]));
+    assert_eq!(
+        rules(&verdict),
+        ["browser_state_leaked", "browser_state_lost"],
+        "{verdict}"
+    );
+    assert!(verdict.violations[0].detail.contains("saw a1"), "{verdict}");
+    assert!(
+        verdict.violations[1].detail.contains("did not see c1"),
+        "{verdict}"
+    );
+}
+
+#[test]
+fn pkg_03_an_install_that_did_not_print_the_registry_mark_is_caught() {
+    let mut ops = clean();
+    let mut installed = ok(
+        7,
+        Kind::Workspace,
+        "c1",
+        "w-1",
+        700,
+        800,
+        &["t1", "t2", "t3"],
+    );
+    installed.via = Via::Install;
+    installed.mark = Some("mark-of-the-registry".to_owned());
+    let mut other = ok(
+        8,
+        Kind::Workspace,
+        "c1",
+        "w-2",
+        900,
+        950,
+        &["t1", "t2", "t3", "t7"],
+    );
+    other.via = Via::Install;
+    other.mark = Some("a-baked-copy".to_owned());
+    ops.extend([installed, other]);
+    let mut history = history(ops);
+    history.package_mark = "mark-of-the-registry".to_owned();
+    let verdict = check(&history);
+    assert_eq!(rules(&verdict), ["install_unproven"], "{verdict}");
+    assert_eq!(verdict.violations[0].ops, [8]);
+    assert_eq!(verdict.summary.installs.get("succeeded"), Some(&2));
+}
+
+#[test]
+fn pool_06_a_session_seen_held_only_for_an_instant_overlaps_nothing() {
+    // A session whose only sign of holding was its open's answer, then the member's next
+    // session much later: one at a time, not two.
+    let mut first = session(7, "b1", "w-3", (100, 200), &[], None);
+    first.answer = Answer::NoAnswer {
+        why: "the replica died".to_owned(),
+    };
+    first.ran = Some(crate::history::Ran {
+        worker: "w-3".to_owned(),
+        start_ns: 150,
+        end_ns: 150,
+        seen: Vec::new(),
+    });
+    let second = session(8, "b1", "w-4", (500, 900), &[], Some(true));
+    let verdict = check(&history(vec![first, second]));
+    assert!(verdict.violations.is_empty(), "{verdict}");
 }

@@ -311,6 +311,20 @@ pub fn is_binding_success(reply: &[u8], transaction: &[u8; 12]) -> bool {
         && usize::from(u16::from_be_bytes([reply[2], reply[3]])) == reply.len() - 20
 }
 
+/// coturn's configuration for a TURN server on loopback (`corral up`'s, the chaos harness's):
+/// only the TURN REST credential under `secret` (`use-auth-secret`), no TLS, DTLS or CLI, relays
+/// on loopback between loopback peers (the worker's and the viewers' allocations are both on the
+/// one machine), its pid in `pidfile`, its log on stdout.
+#[must_use]
+pub fn loopback_config(port: u16, secret: &str, pidfile: &str) -> String {
+    format!(
+        "listening-ip=127.0.0.1\nlistening-port={port}\nrelay-ip=127.0.0.1\nrealm=corral\n\
+         use-auth-secret\nstatic-auth-secret={secret}\nno-tls\nno-dtls\nno-cli\n\
+         no-multicast-peers\nallow-loopback-peers\nfingerprint\nno-software-attribute\n\
+         pidfile={pidfile}\nlog-file=stdout\nsimple-log\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 
 use crate::ids::hmac_sha256;
 
-use crate::time::MonoMillis;
+use crate::time::{MonoMillis, UnixMillis};
 
 /// The header of a 503 that says the registry could not be reached (PKG-5). Its name is the
 /// specification's.
@@ -105,10 +105,31 @@ fn mac(key: &[u8], run: &str, expires: u64) -> String {
     ))
 }
 
-/// A broker token: the run it was minted for and when it expires (on the API's monotonic
-/// clock), under the API's key. It travels only between the API and the worker's relay.
+const BROKER_KEY_SALT: &[u8] = b"corral package broker key v1";
+
+/// The key every replica's broker mints and checks tokens under, derived from the deployment's
+/// field key (the key every replica shares; egress grants and kernel seals derive from it under
+/// other labels): a run's installer reaches whichever replica the broker's URL leads to, not
+/// necessarily the one that minted its token (decision 0047). `None` for a key shorter than a
+/// grant's signing key accepts.
 #[must_use]
-pub fn mint_token(key: &[u8], run: &str, expires: MonoMillis) -> String {
+pub fn broker_key(field_key: &[u8]) -> Option<[u8; 32]> {
+    if field_key.len() < crate::egress::grant::FIELD_KEY_MIN_BYTES {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    hkdf::Hkdf::<sha2::Sha256>::new(Some(BROKER_KEY_SALT), field_key)
+        .expand(b"token", &mut key)
+        .ok()?;
+    Some(key)
+}
+
+/// A broker token: the run it was minted for and when it expires, on the wall clock (the one
+/// clock replicas share to within the skew the design tolerates, far below a token's minutes of
+/// life), under the deployment's broker key. It travels only between the API and the worker's
+/// relay.
+#[must_use]
+pub fn mint_token(key: &[u8], run: &str, expires: UnixMillis) -> String {
     format!(
         "{TOKEN_PREFIX}.{run}.{}.{}",
         expires.0,
@@ -140,7 +161,7 @@ impl TokenRefusal {
 ///
 /// # Errors
 /// Why it is refused.
-pub fn check_token(key: &[u8], token: &str, now: MonoMillis) -> Result<String, TokenRefusal> {
+pub fn check_token(key: &[u8], token: &str, now: UnixMillis) -> Result<String, TokenRefusal> {
     let mut parts = token.split('.');
     let (Some(TOKEN_PREFIX), Some(run), Some(expires), Some(given), None) = (
         parts.next(),
@@ -219,34 +240,57 @@ mod tests {
     }
 
     #[test]
+    fn pkg_03_every_replica_of_a_deployment_derives_one_broker_key_and_no_other_deployment_does() {
+        let field_key = b"f".repeat(crate::egress::grant::FIELD_KEY_MIN_BYTES);
+        let (one, other) = (broker_key(&field_key), broker_key(&field_key));
+        assert!(one.is_some());
+        assert_eq!(one, other);
+        let token = mint_token(&one.unwrap_or_default(), "run-1", UnixMillis(5_000));
+        // Another replica of the deployment accepts it; another deployment's broker does not.
+        assert_eq!(
+            check_token(&other.unwrap_or_default(), &token, UnixMillis(0)),
+            Ok("run-1".to_owned())
+        );
+        let elsewhere = broker_key(&b"g".repeat(crate::egress::grant::FIELD_KEY_MIN_BYTES));
+        assert_eq!(
+            check_token(&elsewhere.unwrap_or_default(), &token, UnixMillis(0)),
+            Err(TokenRefusal::Invalid)
+        );
+        // Not the field key itself, nor another label's derivation of it.
+        assert_ne!(one.map(|k| k.to_vec()), Some(field_key.clone()));
+        assert_ne!(one, crate::kernel::seal_root(&field_key));
+        assert_eq!(broker_key(b"short"), None);
+    }
+
+    #[test]
     fn pkg_03_tokens_are_the_keys_and_expire() {
         let key = b"k".repeat(32);
-        let token = mint_token(&key, "run-1", MonoMillis(1_000));
+        let token = mint_token(&key, "run-1", UnixMillis(1_000));
         assert_eq!(
-            check_token(&key, &token, MonoMillis(999)),
+            check_token(&key, &token, UnixMillis(999)),
             Ok("run-1".to_owned())
         );
         assert_eq!(
-            check_token(&key, &token, MonoMillis(1_000)),
+            check_token(&key, &token, UnixMillis(1_000)),
             Err(TokenRefusal::Expired)
         );
         assert_eq!(
-            check_token(b"other", &token, MonoMillis(0)),
+            check_token(b"other", &token, UnixMillis(0)),
             Err(TokenRefusal::Invalid)
         );
         // Another run's name, or a later expiry, under the same signature: refused.
         let forged = token.replace("run-1", "run-2");
         assert_eq!(
-            check_token(&key, &forged, MonoMillis(0)),
+            check_token(&key, &forged, UnixMillis(0)),
             Err(TokenRefusal::Invalid)
         );
         let extended = token.replace(".1000.", ".9000.");
         assert_eq!(
-            check_token(&key, &extended, MonoMillis(0)),
+            check_token(&key, &extended, UnixMillis(0)),
             Err(TokenRefusal::Invalid)
         );
         assert_eq!(
-            check_token(&key, "pk1.a.b", MonoMillis(0)),
+            check_token(&key, "pk1.a.b", UnixMillis(0)),
             Err(TokenRefusal::Invalid)
         );
     }

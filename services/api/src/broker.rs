@@ -37,7 +37,7 @@ use corral_core::packages::registries::{
     check_token, mint_token,
 };
 use corral_core::packages::resolve::Available;
-use corral_core::time::MonoMillis;
+use corral_core::time::{MonoMillis, UnixMillis};
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256, Sha512};
 
@@ -195,7 +195,7 @@ impl Broker {
     ///
     /// # Errors
     /// `SANDBOX_PACKAGE_REGISTRIES` that does not parse.
-    pub fn new(settings: &PackageSettings) -> Result<Self, String> {
+    pub fn new(settings: &PackageSettings, field_key: Option<&[u8]>) -> Result<Self, String> {
         let registries = match &settings.registries {
             PackageRegistries::Disabled => Registries::default(),
             PackageRegistries::Configured(text) => Registries::parse(text)?,
@@ -210,7 +210,14 @@ impl Broker {
             .build()
             .map_err(|e| format!("package broker client: {e}"))?;
         Ok(Self {
-            key: corral_contract::credential::random_bytes().to_vec(),
+            // The deployment's key, so that any replica honours a token another minted; a
+            // deployment without a field key has one replica, whose own key will do.
+            key: field_key
+                .and_then(corral_core::packages::registries::broker_key)
+                .map_or_else(
+                    || corral_contract::credential::random_bytes().to_vec(),
+                    |k| k.to_vec(),
+                ),
             registries,
             client,
             started: Instant::now(),
@@ -253,21 +260,34 @@ impl Broker {
         MonoMillis(u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 
+    /// The wall clock tokens expire on: every replica's reading of it is close enough.
+    fn wall() -> UnixMillis {
+        UnixMillis(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+
     /// A token for run `run`, living `SANDBOX_PACKAGE_TOKEN_TTL_SECONDS`.
     #[must_use]
     pub fn mint(&self, run: &str) -> String {
         self.minted.fetch_add(1, Ordering::Relaxed);
-        mint_token(&self.key, run, self.now().plus_ms(self.ttl_ms))
+        mint_token(
+            &self.key,
+            run,
+            UnixMillis(Self::wall().0.saturating_add(self.ttl_ms)),
+        )
     }
 
-    /// A token minted to expire at `expires_ms` on the broker's clock (tests of expiry).
+    /// A token minted to expire at `expires_ms` on the wall clock (tests of expiry).
     #[must_use]
     pub fn mint_expiring_at(&self, run: &str, expires_ms: u64) -> String {
-        mint_token(&self.key, run, MonoMillis(expires_ms))
+        mint_token(&self.key, run, UnixMillis(expires_ms))
     }
 
     fn check(&self, token: &str) -> Result<String, Box<Response>> {
-        let run = check_token(&self.key, token, self.now()).map_err(|refused| {
+        let run = check_token(&self.key, token, Self::wall()).map_err(|refused| {
             let message = match refused {
                 TokenRefusal::Invalid => "not a package token of this deployment",
                 TokenRefusal::Expired => {
@@ -898,7 +918,7 @@ pub async fn npm(
 /// `GET /v1/packages/{token}/status`: whether this token's run met an unreachable registry.
 pub async fn status(State(broker): State<Arc<Broker>>, Path(token): Path<String>) -> Response {
     // An expired token may still ask: the install it served has just failed.
-    let run = match check_token(&broker.key, &token, MonoMillis(0)) {
+    let run = match check_token(&broker.key, &token, UnixMillis(0)) {
         Ok(run) => run,
         Err(_) => {
             return refusal(

@@ -32,6 +32,8 @@ const ROOMY_INDEX_BYTES: u64 = 1 << 20;
 const ROOMY_FILE_BYTES: u64 = 8 << 20;
 /// How long the test's own client waits for the broker before the test fails.
 const CLIENT_TIMEOUT_MS: u64 = 30_000;
+/// The field key of the deployment every served broker belongs to.
+const FIELD_KEY: &[u8] = b"the field key every replica of this deployment reads";
 /// How long one canned connection may take to send its request.
 const CANNED_READ_TIMEOUT_MS: u64 = 5_000;
 /// The largest request head the canned server reads.
@@ -116,7 +118,11 @@ impl Served {
     async fn start(registries: &str, max_index_bytes: u64, max_file_bytes: u64) -> Served {
         corral_api::ensure_crypto_provider();
         let broker = Arc::new(
-            Broker::new(&settings(registries, max_index_bytes, max_file_bytes)).expect("a broker"),
+            Broker::new(
+                &settings(registries, max_index_bytes, max_file_bytes),
+                Some(FIELD_KEY),
+            )
+            .expect("a broker"),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -655,13 +661,18 @@ async fn pkg_03_expired_ended_and_forged_tokens_are_refused() {
         "another run's name",
     );
 
-    let elsewhere = Broker::new(&settings(
-        &serde_json::json!({ "pypi": canned.simple_url() }).to_string(),
-        ROOMY_INDEX_BYTES,
-        ROOMY_FILE_BYTES,
-    ))
-    .expect("another broker")
-    .mint("run-c");
+    let broker_of = |field_key: &[u8]| {
+        Broker::new(
+            &settings(
+                &serde_json::json!({ "pypi": canned.simple_url() }).to_string(),
+                ROOMY_INDEX_BYTES,
+                ROOMY_FILE_BYTES,
+            ),
+            Some(field_key),
+        )
+        .expect("another broker")
+    };
+    let elsewhere = broker_of(b"another deployment's field key, as long as ours").mint("run-c");
     served.simple(&elsewhere, "ok").await.assert_refused(
         403,
         "package_token_invalid",
@@ -675,6 +686,15 @@ async fn pkg_03_expired_ended_and_forged_tokens_are_refused() {
 
     let still = served.simple(&good, "ok").await;
     assert_eq!(still.status, 200, "the unchanged token: {}", still.text());
+    // Another replica of this deployment minted it: the installer reached this one.
+    let replica = broker_of(FIELD_KEY).mint("run-e");
+    let across = served.simple(&replica, "ok").await;
+    assert_eq!(
+        across.status,
+        200,
+        "another replica's token: {}",
+        across.text()
+    );
 }
 
 /// Asserts a 503 that says the registry is unreachable, with no `Retry-After`.

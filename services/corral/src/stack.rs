@@ -96,7 +96,10 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         metrics: corral_api::metrics::Metrics::default(),
         caller_credential: parts.caller,
         admin_credential: parts.admin,
-        broker: match corral_api::broker::Broker::new(&settings_packages) {
+        broker: match corral_api::broker::Broker::new(
+            &settings_packages,
+            parts.field_key.as_deref(),
+        ) {
             Ok(broker) => Some(Arc::new(broker)),
             Err(why) => return Err(why),
         },

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_core::browser::turn::{binding_request, is_binding_success};
+use corral_core::browser::turn::{binding_request, is_binding_success, loopback_config};
 
 use crate::stack::secret_file;
 
@@ -54,12 +54,10 @@ impl TurnServer {
         let secret = secret_file(&secret_path)?;
         let port = free_udp_and_tcp_port()?;
         let config_path = state_dir.join("turnserver.conf");
-        let config = format!(
-            "listening-ip=127.0.0.1\nlistening-port={port}\nrelay-ip=127.0.0.1\nrealm=corral\n\
-             use-auth-secret\nstatic-auth-secret={secret}\nno-tls\nno-dtls\nno-cli\n\
-             no-multicast-peers\nallow-loopback-peers\nfingerprint\nno-software-attribute\n\
-             pidfile={}\nlog-file=stdout\nsimple-log\n",
-            state_dir.join("turnserver.pid").display()
+        let config = loopback_config(
+            port,
+            &secret,
+            &state_dir.join("turnserver.pid").display().to_string(),
         );
         let mut file = std::fs::OpenOptions::new()
             .write(true)

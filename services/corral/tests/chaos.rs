@@ -7,6 +7,7 @@
 //! which CI turns into a failure. The runs take turns: a chaos run refuses to start beside
 //! another deployment's jails.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -26,15 +27,16 @@ fn chaos(
     clients: (usize, usize),
     seconds: u64,
 ) -> Option<(History, Verdict)> {
-    chaos_on(test, StoreKind::Local, faults, clients, seconds)
+    chaos_on(test, StoreKind::Local, faults, clients, 0, seconds)
 }
 
-/// [`chaos`] with workspaces in `store`.
+/// [`chaos`] with workspaces in `store`, and `browsers` clients of browser sessions.
 fn chaos_on(
     test: &str,
     store: StoreKind,
     faults: &[&str],
     clients: (usize, usize),
+    browsers: usize,
     seconds: u64,
 ) -> Option<(History, Verdict)> {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -62,6 +64,7 @@ fn chaos_on(
         kinds: faults.iter().map(|k| (*k).to_owned()).collect(),
         clients,
         writers: 2,
+        browsers,
         recovery: Duration::from_secs(90),
         pool: PoolSettings::default(),
         store,
@@ -233,6 +236,7 @@ fn ws_05_on_an_s3_store_paused_under_load_no_succeeded_write_is_lost() {
         StoreKind::S3,
         &["store_pause", "kill_worker", "valkey_restart_empty"],
         (2, 1),
+        0,
         30,
     ) else {
         return;
@@ -243,4 +247,76 @@ fn ws_05_on_an_s3_store_paused_under_load_no_succeeded_write_is_lost() {
         .map(|(_, seen)| seen.len())
         .max();
     assert!(longest.is_some_and(|n| n >= 5), "{longest:?}");
+}
+
+#[test]
+fn brow_13_a_session_worker_is_used_again_only_after_its_close_was_confirmed_under_faults() {
+    // Sessions opened, driven and closed from random replicas while workers, replicas and the
+    // TURN server are killed and replicas paused. By the checker: each session held its worker
+    // alone and under its lease, its page started empty and kept every answered action's token,
+    // and a worker whose close was not confirmed clean never ran anything again.
+    let test =
+        "brow_13_a_session_worker_is_used_again_only_after_its_close_was_confirmed_under_faults";
+    if !corral_testkit::programs_or_skip(test, &corral_worker::RUNTIME_PROGRAMS)
+        || !corral_testkit::programs_or_skip(test, &[("coturn", "/usr/bin/turnserver")])
+    {
+        return;
+    }
+    let Some((history, verdict)) = chaos_on(
+        test,
+        StoreKind::Local,
+        &["kill_worker", "kill_api", "kill_coturn", "pause_api"],
+        (1, 0),
+        2,
+        45,
+    ) else {
+        return;
+    };
+    assert_injected(&verdict, &["kill_coturn", "kill_worker"]);
+    let closed_clean = verdict.summary.sessions.get("confirmed").copied();
+    let actions = verdict.summary.sessions.get("actions").copied();
+    assert!(
+        closed_clean.is_some_and(|n| n >= 3) && actions.is_some_and(|n| n >= 3),
+        "{:?}",
+        verdict.summary.sessions
+    );
+    // Workers that held a session served runs afterwards: reuse after a confirmed close was
+    // exercised, not only avoided.
+    let session_workers: BTreeSet<&str> = history
+        .ops
+        .iter()
+        .filter_map(|op| op.session.as_ref())
+        .filter(|s| s.confirmed == Some(true))
+        .map(|s| s.worker.as_str())
+        .collect();
+    assert!(
+        succeeded(&history, Kind::Workspace).any(|(worker, _)| session_workers.contains(worker)),
+        "no worker of a confirmed session served a run afterwards: {session_workers:?}"
+    );
+}
+
+#[test]
+fn pkg_03_installs_through_the_broker_go_on_while_replicas_and_workers_die() {
+    // One workspace operation in six installs the harness's package through the API's broker
+    // (the controller's workers reach the broker on the first replica); by the checker each
+    // install answered `succeeded` imported what the registry serves.
+    let test = "pkg_03_installs_through_the_broker_go_on_while_replicas_and_workers_die";
+    if let Some(why) = corral_testkit::registries::pypiserver_missing() {
+        corral_testkit::skip(test, corral_testkit::Need::Services, &why);
+        return;
+    }
+    let Some((_, verdict)) = chaos(
+        test,
+        &["kill_api", "kill_worker", "pause_worker"],
+        (3, 0),
+        45,
+    ) else {
+        return;
+    };
+    let installed = verdict.summary.installs.get("succeeded").copied();
+    assert!(
+        installed.is_some_and(|n| n >= 2),
+        "{:?}",
+        verdict.summary.installs
+    );
 }

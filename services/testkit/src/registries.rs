@@ -197,6 +197,25 @@ fn verdaccio_executable() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(VERDACCIO_DEFAULT))
 }
 
+/// pypiserver's health endpoint, as [`pypiserver_command`] names it.
+pub const PYPISERVER_HEALTH: &str = "/health";
+
+/// The command of a pypiserver on `127.0.0.1:port` serving the wheels in `packages` (read on every
+/// request), without authentication and without any fallback to another index: what
+/// [`PyPiServer::start`] runs, and the chaos harness beside its deployment.
+pub fn pypiserver_command(packages: &Path, port: u16) -> Command {
+    let mut command = Command::new(PYPISERVER_PYTHON);
+    command
+        .args(["-m", "pypiserver", "run", "-p", &port.to_string()])
+        .args(["-i", "127.0.0.1"])
+        // No authentication for any action, and no redirect to another index.
+        .args(["-a", ".", "-P", ".", "--disable-fallback"])
+        .args(["--backend", "simple-dir", "--server", "wsgiref"])
+        .args(["--health-endpoint", PYPISERVER_HEALTH])
+        .arg(packages);
+    command
+}
+
 /// A pypiserver on 127.0.0.1 serving the wheels in one directory, without authentication and
 /// without any fallback to another index. Killed on drop.
 #[derive(Debug)]
@@ -210,17 +229,9 @@ impl PyPiServer {
     pub fn start(packages: &Path) -> Result<PyPiServer, String> {
         let packages = std::path::absolute(packages)
             .map_err(|error| format!("{}: {error}", packages.display()))?;
-        let server = Server::start("pypiserver", "/health", |dir, port| {
-            let mut command = Command::new(PYPISERVER_PYTHON);
-            command
-                .args(["-m", "pypiserver", "run", "-p", &port.to_string()])
-                .args(["-i", "127.0.0.1"])
-                // No authentication for any action, and no redirect to another index.
-                .args(["-a", ".", "-P", ".", "--disable-fallback"])
-                .args(["--backend", "simple-dir", "--server", "wsgiref"])
-                .args(["--health-endpoint", "/health"])
-                .arg(&packages)
-                .current_dir(dir);
+        let server = Server::start("pypiserver", PYPISERVER_HEALTH, |dir, port| {
+            let mut command = pypiserver_command(&packages, port);
+            command.current_dir(dir);
             command
         })?;
         Ok(PyPiServer { server })
