@@ -29,6 +29,9 @@ pub struct Summary {
     pub edits: BTreeMap<&'static str, u64>,
     /// Of those, the installs through the broker, by answer.
     pub installs: BTreeMap<&'static str, u64>,
+    /// The fetches through the egress proxy, by what they got: `200`, the refusal's status and
+    /// reason, or `no answer` and why.
+    pub fetches: BTreeMap<String, u64>,
     /// Of those, the browser sessions, by answer (`succeeded`: closed by its own close), and by
     /// how a close went (`confirmed`, `unconfirmed`); `actions` counts the actions answered.
     pub sessions: BTreeMap<&'static str, u64>,
@@ -151,6 +154,7 @@ pub fn check(history: &History) -> Verdict {
     checker.streams();
     checker.installs();
     checker.sessions();
+    checker.fetches();
     checker.codes();
     checker.ceiling();
     let summary = checker.summary();
@@ -535,7 +539,7 @@ impl<'a> Checker<'a> {
     /// An install answered `succeeded` ran its code with the package the harness's registry
     /// serves, installed through the broker: the code printed the run's mark.
     fn installs(&mut self) {
-        let mark = &self.history.package_mark;
+        let mark = &self.history.mark;
         let unproven: Vec<&'a Op> = self
             .history
             .ops
@@ -552,6 +556,62 @@ impl<'a> Checker<'a> {
                 ),
                 &[op],
             );
+        }
+    }
+
+    /// Egress (EGR-2, EGR-8): no connection ever reached the canary, an address the policy never
+    /// admits (a mixed answer of the target and the canary must be rejected whole); a fetch
+    /// answered 200 got what the target answers for its own path; a refusal (from the proxy, or
+    /// the worker's relay when the proxy cannot be reached) carries a stable reason code.
+    fn fetches(&mut self) {
+        if !self.history.canary_hits.is_empty() {
+            let dns_mixed: Vec<String> = self
+                .history
+                .faults
+                .iter()
+                .filter(|f| f.kind == "dns_mixed")
+                .map(|f| format!("{}..{}", f.at_ns, f.healed_ns))
+                .collect();
+            self.violation(
+                "egress_reached_forbidden",
+                format!(
+                    "the canary, which the policy never admits, was reached {} time(s): {:?} \
+                     (mixed DNS answers at {dns_mixed:?})",
+                    self.history.canary_hits.len(),
+                    self.history.canary_hits
+                ),
+                &[],
+            );
+        }
+        let mut found: Vec<(&'static str, String, &'a Op)> = Vec::new();
+        for op in &self.history.ops {
+            let Some(fetched) = &op.fetched else {
+                continue;
+            };
+            let expected = format!("{} /{}", self.history.mark, op.token);
+            if fetched.status == 200 && fetched.said != expected {
+                found.push((
+                    "egress_forged",
+                    format!(
+                        "a fetch answered 200 said {:?}, not {expected:?}",
+                        fetched.said
+                    ),
+                    op,
+                ));
+            }
+            if fetched.status >= 400 && !is_stable_code(&fetched.said) {
+                found.push((
+                    "refusal_without_code",
+                    format!(
+                        "a fetch refused {} carried the reason {:?}",
+                        fetched.status, fetched.said
+                    ),
+                    op,
+                ));
+            }
+        }
+        for (rule, detail, op) in found {
+            self.violation(rule, detail, &[op]);
         }
     }
 
@@ -706,6 +766,14 @@ impl<'a> Checker<'a> {
             };
             if let Some(counts) = by_via {
                 *counts.entry(answer_name(&op.answer)).or_default() += 1;
+            }
+            if let Some(fetched) = &op.fetched {
+                let what = match fetched.status {
+                    200 => "200".to_owned(),
+                    0 => format!("no answer ({})", fetched.said),
+                    status => format!("{status} {}", fetched.said),
+                };
+                *summary.fetches.entry(what).or_default() += 1;
             }
             if let Some(session) = &op.session {
                 let close = match session.confirmed {

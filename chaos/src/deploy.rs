@@ -83,7 +83,28 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn start(&mut self) -> Result<(), String> {
+    /// A process of the run (carrying `marker`) that [`Proc::start`] starts, logging to `log`.
+    pub fn new<'a>(
+        name: &str,
+        command: impl IntoIterator<Item = &'a str>,
+        marker: &(String, String),
+        log: &Path,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            command: command.into_iter().map(str::to_owned).collect(),
+            env: vec![marker.clone()],
+            log: log.to_owned(),
+            child: None,
+            port: 0,
+        }
+    }
+
+    /// Starts it.
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn start(&mut self) -> Result<(), String> {
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -162,6 +183,8 @@ pub struct Deployment {
     /// pypiserver serving the package installs ask for, when this machine has it (else no
     /// installs).
     pub pypi: Option<Proc>,
+    /// The egress load's far side, when its link could be made (else no fetches).
+    pub far: Option<crate::egress::Far>,
 }
 
 /// Where coturn's server is.
@@ -289,7 +312,15 @@ fn secret(path: &Path) -> Result<String, String> {
     Ok(text)
 }
 
-fn wait_for(what: &str, bound: Duration, mut ready: impl FnMut() -> bool) -> Result<(), String> {
+/// Polls `ready` until it holds, for at most `bound`.
+///
+/// # Errors
+/// When it never held.
+pub fn wait_for(
+    what: &str,
+    bound: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), String> {
     let deadline = Instant::now() + bound;
     while Instant::now() < deadline {
         if ready() {
@@ -329,7 +360,7 @@ impl Deployment {
         corral: &Path,
         pool: PoolSettings,
         store_kind: StoreKind,
-        package_mark: &str,
+        mark: &str,
     ) -> Result<Self, String> {
         let valkey_binary = corral_store::valkey_server::find_binary()
             .ok_or("no valkey-server (scripts/setup-services installs it)")?;
@@ -441,7 +472,16 @@ impl Deployment {
                 println!("chaos: no installs: {why}");
                 None
             }
-            None => Some(start_pypi(dir, package_mark, &marker, &logs)?),
+            None => Some(start_pypi(dir, mark, &marker, &logs)?),
+        };
+        // The egress load's far side: its target, its canary and the DNS the proxy asks.
+        let far = match crate::egress::Far::start(dir, mark, &marker, &logs) {
+            Ok(far) => Some(far),
+            Err(why) => {
+                println!("chaos: no egress load: {why}");
+                crate::egress::remove_link();
+                None
+            }
         };
         let proxy_port = free_port()?;
         let proxy_url = format!("http://127.0.0.1:{proxy_port}");
@@ -450,6 +490,20 @@ impl Deployment {
             extra.push(("CORRAL_TURN_URL".to_owned(), url.clone()));
             extra.push(("CORRAL_TURN_SECRET_FILE".to_owned(), file("turn-secret")));
         }
+        let egress_policy = match &far {
+            // The target alone, on its one port.
+            Some(far) => [
+                ("SANDBOX_EGRESS_MODE", "private_network".to_owned()),
+                ("SANDBOX_EGRESS_PRIVATE_CIDRS", far.cidrs()),
+                (
+                    "SANDBOX_EGRESS_ALLOWED_PORTS",
+                    crate::egress::PORT.to_string(),
+                ),
+            ]
+            .to_vec(),
+            None => [("SANDBOX_EGRESS_MODE", "public_internet".to_owned())].to_vec(),
+        };
+        extra.extend(egress_policy.into_iter().map(|(k, v)| (k.to_owned(), v)));
         if let Some((_, url)) = &pypi {
             extra.push((
                 "SANDBOX_PACKAGE_REGISTRIES".to_owned(),
@@ -476,7 +530,6 @@ impl Deployment {
             // A create whose report a Valkey restart swallowed is ambiguous only after this
             // long; the default (120 s) outlasts the harness's wait for recovery after the load.
             ("CORRAL_CREATE_TIMEOUT_SECONDS", "20".to_owned()),
-            ("SANDBOX_EGRESS_MODE", "public_internet".to_owned()),
             ("SANDBOX_EGRESS_PROXY_URL", proxy_url.clone()),
             ("SANDBOX_FIELD_KEY_FILE", file("field-key")),
             ("CORRAL_WORKER_TOKEN_FILE", file("worker-token")),
@@ -570,7 +623,13 @@ impl Deployment {
                     file("verifying-key"),
                 ),
                 marker.clone(),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                far.as_ref()
+                    .map(|far| ("SANDBOX_EGRESS_DNS_SERVERS".to_owned(), far.dns_servers())),
+            )
+            .collect(),
             log: logs.join("egress-proxy.log"),
             child: None,
             port: 0,
@@ -620,6 +679,7 @@ impl Deployment {
             clock_files,
             coturn: coturn.map(|(proc, _)| proc),
             pypi: pypi.map(|(proc, _)| proc),
+            far,
         })
     }
 
@@ -685,6 +745,9 @@ impl Deployment {
             .flatten()
         {
             other.kill();
+        }
+        if let Some(far) = &mut self.far {
+            far.stop();
         }
         for link in &self.links {
             link.stop();

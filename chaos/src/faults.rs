@@ -12,7 +12,7 @@ use crate::deploy::{Deployment, REPLICAS, StoreKind};
 use crate::rng::Rng;
 
 /// Every kind of fault, by its name in the report.
-pub const KINDS: [&str; 15] = [
+pub const KINDS: [&str; 18] = [
     "kill_api",
     "pause_api",
     "kill_controller",
@@ -28,6 +28,9 @@ pub const KINDS: [&str; 15] = [
     "store_full",
     "store_read_only",
     "store_pause",
+    "dns_servfail",
+    "dns_timeout",
+    "dns_mixed",
 ];
 
 /// The kinds that apply to a deployment with `store`: a local store can be filled and made
@@ -58,6 +61,8 @@ pub enum Healing {
     RestartProxy,
     /// Restart coturn.
     RestartCoturn,
+    /// Answer the egress target's name with the target alone again.
+    Dns,
     /// Restart Valkey from its snapshot.
     RestartValkey,
     /// Heal this replica's link.
@@ -174,6 +179,13 @@ pub fn inject(
                 Healing::ClockBack(replica),
             )
         }
+        "dns_servfail" | "dns_timeout" | "dns_mixed" => {
+            d.far
+                .as_ref()
+                .ok_or("no egress load in this deployment")?
+                .inject(kind, rng.below(2) == 0)?;
+            (crate::egress::NAME.to_owned(), Healing::Dns)
+        }
         "store_full" | "store_read_only" if d.store_kind != StoreKind::Local => {
             return Err(format!("{kind} is for the local store"));
         }
@@ -219,6 +231,12 @@ pub fn heal(deployment: &Arc<Mutex<Deployment>>, healing: Healing) -> Result<(),
         Healing::RestartController => d.controller.restart(),
         Healing::RestartProxy => d.proxy.restart(),
         Healing::RestartCoturn => d.restart_coturn(),
+        Healing::Dns => {
+            if let Some(far) = &d.far {
+                far.heal();
+            }
+            Ok(())
+        }
         Healing::RestartValkey => d.restart_valkey(false),
         Healing::HealLink(replica) => {
             d.links[replica].set_cut(false);
@@ -244,6 +262,8 @@ pub fn duration(kind: &str, lease_ttl_seconds: u32, rng: &mut Rng) -> Duration {
             rng.between(ttl_ms / 2, ttl_ms * 2)
         }
         "kill_worker" | "valkey_restart_empty" => 0,
+        // Long enough for fetches to meet them, the proxy's resolver timing out among them.
+        "dns_servfail" | "dns_timeout" | "dns_mixed" => rng.between(2_000, 8_000),
         _ => rng.between(500, 4_000),
     };
     Duration::from_millis(ms)

@@ -77,7 +77,7 @@ pub async fn run(plan: Plan) -> Result<History, String> {
     let started = {
         let (dir, corral, pool, store) =
             (plan.dir.clone(), plan.corral.clone(), plan.pool, plan.store);
-        let mark = package_mark(plan.seed);
+        let mark = mark(plan.seed);
         let handle = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             let _entered = handle.enter();
@@ -105,8 +105,9 @@ pub async fn run(plan: Plan) -> Result<History, String> {
     result
 }
 
-/// The mark a run's package holds: from its seed, so that a replay serves the same.
-fn package_mark(seed: u64) -> String {
+/// The run's mark (its package holds it, its egress target answers with it): from its seed, so
+/// that a replay serves the same.
+fn mark(seed: u64) -> String {
     format!("mark{:016x}", Rng::new(seed).fork(0x6d61_726b).next_u64())
 }
 
@@ -165,6 +166,7 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         .map(|url| Client::new(url, &deployment.caller))
         .collect::<Result<Vec<_>, _>>()?;
     let installs = deployment.pypi.is_some();
+    let fetches = deployment.far.is_some();
     let browsers = if deployment.coturn.is_some() {
         plan.browsers
     } else {
@@ -204,6 +206,7 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
             .map(|_| AtomicU64::new(0))
             .collect(),
         installs,
+        fetches,
     });
     // The pool's sampler.
     let samples = Arc::new(tokio::sync::Mutex::new(Vec::new()));
@@ -343,6 +346,11 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
     sampling.store(false, Ordering::Relaxed);
     let _ = sampler.await;
     let end_ns = clock.now();
+    let canary_hits = deployment
+        .lock()
+        .ok()
+        .and_then(|d| d.far.as_ref().map(crate::egress::Far::canary_hits))
+        .unwrap_or_default();
     stop(&deployment);
     let mut ops = std::mem::take(&mut *shared.ops.lock().await);
     ops.sort_by_key(|op| (op.end_ns, op.id));
@@ -358,7 +366,8 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
         faults: fault_log,
         quiet_ns,
         end_ns,
-        package_mark: package_mark(plan.seed),
+        mark: mark(plan.seed),
+        canary_hits,
     })
 }
 

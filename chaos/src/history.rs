@@ -78,6 +78,19 @@ pub struct Op {
     /// A browser session's actions and close.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<Session>,
+    /// What a run's fetch through the egress proxy got, as its code printed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched: Option<Fetched>,
+}
+
+/// A fetch of `http://<egress::NAME>/<token>` through the egress proxy, as the code saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetched {
+    /// The HTTP status; 0 when no answer came (the code's own timeout, a refused connection).
+    pub status: u16,
+    /// The body of a 200; the proxy's `X-Corral-Egress-Reason` of a refusal; the exception's
+    /// name when no answer came.
+    pub said: String,
 }
 
 /// What happened to a browser session after it opened. Its operation's answer is `succeeded`
@@ -231,8 +244,11 @@ pub struct History {
     pub quiet_ns: Nanos,
     /// When the harness stopped watching.
     pub end_ns: Nanos,
-    /// The mark the package installs print: drawn by the harness for each run, served by its
-    /// registry only.
+    /// The run's mark, drawn from its seed: what the package installs print (served by the
+    /// harness's registry only), and what the egress target answers every fetch with.
     #[serde(default)]
-    pub package_mark: String,
+    pub mark: String,
+    /// Every connection the egress canary was offered (an address the policy never admits).
+    #[serde(default)]
+    pub canary_hits: Vec<String>,
 }

@@ -1,4 +1,5 @@
-//! What a chaos run must never leave behind: a process, a mount, a cgroup, a tmpfs. Checked
+//! What a chaos run must never leave behind: a process, a mount, a cgroup, a tmpfs, a network
+//! link. Checked
 //! before a run starts (a run refuses to start over what an earlier one left) and after it ends,
 //! interrupted or not.
 //!
@@ -171,6 +172,9 @@ pub fn leftovers(dir: &Path, descendants_too: bool) -> Vec<String> {
     for point in mounts_under(dir) {
         found.push(format!("mount {}", point.display()));
     }
+    if crate::egress::link_exists() {
+        found.push(format!("network link {}", crate::egress::LINK));
+    }
     remove_stale_groups();
     for controller in CONTROLLERS {
         for group in jail_groups(controller) {
@@ -204,6 +208,7 @@ pub fn clean(dir: &Path) -> Vec<String> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    crate::egress::remove_link();
     let mut points = mounts_under(dir);
     // Deepest first.
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));

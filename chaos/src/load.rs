@@ -14,7 +14,7 @@ use corral_api::client::Client;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
-use crate::history::{Act, Answer, Kind, Op, Ran, Session, Via};
+use crate::history::{Act, Answer, Fetched, Kind, Op, Ran, Session, Via};
 use crate::rng::Rng;
 
 /// How long a client waits for one answer before recording none.
@@ -44,6 +44,16 @@ pub const PACKAGE_MODULE: &str = "corral_chaos_mark";
 
 /// The line an install's code prints first: `INSTALLED <mark>` (not a prefix of [`LINE`]'s).
 const MARK_LINE: &str = "INSTALLED";
+
+/// One in this many runs of a workspace also fetches `http://<egress::NAME>/<token>` through the
+/// egress proxy, after its line.
+const FETCH_ONE_IN: u64 = 3;
+
+/// The line a fetch prints: `FETCHED <status> <what it said>`.
+const FETCH_LINE: &str = "FETCHED";
+
+/// How long the code's fetch waits for an answer, in seconds.
+const FETCH_TIMEOUT_SECONDS: u64 = 15;
 
 /// How many actions a browser session gets, at most, before its close.
 const ACTS_MAX: u64 = 5;
@@ -90,7 +100,7 @@ impl Clock {
 /// window a fault can land in). An install's code first imports [`PACKAGE_MODULE`] and prints
 /// its mark.
 #[must_use]
-pub fn code(kind: Kind, via: Via, token: &str, pause_ms: u64) -> String {
+pub fn code(kind: Kind, via: Via, token: &str, pause_ms: u64, fetch: bool) -> String {
     let import = if via == Via::Install {
         format!("import {PACKAGE_MODULE}\nprint('{MARK_LINE}', {PACKAGE_MODULE}.MARK)\n")
     } else {
@@ -110,9 +120,35 @@ pub fn code(kind: Kind, via: Via, token: &str, pause_ms: u64) -> String {
         // A session runs no code.
         Kind::Browser => String::new(),
     };
+    let fetch = if fetch {
+        format!(
+            "import urllib.request, urllib.error\ntry:\n    \
+             answer = urllib.request.urlopen('http://{name}/{token}', timeout={FETCH_TIMEOUT_SECONDS})\n    \
+             print('{FETCH_LINE}', answer.status, answer.read().decode())\n\
+             except urllib.error.HTTPError as refused:\n    \
+             print('{FETCH_LINE}', refused.code, refused.headers.get('{reason}'))\n\
+             except Exception as failed:\n    print('{FETCH_LINE}', 0, type(failed).__name__)\n",
+            name = crate::egress::NAME,
+            reason = corral_core::egress::reason::REASON_HEADER,
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{import}import time\nstarted = time.monotonic_ns()\n{read}print('{LINE}', started, time.monotonic_ns(), *seen)\n"
+        "{import}import time\nstarted = time.monotonic_ns()\n{read}print('{LINE}', started, time.monotonic_ns(), *seen)\n{fetch}"
     )
+}
+
+/// What a run's fetch printed, from an answer of any outcome.
+#[must_use]
+pub fn printed_fetch(body: &Value) -> Option<Fetched> {
+    let stdout = body["model"]["stdout"]["text"].as_str()?;
+    let rest = stdout.lines().find_map(|l| l.strip_prefix(FETCH_LINE))?;
+    let (status, said) = rest.trim().split_once(' ').unwrap_or((rest.trim(), ""));
+    Some(Fetched {
+        status: status.parse().ok()?,
+        said: said.to_owned(),
+    })
 }
 
 /// The mark an install's code printed, from an answer of any outcome.
@@ -396,6 +432,8 @@ pub struct Shared {
     pub long_in_flight: Vec<AtomicU64>,
     /// Whether the harness's registry serves [`PACKAGE`], so that installs are part of the load.
     pub installs: bool,
+    /// Whether the egress target is up, so that fetches are part of the load.
+    pub fetches: bool,
 }
 
 impl Shared {
@@ -464,6 +502,7 @@ fn op(shared: &Shared, stream: &Stream, token: String, via: Via, replica: usize)
         answer: Answer::NoAnswer { why: String::new() },
         mark: None,
         session: None,
+        fetched: None,
     }
 }
 
@@ -509,8 +548,11 @@ async fn extend(
             (op.answer, op.start_ns, op.end_ns) = (answer, start_ns, end_ns);
         }
         None => {
-            let ran = run(shared, replica, stream, &op.token, via, pause_ms).await;
-            (op.answer, op.ran, op.mark, op.start_ns, op.end_ns) = ran;
+            let fetch = stream.kind == Kind::Workspace
+                && via == Via::Run
+                && shared.fetches
+                && rng.below(FETCH_ONE_IN) == 0;
+            run(shared, replica, stream, &mut op, pause_ms, fetch).await;
         }
     }
     shared.in_flight[replica_index].fetch_sub(1, Ordering::Relaxed);
@@ -683,47 +725,47 @@ async fn browse(
     (op, false)
 }
 
-/// One run appending `token` after a pause of `pause_ms` in its code: the answer, where its code
-/// ran when an answer other than `succeeded` still says, and when it was sent and answered.
+/// One run of `op` (its token, and `op.via`: a plain run or an install) after a pause of
+/// `pause_ms` in its code, and a fetch through the egress proxy after its line when `fetch`:
+/// fills in the answer, where its code ran when an answer other than `succeeded` still says, what
+/// it printed of its install and its fetch, and when it was sent and answered.
 async fn run(
     shared: &Shared,
     replica: &Client,
     stream: &Stream,
-    token: &str,
-    via: Via,
+    op: &mut Op,
     pause_ms: u64,
-) -> (Answer, Option<Ran>, Option<String>, u64, u64) {
+    fetch: bool,
+) {
     let mut body = json!({
         "actor": stream.actor,
         "conversation": stream.conversation,
         "member": stream.member,
         "language": "python",
-        "code": code(stream.kind, via, token, pause_ms),
+        "code": code(stream.kind, op.via, &op.token, pause_ms, fetch),
     });
     if stream.kind == Kind::Kernel {
         body["kernel"] = json!("persistent");
     }
-    if via == Via::Install {
+    if op.via == Via::Install {
         body["packages"] = json!([PACKAGE]);
     }
-    let start_ns = shared.clock.now();
+    op.start_ns = shared.clock.now();
     let answered = within(replica.run_code(&body)).await;
-    let end_ns = shared.clock.now();
-    let mut ran = None;
-    let mut mark = None;
-    let answer = match answered {
+    op.end_ns = shared.clock.now();
+    op.answer = match answered {
         Ok((status, body)) => {
-            mark = printed_mark(&body);
+            op.mark = printed_mark(&body);
+            op.fetched = printed_fetch(&body);
             let answer = classify(&shared.clock, status, &body);
             // Code that ran but was not answered `succeeded` still ran where it says.
             if !matches!(answer, Answer::Succeeded { .. }) {
-                ran = execution(&shared.clock, &body);
+                op.ran = execution(&shared.clock, &body);
             }
             answer
         }
         Err(none) => none,
     };
-    (answer, ran, mark, start_ns, end_ns)
 }
 
 #[cfg(test)]
@@ -798,6 +840,7 @@ mod tests {
             in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
             long_in_flight: (0..3).map(|_| AtomicU64::new(0)).collect(),
             installs: false,
+            fetches: false,
         };
         assert_eq!(shared.busiest(), None);
         shared.in_flight[1].store(2, Ordering::Relaxed);
@@ -810,7 +853,7 @@ mod tests {
     #[test]
     fn the_code_reads_before_it_appends() {
         for kind in [Kind::Workspace, Kind::Kernel] {
-            let code = code(kind, Via::Run, "c3n9", 50);
+            let code = code(kind, Via::Run, "c3n9", 50, false);
             let read = code.find("seen =").expect("reads");
             let append = code.find("c3n9").expect("appends");
             assert!(read < append, "{code}");
@@ -830,7 +873,7 @@ mod tests {
         for token in ["c1n1", "c1n2"] {
             let output = std::process::Command::new("/usr/bin/python3")
                 .arg("-c")
-                .arg(code(Kind::Workspace, Via::Install, token, 0))
+                .arg(code(Kind::Workspace, Via::Install, token, 0, false))
                 .current_dir(&dir)
                 .env("PYTHONPATH", &dir)
                 .output()
@@ -854,6 +897,72 @@ mod tests {
             })
             .collect();
         assert_eq!(seen, [vec![], vec!["c1n1".to_owned()]]);
+    }
+
+    #[test]
+    fn egr_02_a_fetch_asks_the_proxy_for_the_target_and_reads_as_what_it_answered() {
+        use std::io::{BufRead as _, BufReader, Write as _};
+        // A proxy standing in for the egress proxy: a refusal with its reason, then a 200.
+        let proxy = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let address = proxy.local_addr().expect("an address");
+        let answers = [
+            format!(
+                "HTTP/1.1 403 Forbidden\r\n{}: dns_answer_mixed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                corral_core::egress::reason::REASON_HEADER
+            ),
+            "HTTP/1.1 200 OK\r\nContent-Length: 11\r\nConnection: close\r\n\r\nmark7 /c1n1"
+                .to_owned(),
+        ];
+        let served = std::thread::spawn(move || {
+            let mut asked = Vec::new();
+            for answer in answers {
+                let (stream, _) = proxy.accept().expect("a connection");
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                reader.read_line(&mut line).expect("a request line");
+                asked.push(line.trim().to_owned());
+                loop {
+                    let mut header = String::new();
+                    if reader.read_line(&mut header).map_or(true, |n| n == 0) || header == "\r\n" {
+                        break;
+                    }
+                }
+                reader
+                    .get_mut()
+                    .write_all(answer.as_bytes())
+                    .expect("answered");
+            }
+            asked
+        });
+        let mut printed = Vec::new();
+        for _ in 0..2 {
+            let output = std::process::Command::new("/usr/bin/python3")
+                .arg("-c")
+                .arg(code(Kind::Workspace, Via::Run, "c1n1", 0, true))
+                .current_dir(std::env::temp_dir())
+                .env("http_proxy", format!("http://{address}"))
+                .output()
+                .expect("python3 runs");
+            let body =
+                json!({"model": {"stdout": {"text": String::from_utf8_lossy(&output.stdout)}}});
+            printed.push(printed_fetch(&body));
+        }
+        let asked = served.join().expect("the proxy's thread");
+        let wanted = format!("GET http://{}/c1n1 HTTP/1.1", crate::egress::NAME);
+        assert_eq!(asked, [wanted.clone(), wanted]);
+        assert_eq!(
+            printed,
+            [
+                Some(Fetched {
+                    status: 403,
+                    said: "dns_answer_mixed".to_owned()
+                }),
+                Some(Fetched {
+                    status: 200,
+                    said: "mark7 /c1n1".to_owned()
+                }),
+            ]
+        );
     }
 
     #[test]

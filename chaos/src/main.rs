@@ -219,6 +219,15 @@ fn report(history: &History, verdict: &Verdict) {
             println!("  of them {what:<16} {answer:<11} {count:>6}");
         }
     }
+    for (what, count) in &summary.fetches {
+        println!("  fetch through the egress proxy {what:<30} {count:>6}");
+    }
+    if !history.canary_hits.is_empty() {
+        println!(
+            "egress canary reached {} time(s)",
+            history.canary_hits.len()
+        );
+    }
     match &summary.longest_recovery {
         Some((nanos, fault)) => println!(
             "longest return to the warm target after a fault: {:.1} s ({fault})",

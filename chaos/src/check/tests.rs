@@ -38,7 +38,8 @@ fn history(ops: Vec<Op>) -> History {
         faults: Vec::new(),
         quiet_ns: 9_000,
         end_ns: 11_000,
-        package_mark: String::new(),
+        mark: String::new(),
+        canary_hits: Vec::new(),
     }
 }
 
@@ -66,6 +67,7 @@ fn ok(id: u64, kind: Kind, conv: &str, worker: &str, start: u64, end: u64, seen:
         },
         mark: None,
         session: None,
+        fetched: None,
     }
 }
 
@@ -670,7 +672,7 @@ fn pkg_03_an_install_that_did_not_print_the_registry_mark_is_caught() {
     other.mark = Some("a-baked-copy".to_owned());
     ops.extend([installed, other]);
     let mut history = history(ops);
-    history.package_mark = "mark-of-the-registry".to_owned();
+    history.mark = "mark-of-the-registry".to_owned();
     let verdict = check(&history);
     assert_eq!(rules(&verdict), ["install_unproven"], "{verdict}");
     assert_eq!(verdict.violations[0].ops, [8]);
@@ -694,4 +696,50 @@ fn pool_06_a_session_seen_held_only_for_an_instant_overlaps_nothing() {
     let second = session(8, "b1", "w-4", (500, 900), &[], Some(true));
     let verdict = check(&history(vec![first, second]));
     assert!(verdict.violations.is_empty(), "{verdict}");
+}
+
+/// `op` with a fetch that got `status` and `said`.
+fn fetching(mut op: Op, status: u16, said: &str) -> Op {
+    op.fetched = Some(crate::history::Fetched {
+        status,
+        said: said.to_owned(),
+    });
+    op
+}
+
+#[test]
+fn egr_02_fetches_answered_by_the_target_or_refused_with_a_reason_have_no_violation() {
+    let mut ops = clean();
+    ops[0] = fetching(ops[0].clone(), 200, "m1 /t1");
+    ops[1] = fetching(ops[1].clone(), 502, "dns_failed");
+    ops[2] = fetching(ops[2].clone(), 0, "TimeoutError");
+    let mut history = history(ops);
+    history.mark = "m1".to_owned();
+    let verdict = check(&history);
+    assert!(verdict.violations.is_empty(), "{verdict}");
+    assert_eq!(verdict.summary.fetches.get("200"), Some(&1));
+    assert_eq!(verdict.summary.fetches.get("502 dns_failed"), Some(&1));
+}
+
+#[test]
+fn egr_02_a_reached_canary_a_forged_answer_and_a_refusal_without_reason_are_caught() {
+    let mut ops = clean();
+    // Another run's answer, and a refusal with no reason header (Python prints None).
+    ops[0] = fetching(ops[0].clone(), 200, "m1 /t2");
+    ops[1] = fetching(ops[1].clone(), 502, "None");
+    let mut history = history(ops);
+    history.mark = "m1".to_owned();
+    history.canary_hits = vec!["1765000000.000 from 10.213.250.1".to_owned()];
+    let verdict = check(&history);
+    assert_eq!(
+        rules(&verdict),
+        [
+            "egress_reached_forbidden",
+            "egress_forged",
+            "refusal_without_code"
+        ],
+        "{verdict}"
+    );
+    assert_eq!(verdict.violations[1].ops, [1]);
+    assert_eq!(verdict.violations[2].ops, [2]);
 }

@@ -5,6 +5,10 @@
 
 use std::fmt;
 
+/// The header a refusal's code travels in, from the proxy (or the worker's relay, refusing for
+/// it) to the code that asked.
+pub const REASON_HEADER: &str = "X-Corral-Egress-Reason";
+
 /// Who a refusal is about, so that a shell can choose its answer (for example an HTTP status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ReasonKind {

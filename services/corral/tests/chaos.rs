@@ -320,3 +320,41 @@ fn pkg_03_installs_through_the_broker_go_on_while_replicas_and_workers_die() {
         verdict.summary.installs
     );
 }
+
+#[test]
+fn egr_02_egr_08_dns_failures_and_mixed_answers_never_reach_an_address_the_policy_refuses() {
+    // One run in three fetches a name through the egress proxy while the DNS server the proxy
+    // asks fails (SERVFAIL), stays silent, or answers the admitted target together with a canary
+    // the policy refuses, and while the proxy itself is killed. By the checker: the canary was
+    // never reached, every 200 carried the target's answer for the run's own path, every refusal
+    // a stable reason.
+    let test =
+        "egr_02_egr_08_dns_failures_and_mixed_answers_never_reach_an_address_the_policy_refuses";
+    if !corral_testkit::programs_or_skip(test, &[("ip", "/usr/sbin/ip")]) {
+        return;
+    }
+    let Some((_, verdict)) = chaos(
+        test,
+        &[
+            "dns_servfail",
+            "dns_timeout",
+            "dns_mixed",
+            "kill_egress_proxy",
+        ],
+        (3, 0),
+        60,
+    ) else {
+        return;
+    };
+    assert_injected(&verdict, &["dns_servfail", "dns_timeout", "dns_mixed"]);
+    let fetches = &verdict.summary.fetches;
+    // Fetches reached the target between the faults, and the faults were answered as refusals
+    // with their reasons (the code's own timeouts aside).
+    assert!(fetches.get("200").is_some_and(|n| *n > 0), "{fetches:?}");
+    assert!(
+        fetches
+            .keys()
+            .any(|what| what.starts_with('4') || what.starts_with('5')),
+        "{fetches:?}"
+    );
+}

@@ -6,6 +6,7 @@
 //! the core judges anyway: the request target and header values are handed to the core as text
 //! (bytes that are not UTF-8 become U+FFFD, which the core refuses as non-ASCII).
 
+use corral_core::egress::reason::REASON_HEADER;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use crate::refusal::{Refusal, ShellReason, status_text};
@@ -163,7 +164,7 @@ pub fn refusal_response(refusal: Refusal) -> Vec<u8> {
         ""
     };
     format!(
-        "HTTP/1.1 {status} {}\r\nX-Corral-Egress-Reason: {}\r\n{authenticate}\
+        "HTTP/1.1 {status} {}\r\n{REASON_HEADER}: {}\r\n{authenticate}\
          Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         status_text(status),
         refusal.code(),

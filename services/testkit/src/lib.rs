@@ -9,11 +9,13 @@
 //!
 //! It also holds the test registries ([`registries`]): a PyPI index and an npm registry that a
 //! test starts on loopback and fills with packages it builds, never reaching any other index, and
-//! ports that refuse or never answer.
+//! ports that refuse or never answer; and a stub DNS server ([`dns`]) that answers from a table a
+//! test (or the chaos harness's DNS faults) controls.
 //!
-//! This crate depends on nothing but `std`, and holds nothing but what a skip needs and those
-//! registries.
+//! This crate depends on nothing but `std`, and holds nothing but what a skip needs, those
+//! registries and that stub.
 
+pub mod dns;
 pub mod registries;
 
 use std::fmt;

@@ -364,12 +364,12 @@ impl Answer {
             ),
             Answer::ProxyUnreachable => (
                 "502 Bad Gateway",
-                None,
+                Some("proxy_unreachable"),
                 "the egress proxy could not be reached\n",
             ),
         };
         let reason = reason
-            .map(|code| format!("X-Corral-Egress-Reason: {code}\r\n"))
+            .map(|code| format!("{}: {code}\r\n", corral_core::egress::reason::REASON_HEADER))
             .unwrap_or_default();
         format!(
             "HTTP/1.1 {status}\r\n{reason}Content-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -820,6 +820,15 @@ mod tests {
         assert!(response.starts_with("HTTP/1.1 407 Proxy Authentication Required\r\n"));
         assert!(response.contains("\r\nX-Corral-Egress-Reason: grant_missing\r\n"));
         assert!(response.contains("\r\nConnection: close\r\n"));
+    }
+
+    #[test]
+    fn egr_08_an_unreachable_proxy_is_refused_with_a_stable_reason() {
+        // Without a reason, code told 502 could not tell it from an upstream's own 502 (the
+        // chaos run's checker holds every refusal to a stable code).
+        let response = Answer::ProxyUnreachable.response();
+        assert!(response.starts_with("HTTP/1.1 502 Bad Gateway\r\n"));
+        assert!(response.contains("\r\nX-Corral-Egress-Reason: proxy_unreachable\r\n"));
     }
 
     #[test]

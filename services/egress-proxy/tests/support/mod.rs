@@ -4,7 +4,7 @@
 //! Nothing here sends traffic anywhere but loopback and the namespaces a test creates.
 #![allow(dead_code)]
 
-pub mod dns_stub;
+pub use corral_testkit::dns as dns_stub;
 pub mod netns;
 
 use std::io::{Read as _, Write as _};

@@ -8,6 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use corral_testkit::dns::ip as run;
+
 /// The interpreter for upstream servers (an explicit path: a shim on PATH is slow).
 pub const PYTHON: &str = "/usr/bin/python3";
 
@@ -67,21 +69,6 @@ pub struct Netns {
     /// The /24 both ends are in.
     pub cidr: String,
     children: Vec<Child>,
-}
-
-fn run(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
-    if !out.status.success() {
-        return Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Netns {

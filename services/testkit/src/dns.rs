@@ -1,4 +1,5 @@
-//! A stub DNS server on loopback UDP, answering from a table the test controls.
+//! A stub DNS server on loopback UDP, answering from a table the test controls: the egress
+//! proxy's tests, and the chaos harness's DNS faults (SERVFAIL, silence, mixed answers).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -163,4 +164,21 @@ fn answer(query: &[u8], state: &Mutex<State>) -> Option<Vec<u8>> {
         }
     }
     Some(reply)
+}
+
+/// Runs `ip args…` (iproute2): its standard output, or what it said on failure. For the links and
+/// addresses a test (or the chaos harness, for its egress target) makes beside the stub.
+pub fn ip(args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+    if !out.status.success() {
+        return Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
