@@ -1,6 +1,7 @@
 //! The faults, injected one at a time at points of the load a seed chooses, each healed before
 //! the next.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -92,6 +93,68 @@ fn fill(dir: &Path) -> Result<(), String> {
     }
 }
 
+/// What the pool showed of its workers at the last read before a fault: each worker's state, and
+/// which members are persistent kernels' (whose workers, leased, are running or checkpointing a
+/// cell).
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    /// Each worker's state, as [`crate::history::PoolSample::workers`] has it.
+    pub states: BTreeMap<String, String>,
+    /// The members of the kernel clients.
+    pub kernel_members: BTreeSet<String>,
+}
+
+/// The worker a worker fault hits, and when in its life: mid-reset (one the pool shows
+/// resetting), mid-cell (one leased to a kernel's member: running its cell or checkpointing
+/// it), else any; each of the three asked for a third of the time, the next one when none is
+/// there.
+#[must_use]
+pub fn pick_worker(
+    workers: &[(String, i32)],
+    seen: &Seen,
+    rng: &mut Rng,
+) -> Option<(String, i32, &'static str)> {
+    let state = |id: &str| seen.states.get(id).map_or("", String::as_str);
+    let resetting: Vec<&(String, i32)> = workers
+        .iter()
+        .filter(|(id, _)| state(id) == "resetting")
+        .collect();
+    let in_cell: Vec<&(String, i32)> = workers
+        .iter()
+        .filter(|(id, _)| {
+            state(id)
+                .strip_prefix("leased:")
+                .is_some_and(|member| seen.kernel_members.contains(member))
+        })
+        .collect();
+    let any: Vec<&(String, i32)> = workers.iter().collect();
+    let wanted = rng.below(3);
+    let order: [(&Vec<&(String, i32)>, &'static str); 3] = match wanted {
+        0 => [
+            (&resetting, "mid-reset"),
+            (&in_cell, "mid-cell"),
+            (&any, "any"),
+        ],
+        1 => [
+            (&in_cell, "mid-cell"),
+            (&resetting, "mid-reset"),
+            (&any, "any"),
+        ],
+        _ => [
+            (&any, "any"),
+            (&resetting, "mid-reset"),
+            (&in_cell, "mid-cell"),
+        ],
+    };
+    order
+        .into_iter()
+        .find(|(candidates, _)| !candidates.is_empty())
+        .map(|(candidates, when)| {
+            let (id, pid) = (*rng.pick(candidates)).clone();
+            (id, pid, when)
+        })
+}
+
 /// Injects `kind` into `deployment`, choosing its target with `rng` (a replica: `busiest`, the one
 /// with the most requests in flight, when there is one, so that it is hit mid-operation); returns
 /// what it hit and how to heal it.
@@ -102,6 +165,7 @@ pub fn inject(
     deployment: &Arc<Mutex<Deployment>>,
     kind: &str,
     busiest: Option<usize>,
+    seen: &Seen,
     rng: &mut Rng,
 ) -> Result<(String, Healing), String> {
     let mut d = deployment
@@ -125,16 +189,14 @@ pub fn inject(
         }
         "kill_worker" | "pause_worker" => {
             let workers: Vec<(String, i32)> = d.workers().into_iter().collect();
-            if workers.is_empty() {
-                return Err("no worker to hit".to_owned());
-            }
-            let (id, pid) = rng.pick(&workers).clone();
+            let (id, pid, when) = pick_worker(&workers, seen, rng).ok_or("no worker to hit")?;
+            let target = format!("{id} ({when})");
             if kind == "kill_worker" {
                 signal(pid, Signal::SIGKILL)?;
-                (id, Healing::Nothing)
+                (target, Healing::Nothing)
             } else {
                 signal(pid, Signal::SIGSTOP)?;
-                (id, Healing::Resume(pid))
+                (target, Healing::Resume(pid))
             }
         }
         "kill_egress_proxy" => {
@@ -267,4 +329,51 @@ pub fn duration(kind: &str, lease_ttl_seconds: u32, rng: &mut Rng) -> Duration {
         _ => rng.between(500, 4_000),
     };
     Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_04_a_worker_fault_hits_workers_mid_reset_and_mid_cell_as_often_as_any() {
+        let workers: Vec<(String, i32)> = ["w-1", "w-2", "w-3", "w-4"]
+            .iter()
+            .zip(1..)
+            .map(|(id, pid)| ((*id).to_owned(), pid))
+            .collect();
+        let seen = Seen {
+            states: [
+                ("w-1", "resetting"),
+                ("w-2", "leased:member-3-0"),
+                ("w-3", "leased:member-0-0"),
+                ("w-4", "warm"),
+            ]
+            .iter()
+            .map(|(id, state)| ((*id).to_owned(), (*state).to_owned()))
+            .collect(),
+            kernel_members: ["member-3-0".to_owned()].into_iter().collect(),
+        };
+        let mut rng = Rng::new(7);
+        let mut hits: BTreeMap<(&str, String), u32> = BTreeMap::new();
+        for _ in 0..300 {
+            let (id, _, when) = pick_worker(&workers, &seen, &mut rng).expect("a worker");
+            *hits.entry((when, id)).or_default() += 1;
+        }
+        // Mid-reset is the resetting worker, mid-cell the kernel's; each about a third.
+        for (when, id) in [("mid-reset", "w-1"), ("mid-cell", "w-2")] {
+            let n = hits.get(&(when, id.to_owned())).copied().unwrap_or(0);
+            assert!((70..=130).contains(&n), "{when} {id}: {n} of 300: {hits:?}");
+        }
+        assert!(hits.keys().all(|(when, id)| *when == "any"
+            || (*when == "mid-reset" && id == "w-1")
+            || (*when == "mid-cell" && id == "w-2")));
+        // With nobody resetting or in a cell, any worker.
+        let idle = Seen::default();
+        assert_eq!(
+            pick_worker(&workers, &idle, &mut rng).map(|(_, _, when)| when),
+            Some("any")
+        );
+        assert_eq!(pick_worker(&[], &seen, &mut rng), None);
+    }
 }

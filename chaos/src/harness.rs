@@ -251,6 +251,11 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
             member: name,
         });
     }
+    let kernel_members: std::collections::BTreeSet<String> = streams
+        .iter()
+        .filter(|s| s.kind == Kind::Kernel)
+        .map(|s| s.member.clone())
+        .collect();
     for (index, stream) in streams.into_iter().enumerate() {
         clients.push(tokio::spawn(load::client(
             shared.clone(),
@@ -287,8 +292,17 @@ async fn drive(plan: &Plan, deployment: Deployment) -> Result<History, String> {
             let (deployment, kind) = (deployment.clone(), kind.clone());
             let mut rng = schedule.fork(at_ns);
             let busiest = shared.busiest();
+            let seen = faults::Seen {
+                states: samples
+                    .lock()
+                    .await
+                    .last()
+                    .map(|s| s.workers.clone())
+                    .unwrap_or_default(),
+                kernel_members: kernel_members.clone(),
+            };
             tokio::task::spawn_blocking(move || {
-                faults::inject(&deployment, &kind, busiest, &mut rng)
+                faults::inject(&deployment, &kind, busiest, &seen, &mut rng)
             })
             .await
             .map_err(|e| e.to_string())?
