@@ -83,50 +83,10 @@ pub async fn keep(
     how: How<'_>,
 ) -> Keeping {
     let How { retain, publish } = how;
-    let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
-    let found = match files(&archive, &paths, state.settings.bounds.max_artifact_bytes) {
-        Ok(found) if found.len() == paths.len() => found,
-        Ok(_) => {
-            return Keeping::kept(Kept::Unavailable {
-                message: "a download is missing from the workspace the worker returned".into(),
-            });
-        }
-        Err(e) => {
-            return Keeping::kept(Kept::Unavailable {
-                message: format!("the workspace the worker returned cannot be read: {e}"),
-            });
-        }
+    let published = match outputs(state, key, run_id, reply, &archive, publish).await {
+        Ok(published) => published,
+        Err(kept) => return Keeping::kept(kept),
     };
-    let mut published = Vec::new();
-    for (path, bytes) in found {
-        let bytes = Bytes::from(bytes);
-        if let Err(e) = state
-            .workspaces
-            .retain_output(key, run_id, &path, bytes.clone())
-            .await
-        {
-            return Keeping::kept(failed(&e));
-        }
-        if let Some(declared) = publish
-            && (declared.is_empty() || declared.contains(&path))
-        {
-            let digest = corral_core::ids::sha256_hex(&bytes);
-            if let Err(e) = state.workspaces.put_resource(&digest, bytes.clone()).await {
-                return Keeping::kept(failed(&e));
-            }
-            let media_type = reply
-                .downloads
-                .iter()
-                .find(|d| d.path == path)
-                .map_or_else(String::new, |d| d.media_type.clone());
-            published.push(Published {
-                path,
-                digest,
-                size: bytes.len() as u64,
-                media_type,
-            });
-        }
-    }
     if retain {
         return Keeping {
             retained: Some(Bytes::from(archive)),
@@ -164,6 +124,64 @@ pub async fn keep(
         },
         Err(e) => Keeping::kept(failed(&e)),
     }
+}
+
+/// Retains every output `reply` returns from `archive` (OUT-1), and with `publish` stores the
+/// declared ones (every one when none is declared) under their digest: what was published, or
+/// why nothing can be kept.
+async fn outputs(
+    state: &AppState,
+    key: &str,
+    run_id: &str,
+    reply: &ExecuteReply,
+    archive: &[u8],
+    publish: Option<&[String]>,
+) -> Result<Vec<Published>, Kept> {
+    let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
+    let found = match files(archive, &paths, state.settings.bounds.max_artifact_bytes) {
+        Ok(found) if found.len() == paths.len() => found,
+        Ok(_) => {
+            return Err(Kept::Unavailable {
+                message: "a download is missing from the workspace the worker returned".into(),
+            });
+        }
+        Err(e) => {
+            return Err(Kept::Unavailable {
+                message: format!("the workspace the worker returned cannot be read: {e}"),
+            });
+        }
+    };
+    let mut published = Vec::new();
+    for (path, bytes) in found {
+        let bytes = Bytes::from(bytes);
+        state
+            .workspaces
+            .retain_output(key, run_id, &path, bytes.clone())
+            .await
+            .map_err(|e| failed(&e))?;
+        if let Some(declared) = publish
+            && (declared.is_empty() || declared.contains(&path))
+        {
+            let digest = corral_core::ids::sha256_hex(&bytes);
+            state
+                .workspaces
+                .put_resource(&digest, bytes.clone())
+                .await
+                .map_err(|e| failed(&e))?;
+            let media_type = reply
+                .downloads
+                .iter()
+                .find(|d| d.path == path)
+                .map_or_else(String::new, |d| d.media_type.clone());
+            published.push(Published {
+                path,
+                digest,
+                size: bytes.len() as u64,
+                media_type,
+            });
+        }
+    }
+    Ok(published)
 }
 
 /// Whether `archive` is what was restored: the same bytes, or (with nothing restored) no entry.

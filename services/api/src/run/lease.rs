@@ -160,44 +160,7 @@ async fn drive(
     let (answer, mut answers) = tokio::sync::mpsc::unbounded_channel::<Answer>();
     let mut released = Some(released);
     loop {
-        while let Some(command) = holder.poll_command() {
-            let (state, answer) = (state.clone(), answer.clone());
-            tokio::spawn(async move {
-                let applied = state
-                    .store
-                    .commit(&command, &state.settings.pool(), lease::RETRIES)
-                    .await;
-                let _ = answer.send(Answer::Committed(applied));
-            });
-        }
-        while let Some(effect) = holder.poll_effect() {
-            match effect {
-                Effect::Reset { worker, token } => {
-                    let (state, answer) = (state.clone(), answer.clone());
-                    tokio::spawn(async move {
-                        let evidence = state.workers.reset(worker, token).await.ok();
-                        let _ = answer.send(Answer::Reset {
-                            worker,
-                            token,
-                            evidence: evidence.map(|reply| reply.reset_evidence.evidence),
-                        });
-                    });
-                }
-                // The API holds no backend: the pool keeps these orders in the document and the
-                // controller's reconciler performs them on its next pass.
-                Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
-                Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
-            }
-        }
-        while let Some(event) = holder.poll_event() {
-            match event {
-                HolderEvent::Lost(_) => {
-                    lost.store(true, Ordering::Relaxed);
-                    state.metrics.unperformed("lease_lost");
-                }
-                HolderEvent::Ended(_) => {}
-            }
-        }
+        perform_outputs(&state, &mut holder, &answer, &lost);
         if holder.is_done() {
             return;
         }
@@ -232,6 +195,54 @@ async fn drive(
                     None => std::future::pending().await,
                 }
             } => holder.handle_timeout(mono(epoch)),
+        }
+    }
+}
+
+/// Drains every output of `holder`: each command committed and each reset asked for in a task of
+/// its own, whose answer comes back on `answer`; a lost lease raised in `lost`.
+fn perform_outputs(
+    state: &Arc<AppState>,
+    holder: &mut LeaseHolder,
+    answer: &tokio::sync::mpsc::UnboundedSender<Answer>,
+    lost: &AtomicBool,
+) {
+    while let Some(command) = holder.poll_command() {
+        let (state, answer) = (state.clone(), answer.clone());
+        tokio::spawn(async move {
+            let applied = state
+                .store
+                .commit(&command, &state.settings.pool(), lease::RETRIES)
+                .await;
+            let _ = answer.send(Answer::Committed(applied));
+        });
+    }
+    while let Some(effect) = holder.poll_effect() {
+        match effect {
+            Effect::Reset { worker, token } => {
+                let (state, answer) = (state.clone(), answer.clone());
+                tokio::spawn(async move {
+                    let evidence = state.workers.reset(worker, token).await.ok();
+                    let _ = answer.send(Answer::Reset {
+                        worker,
+                        token,
+                        evidence: evidence.map(|reply| reply.reset_evidence.evidence),
+                    });
+                });
+            }
+            // The API holds no backend: the pool keeps these orders in the document and the
+            // controller's reconciler performs them on its next pass.
+            Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
+            Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
+        }
+    }
+    while let Some(event) = holder.poll_event() {
+        match event {
+            HolderEvent::Lost(_) => {
+                lost.store(true, Ordering::Relaxed);
+                state.metrics.unperformed("lease_lost");
+            }
+            HolderEvent::Ended(_) => {}
         }
     }
 }

@@ -143,51 +143,10 @@ async fn attempt(
     progress: Option<Progress>,
 ) -> Reply {
     let run_id = run_id.to_owned();
-    let admitted = match admit(request, &state.settings, state.packages()) {
-        Admission::Admitted(admitted) => {
-            tracing::info!(
-                language = ?admitted.language,
-                kernel = ?admitted.kernel,
-                "admitted"
-            );
-            admitted
-        }
-        Admission::NotRun(reason) => {
-            state.metrics.run("not_run");
-            return answer::not_run_before_lease(&run_id, reason);
-        }
-        Admission::Refused(refused) => {
-            state.metrics.refusal(refused.code.code());
-            return answer::request_refused(&refused);
-        }
-        Admission::Dependencies(failure) => {
-            state.metrics.run("not_run");
-            return answer::dependencies_failed(&run_id, &failure, &[]);
-        }
-        Admission::UnsupportedLanguage(refused) => {
-            state.metrics.run("not_run");
-            return answer::unsupported_language(&run_id, &refused);
-        }
+    let admitted = match admitted(state, request, &run_id) {
+        Ok(admitted) => admitted,
+        Err(reply) => return reply,
     };
-    // A persistent kernel's checkpoints are sealed under a key derived from the field key.
-    if admitted.kernel == Kernel::Persistent && state.kernel_seal_root.is_none() {
-        state.metrics.run("not_run");
-        return answer::not_run_before_lease(&run_id, NotRun::PersistentKernelUnavailable);
-    }
-    // Tools the deployment cannot forward are refused, not dropped (KER-5).
-    if admitted.tools.is_some()
-        && (state.settings.tool_endpoint_url.is_none()
-            || state.settings.packages.broker_url.is_none())
-    {
-        state.metrics.refusal("tools_unavailable");
-        return answer::refusal(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "tools_unavailable",
-            "this deployment forwards no tool calls: CORRAL_TOOL_ENDPOINT_URL (and the address \
-             workers reach the API at, SANDBOX_PACKAGE_BROKER_URL) must be set",
-            json!({ "run_id": run_id }),
-        );
-    }
     // The turn's scope, read at admission, before any lease (PROJ-2, PROJ-3).
     let turn = match resources::admit(state, &admitted, &run_id).await {
         Ok(turn) => turn,
@@ -219,48 +178,125 @@ async fn attempt(
     // Should this cell end without saying what becomes of its session (a panic), the slot is
     // not left busy forever.
     let _unclaimed = claim.as_ref().map(|claim| state.affinity.guard(claim));
-    if affinity {
-        match taken {
-            affinity::Taken::Busy => {
-                state.metrics.refusal("kernel_busy");
-                return answer::refusal(
-                    StatusCode::CONFLICT,
-                    "kernel_busy",
-                    "another cell of this kernel is running; a kernel runs one cell at a time",
-                    json!({ "run_id": run_id }),
-                );
-            }
-            affinity::Taken::Session(session) => {
-                cell.retained = session.archive.clone();
-                match leased(state, &admitted, &run_id, &session.holder, &cell).await {
-                    Leased::Done(reply, disposition, retained) => {
-                        let retained = match retained {
-                            // A cell that kept nothing changed nothing: the session goes on.
-                            Retained::Nothing => {
-                                session.archive.map_or(Retained::Nothing, Retained::Archive)
-                            }
-                            other => other,
-                        };
-                        if let Some(claim) = &claim {
-                            keep_session(state, claim, session.holder, disposition, retained);
-                        }
-                        return reply;
-                    }
-                    Leased::Unreachable(_) => {
-                        session.holder.release(Disposition::Discard);
-                        cell.retained = None;
-                        cell.mode = KernelMode::Affinity {
-                            ended: Some(
-                                "the kernel's worker could not be reached; its state with it",
-                            ),
-                        };
-                    }
-                }
-            }
-            affinity::Taken::Absent { ended } => cell.mode = KernelMode::Affinity { ended },
-        }
+    if affinity
+        && let Some(reply) =
+            in_session(state, &admitted, &run_id, taken, claim.as_ref(), &mut cell).await
+    {
+        return reply;
     }
     leased_anywhere(state, &admitted, &run_id, claim.as_ref(), &cell).await
+}
+
+/// `request` admitted (`corral_core::run::admission`), or the answer that refuses it, or records
+/// it `not_run`, before any lease: a persistent kernel needs the deployment's seal root, and tools
+/// the deployment cannot forward are refused, not dropped (KER-5).
+fn admitted(
+    state: &AppState,
+    request: RunCodeRequest,
+    run_id: &str,
+) -> Result<Box<Admitted>, Reply> {
+    let admitted = match admit(request, &state.settings, state.packages()) {
+        Admission::Admitted(admitted) => {
+            tracing::info!(
+                language = ?admitted.language,
+                kernel = ?admitted.kernel,
+                "admitted"
+            );
+            admitted
+        }
+        Admission::NotRun(reason) => {
+            state.metrics.run("not_run");
+            return Err(answer::not_run_before_lease(run_id, reason));
+        }
+        Admission::Refused(refused) => {
+            state.metrics.refusal(refused.code.code());
+            return Err(answer::request_refused(&refused));
+        }
+        Admission::Dependencies(failure) => {
+            state.metrics.run("not_run");
+            return Err(answer::dependencies_failed(run_id, &failure, &[]));
+        }
+        Admission::UnsupportedLanguage(refused) => {
+            state.metrics.run("not_run");
+            return Err(answer::unsupported_language(run_id, &refused));
+        }
+    };
+    // A persistent kernel's checkpoints are sealed under a key derived from the field key.
+    if admitted.kernel == Kernel::Persistent && state.kernel_seal_root.is_none() {
+        state.metrics.run("not_run");
+        return Err(answer::not_run_before_lease(
+            run_id,
+            NotRun::PersistentKernelUnavailable,
+        ));
+    }
+    if admitted.tools.is_some()
+        && (state.settings.tool_endpoint_url.is_none()
+            || state.settings.packages.broker_url.is_none())
+    {
+        state.metrics.refusal("tools_unavailable");
+        return Err(answer::refusal(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tools_unavailable",
+            "this deployment forwards no tool calls: CORRAL_TOOL_ENDPOINT_URL (and the address \
+             workers reach the API at, SANDBOX_PACKAGE_BROKER_URL) must be set",
+            json!({ "run_id": run_id }),
+        ));
+    }
+    Ok(admitted)
+}
+
+/// A persistent cell in affinity mode (KER-4): refused while another cell of its kernel runs; run
+/// on the lease its session holds, which then goes on; or, its worker unreachable, the session
+/// ended and `cell` left to run anywhere (`None`), as when there was no session.
+async fn in_session(
+    state: &Arc<AppState>,
+    admitted: &Admitted,
+    run_id: &str,
+    taken: affinity::Taken,
+    claim: Option<&affinity::Claim>,
+    cell: &mut Cell,
+) -> Option<Reply> {
+    match taken {
+        affinity::Taken::Busy => {
+            state.metrics.refusal("kernel_busy");
+            Some(answer::refusal(
+                StatusCode::CONFLICT,
+                "kernel_busy",
+                "another cell of this kernel is running; a kernel runs one cell at a time",
+                json!({ "run_id": run_id }),
+            ))
+        }
+        affinity::Taken::Session(session) => {
+            cell.retained = session.archive.clone();
+            match leased(state, admitted, run_id, &session.holder, cell).await {
+                Leased::Done(reply, disposition, retained) => {
+                    let retained = match retained {
+                        // A cell that kept nothing changed nothing: the session goes on.
+                        Retained::Nothing => {
+                            session.archive.map_or(Retained::Nothing, Retained::Archive)
+                        }
+                        other => other,
+                    };
+                    if let Some(claim) = claim {
+                        keep_session(state, claim, session.holder, disposition, retained);
+                    }
+                    Some(reply)
+                }
+                Leased::Unreachable(_) => {
+                    session.holder.release(Disposition::Discard);
+                    cell.retained = None;
+                    cell.mode = KernelMode::Affinity {
+                        ended: Some("the kernel's worker could not be reached; its state with it"),
+                    };
+                    None
+                }
+            }
+        }
+        affinity::Taken::Absent { ended } => {
+            cell.mode = KernelMode::Affinity { ended };
+            None
+        }
+    }
 }
 
 /// Takes a lease from the pool (trying at most [`LEASES_MAX`] workers within one wait) and runs.
@@ -425,7 +461,9 @@ impl Phases {
     }
 }
 
-/// The part of a run that holds the lease.
+/// The part of a run that holds the lease, in its order: the inputs read (egress policy and
+/// grant, the workspace), the run's documents projected, the code executed on the leased worker,
+/// what may be kept kept, and the answer decided ([`answered`]).
 async fn leased(
     state: &AppState,
     admitted: &Admitted,
@@ -433,7 +471,6 @@ async fn leased(
     holder: &lease::Holder,
     cell: &Cell,
 ) -> Leased {
-    let settings = &state.settings;
     let granted = holder.granted();
     let span = tracing::Span::current();
     span.record("corral.lease", granted.token.0);
@@ -441,49 +478,9 @@ async fn leased(
     tracing::info!(ticket = granted.ticket.0, "leased");
     let mut phases = Phases::new();
     let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
-    // Deployment time at the grant, from the lease itself: no extra round trip.
-    let now = corral_core::time::UnixMillis(
-        granted
-            .expires_at
-            .0
-            .saturating_sub(settings.lease_ttl_seconds.saturating_mul(1_000)),
-    );
-    let persistent = admitted.kernel == Kernel::Persistent;
-    // The policy and the snapshot are independent: read both at once. A persistent cell has no
-    // egress whatever the policy (KER-5).
-    let (egress, snapshot) = tokio::join!(
-        async {
-            if persistent {
-                RunEgress::persistent_kernel()
-            } else {
-                state
-                    .egress
-                    .for_run(
-                        &state.store,
-                        run_id,
-                        &admitted.actor,
-                        admitted.provider_hint.as_deref(),
-                        now,
-                    )
-                    .await
-            }
-        },
-        async {
-            match (cell.mode, &cell.retained) {
-                (KernelMode::Affinity { .. }, Some(archive)) => Ok(Some(Snapshot {
-                    generation: 0,
-                    archive: archive.clone(),
-                })),
-                (KernelMode::Affinity { .. }, None) => Ok(None),
-                (KernelMode::Store, _) if settings.workspace_persist => {
-                    state.workspaces.latest(&key).await
-                }
-                (KernelMode::Store, _) => Ok(None),
-            }
-        }
-    );
+    let (egress, snapshot) = inputs(state, admitted, run_id, cell, &key, &granted).await;
     state.metrics.egress(egress.effective_mode);
-    tracing::Span::current().record("corral.egress_mode", egress.effective_mode);
+    span.record("corral.egress_mode", egress.effective_mode);
     let snapshot = match snapshot {
         Ok(snapshot) => snapshot,
         Err(e) => {
@@ -507,33 +504,13 @@ async fn leased(
     phases.lap("projection_us");
     let (resources_order, resources_report) =
         projected.map_or((None, Value::Null), |p| (p.order, p.report));
-    let request = ExecuteRequest {
-        language: admitted.language,
-        code: admitted.code.clone(),
-        workspace: snapshot.as_ref().map(|s| archive_text(&s.archive)),
-        bounds: admitted.overrides,
-        grant: egress.grant,
-        declared: admitted.declared.clone(),
-        dependencies: admitted.dependencies.needs_broker().then(|| InstallOrder {
-            install: admitted.dependencies.install.clone(),
-            constraints: admitted.dependencies.constraints.clone(),
-            token: state
-                .broker
-                .as_ref()
-                .map(|broker| broker.mint(run_id))
-                .unwrap_or_default(),
-        }),
-        kernel: persistent
-            .then_some(state.kernel_seal_root.as_ref())
-            .flatten()
-            .map(|root| KernelOrder::new(root, &key)),
-        tools: tool_order(settings, admitted, cell),
-        resources: resources_order,
-        token: granted.token,
-        traceparent: crate::trace::traceparent(),
-        // `execute_streamed` asks for it.
-        stream_output: false,
+    let order = Order {
+        run_id,
+        key: &key,
+        granted: &granted,
+        snapshot: snapshot.as_ref(),
     };
+    let request = execute_request(state, admitted, cell, &order, egress.grant, resources_order);
     cell.tell(
         corral_core::run::progress::RUNNING,
         json!({
@@ -542,114 +519,217 @@ async fn leased(
             "declared": corral_core::run::progress::pending(&admitted.declared),
         }),
     );
-    let executed =
-        match &cell.progress {
-            // Streamed: the code's output goes to the caller as the worker reads it.
-            Some(_) => {
-                state
-                    .workers
-                    .execute_streamed(granted.worker, &request, &admitted.bounds, |frame| {
-                        match frame {
-                            ExecuteFrame::Output { stream, text } => cell.tell(
-                                corral_core::run::progress::OUTPUT,
-                                json!({ "stream": stream, "text": text }),
-                            ),
-                            ExecuteFrame::Bound { stream } => cell.tell(
-                                corral_core::run::progress::BOUND,
-                                json!({ "stream": stream, "bound": Bound::Output }),
-                            ),
-                            ExecuteFrame::Reply(_) | ExecuteFrame::Refused(_) => {}
-                        }
-                    })
-                    .await
-            }
-            None => {
-                state
-                    .workers
-                    .execute(granted.worker, &request, &admitted.bounds)
-                    .await
-            }
-        };
-    let reply = match executed {
+    let reply = match execute(state, admitted, cell, granted.worker, &request).await {
         Ok(reply) => reply,
-        Err(CallError::Unreachable(message)) => return Leased::Unreachable(message),
-        Err(CallError::Lost(message) | CallError::ReplyInvalid(message)) => {
+        Err(error) => return call_failed(state, run_id, error),
+    };
+    phases.lap("execute_us");
+    let reports = Reports {
+        egress: egress.report,
+        resources: resources_report,
+        phases,
+    };
+    answered(state, admitted, cell, &order, &reply, reports).await
+}
+
+/// What a leased run was given: its id, its workspace's storage key, its lease, and the
+/// workspace restored for it.
+struct Order<'a> {
+    run_id: &'a str,
+    key: &'a str,
+    granted: &'a corral_store::lease::Granted,
+    snapshot: Option<&'a Snapshot>,
+}
+
+/// What the answer reports beside the outcome: the egress, the projection, and where the time
+/// went.
+struct Reports {
+    egress: Value,
+    resources: Value,
+    phases: Phases,
+}
+
+/// The run's egress and its workspace, read at once (they are independent). A persistent cell has
+/// no egress whatever the policy (KER-5); an affinity cell's workspace is the one retained beside
+/// its lease (KER-4).
+async fn inputs(
+    state: &AppState,
+    admitted: &Admitted,
+    run_id: &str,
+    cell: &Cell,
+    key: &str,
+    granted: &corral_store::lease::Granted,
+) -> (
+    RunEgress,
+    Result<Option<Snapshot>, crate::workspaces::StorageError>,
+) {
+    let settings = &state.settings;
+    // Deployment time at the grant, from the lease itself: no extra round trip.
+    let now = corral_core::time::UnixMillis(
+        granted
+            .expires_at
+            .0
+            .saturating_sub(settings.lease_ttl_seconds.saturating_mul(1_000)),
+    );
+    tokio::join!(
+        async {
+            if admitted.kernel == Kernel::Persistent {
+                RunEgress::persistent_kernel()
+            } else {
+                state
+                    .egress
+                    .for_run(
+                        &state.store,
+                        run_id,
+                        &admitted.actor,
+                        admitted.provider_hint.as_deref(),
+                        now,
+                    )
+                    .await
+            }
+        },
+        async {
+            match (cell.mode, &cell.retained) {
+                (KernelMode::Affinity { .. }, Some(archive)) => Ok(Some(Snapshot {
+                    generation: 0,
+                    archive: archive.clone(),
+                })),
+                (KernelMode::Affinity { .. }, None) => Ok(None),
+                (KernelMode::Store, _) if settings.workspace_persist => {
+                    state.workspaces.latest(key).await
+                }
+                (KernelMode::Store, _) => Ok(None),
+            }
+        }
+    )
+}
+
+/// What the worker is asked to run: the code, its workspace, bounds, egress grant, outputs,
+/// installs (with a broker token), the kernel's seal, tools and documents, under the lease's
+/// token.
+fn execute_request(
+    state: &AppState,
+    admitted: &Admitted,
+    cell: &Cell,
+    order: &Order<'_>,
+    grant: Option<String>,
+    resources: Option<corral_contract::messages::ResourceOrder>,
+) -> ExecuteRequest {
+    let persistent = admitted.kernel == Kernel::Persistent;
+    ExecuteRequest {
+        language: admitted.language,
+        code: admitted.code.clone(),
+        workspace: order.snapshot.map(|s| archive_text(&s.archive)),
+        bounds: admitted.overrides,
+        grant,
+        declared: admitted.declared.clone(),
+        dependencies: admitted.dependencies.needs_broker().then(|| InstallOrder {
+            install: admitted.dependencies.install.clone(),
+            constraints: admitted.dependencies.constraints.clone(),
+            token: state
+                .broker
+                .as_ref()
+                .map(|broker| broker.mint(order.run_id))
+                .unwrap_or_default(),
+        }),
+        kernel: persistent
+            .then_some(state.kernel_seal_root.as_ref())
+            .flatten()
+            .map(|root| KernelOrder::new(root, order.key)),
+        tools: tool_order(&state.settings, admitted, cell),
+        resources,
+        token: order.granted.token,
+        traceparent: crate::trace::traceparent(),
+        // `execute_streamed` asks for it.
+        stream_output: false,
+    }
+}
+
+/// Runs `request` on `worker`: streamed to the caller as the worker reads the code's output when
+/// the run has a progress channel, else in one answer.
+async fn execute(
+    state: &AppState,
+    admitted: &Admitted,
+    cell: &Cell,
+    worker: corral_core::ids::WorkerId,
+    request: &ExecuteRequest,
+) -> Result<corral_contract::ExecuteReply, CallError> {
+    if cell.progress.is_none() {
+        return state
+            .workers
+            .execute(worker, request, &admitted.bounds)
+            .await;
+    }
+    state
+        .workers
+        .execute_streamed(worker, request, &admitted.bounds, |frame| match frame {
+            ExecuteFrame::Output { stream, text } => cell.tell(
+                corral_core::run::progress::OUTPUT,
+                json!({ "stream": stream, "text": text }),
+            ),
+            ExecuteFrame::Bound { stream } => cell.tell(
+                corral_core::run::progress::BOUND,
+                json!({ "stream": stream, "bound": Bound::Output }),
+            ),
+            ExecuteFrame::Reply(_) | ExecuteFrame::Refused(_) => {}
+        })
+        .await
+}
+
+/// A worker call that failed: unreachable (the run is taken to another worker), lost or
+/// answering nonsense (discarded: nobody can vouch for it), or refusing (reset when it refused
+/// before anything ran, discarded otherwise).
+fn call_failed(state: &AppState, run_id: &str, error: CallError) -> Leased {
+    match error {
+        CallError::Unreachable(message) => Leased::Unreachable(message),
+        CallError::Lost(message) | CallError::ReplyInvalid(message) => {
             state.metrics.run("worker_lost");
-            // Nobody can vouch for a worker that vanished mid-run or answered nonsense.
             let reply = answer::worker_lost(
                 run_id,
                 format!(
                     "the worker stopped answering during the run ({message}); the workspace was not changed"
                 ),
             );
-            return Leased::Done(reply, Disposition::Discard, Retained::Nothing);
+            Leased::Done(reply, Disposition::Discard, Retained::Nothing)
         }
-        Err(CallError::Refused(body)) => {
+        CallError::Refused(body) => {
             state.metrics.run("refused");
-            // A refusal before anything ran leaves the worker as it was; any other is unproven.
             let disposition = if body.error.before_anything_ran() {
                 Disposition::Reset
             } else {
                 Disposition::Discard
             };
-            return Leased::Done(
+            Leased::Done(
                 answer::worker_refused(run_id, &body),
                 disposition,
                 Retained::Nothing,
-            );
-        }
-    };
-    phases.lap("execute_us");
-    let archive = reply.workspace.archive();
-    let packed = match (reply.workspace.packed(), &archive) {
-        // A packed workspace that does not decode was not returned.
-        (Packed::Archive, None) => Packed::Missing,
-        (packed, _) => packed,
-    };
-    let reported = Reported {
-        exit_code: reply.exit_code,
-        not_run: reply.not_run,
-        bound: reply.bound,
-        downloads: &reply.downloads,
-        rejected: &reply.rejected,
-        packed: &packed,
-    };
-    let affinity = matches!(cell.mode, KernelMode::Affinity { .. });
-    let keeping = match (plan(&reported), archive) {
-        (Plan::Keep, Some(archive)) => {
-            keep::keep(
-                state,
-                &key,
-                run_id,
-                snapshot.as_ref(),
-                &reply,
-                archive,
-                keep::How {
-                    retain: affinity,
-                    publish: cell.turn.is_some().then_some(admitted.declared.as_slice()),
-                },
             )
-            .await
         }
-        (Plan::Keep, None) | (Plan::KeepNothing, _) => keep::Keeping {
-            kept: Kept::Nothing,
-            saved: false,
-            unchanged: false,
-            retained: None,
-            published: Vec::new(),
-        },
-    };
-    phases.lap("keep_us");
-    let decided = decide(&reported, &keeping.kept, &admitted.declared, run_id);
+    }
+}
+
+/// What the worker's `reply` leaves: what may be kept kept (`corral_core::run::outcome::plan`,
+/// then [`keep`]), the outcome decided, a succeeded run's outputs linked into its room (OUT-1),
+/// and the answer, with what an affinity session retains.
+async fn answered(
+    state: &AppState,
+    admitted: &Admitted,
+    cell: &Cell,
+    order: &Order<'_>,
+    reply: &corral_contract::ExecuteReply,
+    mut reports: Reports,
+) -> Leased {
+    let run_id = order.run_id;
+    let (keeping, decided) = kept(state, admitted, cell, order, reply).await;
+    reports.phases.lap("keep_us");
     state.metrics.run(decided.outcome.as_str());
-    // OUT-1: a succeeded run's validated outputs are linked into its room.
     let linked = match &cell.turn {
         Some(turn) if decided.outcome == corral_core::run::outcome::Outcome::Succeeded => {
             resources::link(state, admitted, turn, &keeping.published).await
         }
         _ => json!([]),
     };
-    phases.lap("link_us");
+    reports.phases.lap("link_us");
     // PKG-6: an install that failed is answered with its record (nothing ran, nothing kept).
     if let (Some(_), Some(failure)) = (
         decided.not_run,
@@ -664,22 +744,23 @@ async fn leased(
     if let Some(bound) = decided.bound {
         state.metrics.bound(bound.setting());
     }
+    let resources = cell.turn.is_some().then(|| {
+        let mut report = reports.resources;
+        if report.is_null() {
+            report = json!({ "files": [] });
+        }
+        report["linked"] = linked;
+        report
+    });
     let context = Context {
         run_id,
         declared: &admitted.declared,
-        egress: egress.report,
-        worker: granted.worker.to_string(),
-        phases: phases.marks,
-        kernel: kernel_report(admitted.kernel, cell.mode, &reply, &keeping),
+        egress: reports.egress,
+        worker: order.granted.worker.to_string(),
+        phases: reports.phases.marks,
+        kernel: kernel_report(admitted.kernel, cell.mode, reply, &keeping),
         compress: admitted.compress_output,
-        resources: (cell.turn.is_some()).then(|| {
-            let mut report = resources_report;
-            if report.is_null() {
-                report = json!({ "files": [] });
-            }
-            report["linked"] = linked;
-            report
-        }),
+        resources,
         dependencies: json!({
             "satisfied": admitted.dependencies.satisfied,
             "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
@@ -703,10 +784,61 @@ async fn leased(
         (_, None) => Retained::Nothing,
     };
     Leased::Done(
-        answer::decided(&decided, &reply, &keeping, context),
+        answer::decided(&decided, reply, &keeping, context),
         Disposition::Reset,
         retained,
     )
+}
+
+/// What may be kept of `reply`, kept, and the outcome it decides.
+async fn kept(
+    state: &AppState,
+    admitted: &Admitted,
+    cell: &Cell,
+    order: &Order<'_>,
+    reply: &corral_contract::ExecuteReply,
+) -> (keep::Keeping, corral_core::run::outcome::Decided) {
+    let archive = reply.workspace.archive();
+    let packed = match (reply.workspace.packed(), &archive) {
+        // A packed workspace that does not decode was not returned.
+        (Packed::Archive, None) => Packed::Missing,
+        (packed, _) => packed,
+    };
+    let reported = Reported {
+        exit_code: reply.exit_code,
+        not_run: reply.not_run,
+        bound: reply.bound,
+        downloads: &reply.downloads,
+        rejected: &reply.rejected,
+        packed: &packed,
+    };
+    let affinity = matches!(cell.mode, KernelMode::Affinity { .. });
+    let keeping = match (plan(&reported), archive) {
+        (Plan::Keep, Some(archive)) => {
+            keep::keep(
+                state,
+                order.key,
+                order.run_id,
+                order.snapshot,
+                reply,
+                archive,
+                keep::How {
+                    retain: affinity,
+                    publish: cell.turn.is_some().then_some(admitted.declared.as_slice()),
+                },
+            )
+            .await
+        }
+        (Plan::Keep, None) | (Plan::KeepNothing, _) => keep::Keeping {
+            kept: Kept::Nothing,
+            saved: false,
+            unchanged: false,
+            retained: None,
+            published: Vec::new(),
+        },
+    };
+    let decided = decide(&reported, &keeping.kept, &admitted.declared, order.run_id);
+    (keeping, decided)
 }
 
 /// What the model reads of a cell's kernel (KER-1 to KER-4): the mode and where its state lives,

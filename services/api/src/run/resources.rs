@@ -204,8 +204,31 @@ pub async fn dispatch(
         state.metrics.refusal(refusal.reason.code());
         refused(run_id, &refusal)
     })?;
-    // A withheld selection is logged under its event with the bounded reason (PROJ-4): a log
-    // line (JSON with CORRAL_LOG_FORMAT=json), and a counter.
+    let report = report(state, run_id, &decided);
+    let manifest = decided.manifest;
+    if manifest.entries.is_empty() {
+        return Ok(Dispatch {
+            order: None,
+            report,
+        });
+    }
+    verify_room(state, authority, admitted, turn, run_id, &manifest).await?;
+    let files = file_bytes(state, run_id, &manifest).await?;
+    Ok(Dispatch {
+        order: Some(ResourceOrder {
+            audience_version: turn.scope.audience.version,
+            manifest_digest: manifest.digest(),
+            manifest,
+            files,
+        }),
+        report,
+    })
+}
+
+/// What the answer reports of a projection: its files, a withheld selection and whether the run
+/// asked for files none of which is attached. A withheld selection is logged under its event with
+/// the bounded reason (PROJ-4): a log line (JSON with CORRAL_LOG_FORMAT=json), and a counter.
+fn report(state: &AppState, run_id: &str, decided: &projection::Projection) -> Value {
     if let Some((event, refusal)) = &decided.withheld {
         state.metrics.event(event.event(), refusal.reason.code());
         tracing::info!(
@@ -225,25 +248,29 @@ pub async fn dispatch(
             "limit": refusal.limit,
         })
     });
-    let manifest = decided.manifest;
-    let report = json!({
-        "files": manifest.entries.iter().map(|e| json!({
+    json!({
+        "files": decided.manifest.entries.iter().map(|e| json!({
             "filename": e.filename, "reference": e.reference, "kind": e.kind,
             "version": e.version, "media_type": e.media_type, "size": e.size,
         })).collect::<Vec<_>>(),
         "withheld": withheld,
         "no_file_attached": decided.no_file_attached,
-    });
-    if manifest.entries.is_empty() {
-        return Ok(Dispatch {
-            order: None,
-            report,
-        });
-    }
-    // The room now, less the turn's own links since admission, against the admitted manifest.
+    })
+}
+
+/// The room now, less the turn's own links since admission, against the admitted manifest.
+async fn verify_room(
+    state: &AppState,
+    authority: &crate::resources::Authority,
+    admitted: &Admitted,
+    turn: &TurnScope,
+    run_id: &str,
+    manifest: &projection::Manifest,
+) -> Result<(), Reply> {
+    let member = admitted.member.0.as_str();
     let journal = authority
         .journal(&JournalQuery {
-            room: room.to_owned(),
+            room: admitted.conversation.0.clone(),
             member: member.to_owned(),
             since: turn.scope.position,
             retrieved: admitted.retrieved.clone(),
@@ -258,11 +285,19 @@ pub async fn dispatch(
         })
         .map(|l| l.reference.clone())
         .collect();
-    projection::verify_room(&manifest, &journal.documents, &own).map_err(|refusal| {
+    projection::verify_room(manifest, &journal.documents, &own).map_err(|refusal| {
         state.metrics.refusal(refusal.reason.code());
         refused(run_id, &refusal)
-    })?;
-    // The bytes, by digest, as stored: the worker checks them before the code starts.
+    })
+}
+
+/// Each file's bytes, by digest, as stored (base64): the worker checks them before the code
+/// starts.
+async fn file_bytes(
+    state: &AppState,
+    run_id: &str,
+    manifest: &projection::Manifest,
+) -> Result<Vec<String>, Reply> {
     let mut files = Vec::with_capacity(manifest.entries.len());
     for entry in &manifest.entries {
         match state.workspaces.resource(&entry.digest).await {
@@ -287,15 +322,7 @@ pub async fn dispatch(
             }
         }
     }
-    Ok(Dispatch {
-        order: Some(ResourceOrder {
-            audience_version: turn.scope.audience.version,
-            manifest_digest: manifest.digest(),
-            manifest,
-            files,
-        }),
-        report,
-    })
+    Ok(files)
 }
 
 /// Step 3: links each retained output into the room (OUT-1); what was linked, for the answer.
