@@ -374,7 +374,7 @@ impl Broker {
                 .header(header::ACCEPT, accept)
                 .send()
                 .await;
-            let mut response = match sent {
+            let response = match sent {
                 Ok(response) => response,
                 Err(error) if error.is_connect() || error.is_timeout() => {
                     self.cooldowns
@@ -408,33 +408,7 @@ impl Broker {
             if !status.is_success() {
                 return Err(Failure::Upstream(status.as_u16()));
             }
-            if response.content_length().is_some_and(|n| n > max) {
-                return Err(Failure::TooLarge { kind, max });
-            }
-            let content_type = response
-                .headers()
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_owned();
-            let expected = response.content_length();
-            let mut body = Vec::new();
-            loop {
-                match response.chunk().await {
-                    Ok(Some(chunk)) => {
-                        body.extend_from_slice(&chunk);
-                        if body.len() as u64 > max {
-                            return Err(Failure::TooLarge { kind, max });
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(_) => return Err(Failure::Truncated),
-                }
-            }
-            if expected.is_some_and(|n| n != body.len() as u64) {
-                return Err(Failure::Truncated);
-            }
-            return Ok((content_type, body));
+            return read_body(response, kind, max).await;
         }
         Err(Failure::Upstream(310))
     }
@@ -810,6 +784,41 @@ pub async fn file(
         .into_response()
 }
 
+/// A successful answer's content type and body, at most `max` bytes, and whole.
+async fn read_body(
+    mut response: reqwest::Response,
+    kind: Kind,
+    max: u64,
+) -> Result<(String, Vec<u8>), Failure> {
+    if response.content_length().is_some_and(|n| n > max) {
+        return Err(Failure::TooLarge { kind, max });
+    }
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let expected = response.content_length();
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                body.extend_from_slice(&chunk);
+                if body.len() as u64 > max {
+                    return Err(Failure::TooLarge { kind, max });
+                }
+            }
+            Ok(None) => break,
+            Err(_) => return Err(Failure::Truncated),
+        }
+    }
+    if expected.is_some_and(|n| n != body.len() as u64) {
+        return Err(Failure::Truncated);
+    }
+    Ok((content_type, body))
+}
+
 /// `GET /v1/packages/{token}/npm/{*path}`: a packument (`{name}`, `@scope/{name}`), or a tarball
 /// it lists (`-/files/{name}/{file}`).
 pub async fn npm(
@@ -847,72 +856,88 @@ pub async fn npm(
         Ok(fetched) => fetched,
         Err(failure) => return failure.response(),
     };
-    let Ok(mut packument) = serde_json::from_slice::<Value>(&body) else {
+    let Ok(packument) = serde_json::from_slice::<Value>(&body) else {
         return Failure::IndexNotUnderstood("a packument that is not JSON".to_owned()).response();
     };
     match file {
-        None => {
-            let host = headers
-                .get(header::HOST)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("127.0.0.1:8000")
-                .to_owned();
-            if let Some(versions) = packument["versions"].as_object_mut() {
-                for version in versions.values_mut() {
-                    let Some(tarball) = version["dist"]["tarball"].as_str() else {
-                        continue;
-                    };
-                    let file = tarball.rsplit('/').next().unwrap_or("").to_owned();
-                    version["dist"]["tarball"] = json!(format!(
-                        "http://{host}/v1/packages/{token}/npm/-/files/{name}/{file}"
-                    ));
-                }
-            }
-            if let Some(object) = packument.as_object_mut() {
-                object.remove("_attachments");
-            }
-            (
-                [(header::CONTENT_TYPE, "application/json")],
-                packument.to_string(),
-            )
-                .into_response()
-        }
-        Some(file) => {
-            let listed = packument["versions"].as_object().and_then(|versions| {
-                versions.values().find_map(|version| {
-                    let tarball = version["dist"]["tarball"].as_str()?;
-                    (tarball.rsplit('/').next() == Some(file.as_str())).then(|| {
-                        (
-                            tarball.to_owned(),
-                            version["dist"]["integrity"].as_str().map(str::to_owned),
-                        )
-                    })
-                })
-            });
-            let Some((url, integrity)) = listed else {
-                return Failure::NotListed.response();
+        None => packument_answer(packument, &headers, &token, &name),
+        Some(file) => tarball_answer(&broker, &run, &packument, &packument_url, file).await,
+    }
+}
+
+/// The packument with every tarball's URL rewritten to this broker's, without attachments.
+fn packument_answer(
+    mut packument: Value,
+    headers: &HeaderMap,
+    token: &str,
+    name: &str,
+) -> Response {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1:8000")
+        .to_owned();
+    if let Some(versions) = packument["versions"].as_object_mut() {
+        for version in versions.values_mut() {
+            let Some(tarball) = version["dist"]["tarball"].as_str() else {
+                continue;
             };
-            let url = reqwest::Url::parse(&packument_url)
-                .ok()
-                .and_then(|base| base.join(&url).ok())
-                .map_or(url, |u| u.to_string());
-            let (_, body) = match broker.fetch(&run, &url, "*/*", Kind::File).await {
-                Ok(fetched) => fetched,
-                Err(failure) => return failure.response(),
-            };
-            if let Some(expected) = integrity.as_deref().and_then(|i| i.strip_prefix("sha512-"))
-                && base64::engine::general_purpose::STANDARD.encode(Sha512::digest(&body))
-                    != expected
-            {
-                return Failure::HashMismatch(file).response();
-            }
-            (
-                [(header::CONTENT_TYPE, "application/octet-stream")],
-                Body::from(body),
-            )
-                .into_response()
+            let file = tarball.rsplit('/').next().unwrap_or("").to_owned();
+            version["dist"]["tarball"] = json!(format!(
+                "http://{host}/v1/packages/{token}/npm/-/files/{name}/{file}"
+            ));
         }
     }
+    if let Some(object) = packument.as_object_mut() {
+        object.remove("_attachments");
+    }
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        packument.to_string(),
+    )
+        .into_response()
+}
+
+/// The tarball `file` the packument lists, fetched and checked against its integrity.
+async fn tarball_answer(
+    broker: &Broker,
+    run: &str,
+    packument: &Value,
+    packument_url: &str,
+    file: String,
+) -> Response {
+    let listed = packument["versions"].as_object().and_then(|versions| {
+        versions.values().find_map(|version| {
+            let tarball = version["dist"]["tarball"].as_str()?;
+            (tarball.rsplit('/').next() == Some(file.as_str())).then(|| {
+                (
+                    tarball.to_owned(),
+                    version["dist"]["integrity"].as_str().map(str::to_owned),
+                )
+            })
+        })
+    });
+    let Some((url, integrity)) = listed else {
+        return Failure::NotListed.response();
+    };
+    let url = reqwest::Url::parse(packument_url)
+        .ok()
+        .and_then(|base| base.join(&url).ok())
+        .map_or(url, |u| u.to_string());
+    let (_, body) = match broker.fetch(run, &url, "*/*", Kind::File).await {
+        Ok(fetched) => fetched,
+        Err(failure) => return failure.response(),
+    };
+    if let Some(expected) = integrity.as_deref().and_then(|i| i.strip_prefix("sha512-"))
+        && base64::engine::general_purpose::STANDARD.encode(Sha512::digest(&body)) != expected
+    {
+        return Failure::HashMismatch(file).response();
+    }
+    (
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from(body),
+    )
+        .into_response()
 }
 
 /// `GET /v1/packages/{token}/status`: whether this token's run met an unreachable registry.

@@ -186,68 +186,23 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         Ok(request) => request,
         Err(response) => return *response,
     };
-    if let Some((_, message)) = first_invalid_identity(&[
-        ("actor", &request.actor),
-        ("conversation", &request.conversation),
-        ("member", &request.member),
-    ]) {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            RefusalCode::InvalidIdentity.code(),
-            message,
-        );
-    }
-    let first = request.url.as_ref().map(|url| Action::Navigate {
-        url: url.clone(),
-        timeout_ms: None,
-    });
-    if let Some(Err(why)) = first.as_ref().map(Action::check) {
-        return refused(StatusCode::BAD_REQUEST, ActionError::Invalid.code(), why);
-    }
+    let first = match first_navigation(&request) {
+        Ok(first) => first,
+        Err(response) => return *response,
+    };
     // The live view's TURN credential first: a session nobody could watch is not opened
     // (BROW-9), and nothing is leased for it.
     let id = corral_core::ids::hex(&corral_contract::credential::random_bytes()[..16]);
-    let turn = match state.store.now().await {
-        Ok(now) => crate::live_view::credential(&state, &id, now).await,
-        Err(unavailable_store) => return *unavailable(unavailable_store),
-    };
-    let (turn, turn_address) = match turn {
-        Ok(turn) => turn,
-        Err(refusal) => {
-            return refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                refusal.code(),
-                format!("the live view cannot be offered: {refusal}"),
-            );
-        }
+    let (turn, turn_address) = match live_view_credential(&state, &id).await {
+        Ok(credential) => credential,
+        Err(response) => return *response,
     };
     // Open sweeps idle sessions first (BROW-13).
     reap_idle(&state).await;
-    let wait_ms = request
-        .wait_seconds
-        .map_or(state.settings.pool().acquire_wait_ms, |s| {
-            s.saturating_mul(1_000)
-                .min(state.settings.pool().acquire_wait_ms)
-        });
-    let deadline = Instant::now() + Duration::from_millis(wait_ms);
-    let scope = LeaseScope {
-        namespace: LeaseNamespace::Browser,
-        actor: ActorId(request.actor.clone()),
-        conversation: ConversationId(request.conversation.clone()),
+    let (granted, asked_at) = match acquire_session_lease(&state, &request).await {
+        Ok(acquired) => acquired,
+        Err(response) => return *response,
     };
-    let mut watch = None;
-    let member = MemberId(request.member.clone());
-    let (granted, asked_at) =
-        match lease::acquire_in(&state, &member, scope, deadline, &mut watch).await {
-            Ok(acquired) => acquired,
-            Err(error) => {
-                let (status, body) = crate::run::answer::admission_refused(&state, &error, wait_ms);
-                if let AcquireError::WaitTimeout { orders } = error {
-                    lease::perform_orders(state.clone(), orders);
-                }
-                return (status, Json(body)).into_response();
-            }
-        };
     let holder = lease::Holder::start(state.clone(), granted, asked_at);
     let now = corral_core::time::UnixMillis(
         granted
@@ -276,82 +231,218 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     };
     // The first navigation is judged by the rule every later call is (a session without network
     // opens only `about:blank`), then made by the worker as the runtime starts.
-    if let Some(first) = &first {
-        let fresh = SessionState {
-            private: false,
-            last_activity: now,
-            closing: None,
-        };
-        if let Err(refusal) = judge_call(
-            Some((&record, &fresh)),
-            &record.actor,
-            &record.conversation,
-            Call::Act(first),
-        ) {
-            holder.release(Disposition::Reset);
-            return *call_refused(refusal);
-        }
+    if let Some(first) = &first
+        && let Err(refusal) = judge_first_navigation(first, &record, now)
+    {
+        holder.release(Disposition::Reset);
+        return *call_refused(refusal);
     }
-    let opened = state
-        .workers
-        .browser_open(
-            granted.worker,
-            &BrowserOpenRequest {
-                grant: egress.grant.clone(),
-                width: corral_core::browser::WIDTH,
-                height: corral_core::browser::HEIGHT,
-                token: granted.token,
-                url: request.url.clone(),
-                live_view: Some(LiveViewOrder {
-                    turn: turn_address,
-                    username: turn.username.clone(),
-                    password: turn.password.clone(),
-                }),
-            },
-        )
-        .await;
-    let opened = match opened {
+    let order = open_order(&granted, &egress, request.url.clone(), &turn, turn_address);
+    let opened = match state.workers.browser_open(granted.worker, &order).await {
         Ok(opened) => opened,
-        Err(error) => {
-            let disposition = match &error {
-                CallError::Refused(body) if body.error.before_anything_ran() => Disposition::Reset,
-                CallError::Unreachable(_) => Disposition::Reset,
-                _ => Disposition::Discard,
-            };
-            holder.release(disposition);
-            return refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "browser_open_failed",
-                format!("the session's runtime did not start: {error}"),
-            );
-        }
+        Err(error) => return open_failed(holder, &error),
     };
     state.browser.held().insert(id.clone(), holder);
     if opened.relayed.is_none() {
-        // A session nobody could watch is not left open (BROW-9): the worker could not allocate
-        // its relay on the authority the API just heard from.
+        return refuse_unrelayed(&state, &id, &record, &opened.diagnostics).await;
+    }
+    if let Err(response) = store_session(&state, &id, &record).await {
+        return *response;
+    }
+    let mut body = opened_body(&id, &granted, &opened, &turn, &egress.report);
+    if first.is_some()
+        && let Some(failed) = first_navigation_failure(opened.navigated, &mut body)
+    {
+        // A session whose first navigation failed is not left open.
         if claim_close(&state, &id).await == Ok(true) {
             finish_close(&state, &id, &record).await;
         }
-        return refused(
-            StatusCode::SERVICE_UNAVAILABLE,
-            TurnRefusal::Unreachable(String::new()).code(),
-            format!(
-                "the worker could not allocate the live view's relay: {}",
-                opened.diagnostics.join("; ")
-            ),
-        );
+        return failed;
     }
+    Json(body).into_response()
+}
+
+/// The open's first navigation, checked, or the refusal of an invalid identity or URL.
+fn first_navigation(request: &OpenRequest) -> Result<Option<Action>, Box<Response>> {
+    if let Some((_, message)) = first_invalid_identity(&[
+        ("actor", &request.actor),
+        ("conversation", &request.conversation),
+        ("member", &request.member),
+    ]) {
+        return Err(Box::new(refused(
+            StatusCode::BAD_REQUEST,
+            RefusalCode::InvalidIdentity.code(),
+            message,
+        )));
+    }
+    let first = request.url.as_ref().map(|url| Action::Navigate {
+        url: url.clone(),
+        timeout_ms: None,
+    });
+    if let Some(Err(why)) = first.as_ref().map(Action::check) {
+        return Err(Box::new(refused(
+            StatusCode::BAD_REQUEST,
+            ActionError::Invalid.code(),
+            why,
+        )));
+    }
+    Ok(first)
+}
+
+/// The live view's TURN credential for session `id` and the relay's address, or the refusal.
+async fn live_view_credential(
+    state: &AppState,
+    id: &str,
+) -> Result<(turn::TurnCredential, std::net::SocketAddr), Box<Response>> {
+    let turn = match state.store.now().await {
+        Ok(now) => crate::live_view::credential(state, id, now).await,
+        Err(unavailable_store) => return Err(unavailable(unavailable_store)),
+    };
+    turn.map_err(|refusal| {
+        Box::new(refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            refusal.code(),
+            format!("the live view cannot be offered: {refusal}"),
+        ))
+    })
+}
+
+/// A browser lease for the request's member, waited for within its bound, or the refusal.
+async fn acquire_session_lease(
+    state: &Arc<AppState>,
+    request: &OpenRequest,
+) -> Result<(corral_store::lease::Granted, Instant), Box<Response>> {
+    let wait_ms = request
+        .wait_seconds
+        .map_or(state.settings.pool().acquire_wait_ms, |s| {
+            s.saturating_mul(1_000)
+                .min(state.settings.pool().acquire_wait_ms)
+        });
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Browser,
+        actor: ActorId(request.actor.clone()),
+        conversation: ConversationId(request.conversation.clone()),
+    };
+    let mut watch = None;
+    let member = MemberId(request.member.clone());
+    match lease::acquire_in(state, &member, scope, deadline, &mut watch).await {
+        Ok(acquired) => Ok(acquired),
+        Err(error) => {
+            let (status, body) = crate::run::answer::admission_refused(state, &error, wait_ms);
+            if let AcquireError::WaitTimeout { orders } = error {
+                lease::perform_orders(state.clone(), orders);
+            }
+            Err(Box::new((status, Json(body)).into_response()))
+        }
+    }
+}
+
+/// The first navigation judged by the rule every later call is, on the fresh session.
+fn judge_first_navigation(
+    first: &Action,
+    record: &SessionRecord,
+    now: corral_core::time::UnixMillis,
+) -> Result<(), CallRefusal> {
+    let fresh = SessionState {
+        private: false,
+        last_activity: now,
+        closing: None,
+    };
+    judge_call(
+        Some((record, &fresh)),
+        &record.actor,
+        &record.conversation,
+        Call::Act(first),
+    )
+}
+
+/// The worker's order to start the session's runtime: its grant, first URL and live view.
+fn open_order(
+    granted: &corral_store::lease::Granted,
+    egress: &crate::egress::RunEgress,
+    url: Option<String>,
+    turn: &turn::TurnCredential,
+    turn_address: std::net::SocketAddr,
+) -> BrowserOpenRequest {
+    BrowserOpenRequest {
+        grant: egress.grant.clone(),
+        width: corral_core::browser::WIDTH,
+        height: corral_core::browser::HEIGHT,
+        token: granted.token,
+        url,
+        live_view: Some(LiveViewOrder {
+            turn: turn_address,
+            username: turn.username.clone(),
+            password: turn.password.clone(),
+        }),
+    }
+}
+
+/// Releases the lease of a session whose runtime did not start, and refuses the open.
+fn open_failed(holder: lease::Holder, error: &CallError) -> Response {
+    let disposition = match error {
+        CallError::Refused(body) if body.error.before_anything_ran() => Disposition::Reset,
+        CallError::Unreachable(_) => Disposition::Reset,
+        _ => Disposition::Discard,
+    };
+    holder.release(disposition);
+    refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "browser_open_failed",
+        format!("the session's runtime did not start: {error}"),
+    )
+}
+
+/// Closes a session whose worker could not allocate its live view's relay, and refuses the open.
+async fn refuse_unrelayed(
+    state: &AppState,
+    id: &str,
+    record: &SessionRecord,
+    diagnostics: &[String],
+) -> Response {
+    // A session nobody could watch is not left open (BROW-9): the worker could not allocate
+    // its relay on the authority the API just heard from.
+    if claim_close(state, id).await == Ok(true) {
+        finish_close(state, id, record).await;
+    }
+    refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        TurnRefusal::Unreachable(String::new()).code(),
+        format!(
+            "the worker could not allocate the live view's relay: {}",
+            diagnostics.join("; ")
+        ),
+    )
+}
+
+/// Stores the opened session for every replica, or closes it and refuses the open.
+async fn store_session(
+    state: &AppState,
+    id: &str,
+    record: &SessionRecord,
+) -> Result<(), Box<Response>> {
     let stored = match state.store.now().await {
-        Ok(now) => state.store.put_browser_session(&id, &record, now).await,
+        Ok(now) => state.store.put_browser_session(id, record, now).await,
         Err(unavailable) => Err(unavailable),
     };
     if let Err(error) = stored {
         // A session no replica can find is closed at once: its worker is not left running.
-        finish_close(&state, &id, &record).await;
-        return *unavailable(error);
+        finish_close(state, id, record).await;
+        return Err(unavailable(error));
     }
-    let mut body = json!({
+    Ok(())
+}
+
+/// The open's answer: the session, its worker, how it started, its live view and egress.
+fn opened_body(
+    id: &str,
+    granted: &corral_store::lease::Granted,
+    opened: &corral_contract::messages::BrowserOpenReply,
+    turn: &turn::TurnCredential,
+    egress: &Value,
+) -> Value {
+    json!({
         "session": id,
         "worker": granted.worker.to_string(),
         "start_ms": opened.start_ms,
@@ -364,37 +455,34 @@ pub async fn open(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             "viewers": format!("/v1/browser_sessions/{id}/viewers"),
         },
         "diagnostics": opened.diagnostics,
-        "egress": egress.report,
-    });
-    if first.is_some() {
-        let failed = match opened.navigated {
-            Some(BrowserNavigated {
-                result: Some(result),
-                took_ms,
-                ..
-            }) => {
-                body["navigated"] = json!({ "result": result, "took_ms": took_ms });
-                None
-            }
-            Some(BrowserNavigated {
-                error: Some((code, message)),
-                ..
-            }) => Some(refused(StatusCode::UNPROCESSABLE_ENTITY, &code, message)),
-            Some(_) | None => Some(refused(
-                StatusCode::BAD_GATEWAY,
-                ActionError::BrowserError.code(),
-                "the worker did not make the first navigation",
-            )),
-        };
-        if let Some(failed) = failed {
-            // A session whose first navigation failed is not left open.
-            if claim_close(&state, &id).await == Ok(true) {
-                finish_close(&state, &id, &record).await;
-            }
-            return failed;
+        "egress": egress,
+    })
+}
+
+/// Adds the first navigation's result to the body, or the refusal when it failed or was not made.
+fn first_navigation_failure(
+    navigated: Option<BrowserNavigated>,
+    body: &mut Value,
+) -> Option<Response> {
+    match navigated {
+        Some(BrowserNavigated {
+            result: Some(result),
+            took_ms,
+            ..
+        }) => {
+            body["navigated"] = json!({ "result": result, "took_ms": took_ms });
+            None
         }
+        Some(BrowserNavigated {
+            error: Some((code, message)),
+            ..
+        }) => Some(refused(StatusCode::UNPROCESSABLE_ENTITY, &code, message)),
+        Some(_) | None => Some(refused(
+            StatusCode::BAD_GATEWAY,
+            ActionError::BrowserError.code(),
+            "the worker did not make the first navigation",
+        )),
     }
-    Json(body).into_response()
 }
 
 /// `POST /v1/browser_sessions/{id}/actions`.

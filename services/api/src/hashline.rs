@@ -215,37 +215,10 @@ pub struct EditRequest {
 
 /// `POST /v1/edit_workspace`: changes one file by anchors (WS-3 to WS-5).
 pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let request: EditRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            let code = corral_contract::ErrorBody::of_json(&e).error.code();
-            return error(StatusCode::BAD_REQUEST, code, e.to_string());
-        }
+    let (request, path) = match parse_edit(&state, &body) {
+        Ok(parsed) => parsed,
+        Err(response) => return *response,
     };
-    if let Some(refused) =
-        crate::refusal::workspace_identity_refused(&request.actor, &request.conversation)
-    {
-        return refused;
-    }
-    let path = match corral_core::workspace::read_path(&request.path) {
-        Ok(path) => path.to_owned(),
-        Err(refusal) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(json!({ "outcome": "refused", "error": {
-                    "code": refusal.code(), "path": request.path,
-                    "message": "edit_workspace takes a relative path inside the workspace" } })),
-            )
-                .into_response();
-        }
-    };
-    if !state.settings.workspace_persist {
-        return error(
-            StatusCode::CONFLICT,
-            "workspace_not_persisted",
-            "edits change the stored workspace, and SANDBOX_WORKSPACE_PERSIST is off",
-        );
-    }
     let key = corral_core::workspace::storage_key(&request.actor, &request.conversation);
     let snapshot = match crate::refusal::stored_workspace(&state, &key).await {
         Ok(snapshot) => snapshot,
@@ -275,75 +248,23 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         } else {
             applied.text.clone()
         };
-        let archive = match replace_file(
-            &snapshot.archive,
-            &path,
-            content.as_bytes(),
-            state.settings.bounds.workspace_max_bytes,
-        ) {
-            Ok(archive) => archive,
-            Err(ReplaceError::TooLarge) => {
-                return (
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    Json(json!({ "outcome": "refused", "error": {
-                        "code": "workspace_too_large", "path": path,
-                        "setting": "SANDBOX_WORKSPACE_MAX_BYTES",
-                        "message": "the edited workspace would exceed SANDBOX_WORKSPACE_MAX_BYTES; nothing was changed" } })),
-                )
-                    .into_response();
-            }
-            Err(ReplaceError::NotFound) => {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    "workspace_path_not_found",
-                    "no regular file at this path",
-                );
-            }
-            Err(ReplaceError::Corrupt(e)) => {
-                return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "workspace_snapshot_corrupt",
-                    e,
-                );
-            }
-        };
-        match state
-            .workspaces
-            .save(&key, snapshot.generation, Bytes::from(archive))
-            .await
-        {
+        match save_edited(&state, &key, &snapshot, &path, &content).await {
             Ok(generation) => generation,
-            Err(e) => return storage(&e),
+            Err(response) => return *response,
         }
     };
     let tag = corral_core::hashline::tag(&applied.text);
     let lines = shown_lines(&applied.text, &tag, &applied.changed);
-    let mut recorded = match state
-        .workspaces
-        .save_authority(&key, authority_base, Bytes::from(authority.to_bytes()))
-        .await
-    {
-        Ok(_) => true,
-        Err(StorageError::Conflict { .. }) => false,
-        Err(_) => false,
-    };
-    // Another read recorded lines meanwhile: the edit's version is recorded on its record.
-    for _ in 0..RETRIES {
-        if recorded {
-            break;
-        }
-        let Ok((base, mut fresh)) = load(&state, &key).await else {
-            break;
-        };
-        if fresh.apply(&path, &text, &request.edits, max).is_err() {
-            break;
-        }
-        recorded = state
-            .workspaces
-            .save_authority(&key, base, Bytes::from(fresh.to_bytes()))
-            .await
-            .is_ok();
-    }
+    let recorded = record_edit(
+        &state,
+        &key,
+        authority_base,
+        &authority,
+        &path,
+        &text,
+        &request.edits,
+    )
+    .await;
     Json(json!({
         "outcome": "applied",
         "path": path,
@@ -355,6 +276,140 @@ pub async fn edit(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
         },
     }))
     .into_response()
+}
+
+/// The edit request and its file's relative path, or the refusal of a bad body, identity or path,
+/// or of a deployment that does not keep workspaces.
+fn parse_edit(state: &AppState, body: &[u8]) -> Result<(EditRequest, String), Box<Response>> {
+    let request: EditRequest = match serde_json::from_slice(body) {
+        Ok(request) => request,
+        Err(e) => {
+            let code = corral_contract::ErrorBody::of_json(&e).error.code();
+            return Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                code,
+                e.to_string(),
+            )));
+        }
+    };
+    if let Some(refused) =
+        crate::refusal::workspace_identity_refused(&request.actor, &request.conversation)
+    {
+        return Err(Box::new(refused));
+    }
+    let path = match corral_core::workspace::read_path(&request.path) {
+        Ok(path) => path.to_owned(),
+        Err(refusal) => {
+            return Err(Box::new(
+                (
+                    StatusCode::BAD_REQUEST,
+                    Json(json!({ "outcome": "refused", "error": {
+                        "code": refusal.code(), "path": request.path,
+                        "message": "edit_workspace takes a relative path inside the workspace" } })),
+                )
+                    .into_response(),
+            ));
+        }
+    };
+    if !state.settings.workspace_persist {
+        return Err(Box::new(error(
+            StatusCode::CONFLICT,
+            "workspace_not_persisted",
+            "edits change the stored workspace, and SANDBOX_WORKSPACE_PERSIST is off",
+        )));
+    }
+    Ok((request, path))
+}
+
+/// Saves `snapshot` with `path` replaced by `content` as the next generation: that generation, or
+/// the refusal.
+async fn save_edited(
+    state: &AppState,
+    key: &str,
+    snapshot: &Snapshot,
+    path: &str,
+    content: &str,
+) -> Result<u64, Box<Response>> {
+    let archive = match replace_file(
+        &snapshot.archive,
+        path,
+        content.as_bytes(),
+        state.settings.bounds.workspace_max_bytes,
+    ) {
+        Ok(archive) => archive,
+        Err(ReplaceError::TooLarge) => {
+            return Err(Box::new(
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Json(json!({ "outcome": "refused", "error": {
+                        "code": "workspace_too_large", "path": path,
+                        "setting": "SANDBOX_WORKSPACE_MAX_BYTES",
+                        "message": "the edited workspace would exceed SANDBOX_WORKSPACE_MAX_BYTES; nothing was changed" } })),
+                )
+                    .into_response(),
+            ));
+        }
+        Err(ReplaceError::NotFound) => {
+            return Err(Box::new(error(
+                StatusCode::NOT_FOUND,
+                "workspace_path_not_found",
+                "no regular file at this path",
+            )));
+        }
+        Err(ReplaceError::Corrupt(e)) => {
+            return Err(Box::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "workspace_snapshot_corrupt",
+                e,
+            )));
+        }
+    };
+    state
+        .workspaces
+        .save(key, snapshot.generation, Bytes::from(archive))
+        .await
+        .map_err(|e| Box::new(storage(&e)))
+}
+
+/// Records the edited version in the authority, reading it again when another request advanced
+/// it first: whether it was recorded.
+async fn record_edit(
+    state: &AppState,
+    key: &str,
+    authority_base: u64,
+    authority: &Authority,
+    path: &str,
+    text: &str,
+    edits: &[Edit],
+) -> bool {
+    let max = state.settings.bounds.hashline_state_max_bytes;
+    let mut recorded = match state
+        .workspaces
+        .save_authority(key, authority_base, Bytes::from(authority.to_bytes()))
+        .await
+    {
+        Ok(_) => true,
+        Err(StorageError::Conflict { .. }) => false,
+        Err(_) => false,
+    };
+    // Another read recorded lines meanwhile: the edit's version is recorded on its record.
+    for _ in 0..RETRIES {
+        if recorded {
+            break;
+        }
+        let Ok((base, mut fresh)) = load(state, key).await else {
+            break;
+        };
+        if fresh.apply(path, text, edits, max).is_err() {
+            break;
+        }
+        recorded = state
+            .workspaces
+            .save_authority(key, base, Bytes::from(fresh.to_bytes()))
+            .await
+            .is_ok();
+    }
+    recorded
 }
 
 /// The lines `ranges` of `text`, as `LINE:TAG|text`.

@@ -434,14 +434,7 @@ impl Server {
             encode(&who.actor),
             encode(&who.conversation)
         );
-        let with = |mut body: Value, names: &[&str]| {
-            for name in names {
-                if let Some(value) = arguments.get(*name) {
-                    body[*name] = value.clone();
-                }
-            }
-            body
-        };
+        let with = |body: Value, names: &[&str]| with_arguments(body, arguments, names);
         let (status, answer, content) = match name {
             "run_code" => return self.run_code(who, arguments).await,
             "list_workspace" => {
@@ -452,16 +445,7 @@ impl Server {
                 (status, answer, Vec::new())
             }
             "read_workspace" => {
-                let mut path = format!(
-                    "/v1/read_workspace?{query}&view=hashline&path={}",
-                    encode(arguments["path"].as_str().unwrap_or_default())
-                );
-                for name in ["start", "count"] {
-                    if let Some(n) = arguments.get(name).and_then(Value::as_u64) {
-                        path.push_str(&format!("&{name}={n}"));
-                    }
-                }
-                let (status, answer) = self.api.json(Method::GET, &path, None).await?;
+                let (status, answer) = self.read_workspace(&query, arguments).await?;
                 (status, answer, Vec::new())
             }
             "edit_workspace" => {
@@ -492,23 +476,8 @@ impl Server {
                 (status, answer, Vec::new())
             }
             "browser_act" => {
-                let session = encode(arguments["session"].as_str().unwrap_or_default());
-                let body = with(scoped, &["action"]);
-                let (status, mut answer) = self
-                    .api
-                    .json(
-                        Method::POST,
-                        &format!("/v1/browser_sessions/{session}/actions"),
-                        Some(&body),
-                    )
-                    .await?;
-                // A screenshot is an image, not base64 text for the model to read.
-                let mut content = Vec::new();
-                if let Some(png) = answer["result"]["png"].as_str().map(str::to_owned) {
-                    content.push(ContentBlock::image(png, "image/png"));
-                    answer["result"]["png"] = json!("(the image)");
-                }
-                (status, answer, content)
+                self.browser_act(arguments, with(scoped, &["action"]))
+                    .await?
             }
             "browser_close" => {
                 let session = encode(arguments["session"].as_str().unwrap_or_default());
@@ -526,6 +495,59 @@ impl Server {
         };
         Ok(answered(status, &answer, content))
     }
+
+    /// `read_workspace` as the Hashline view, from `start` for `count` lines when given.
+    async fn read_workspace(
+        &self,
+        query: &str,
+        arguments: &JsonObject,
+    ) -> Result<(u16, Value), String> {
+        let mut path = format!(
+            "/v1/read_workspace?{query}&view=hashline&path={}",
+            encode(arguments["path"].as_str().unwrap_or_default())
+        );
+        for name in ["start", "count"] {
+            if let Some(n) = arguments.get(name).and_then(Value::as_u64) {
+                path.push_str(&format!("&{name}={n}"));
+            }
+        }
+        self.api.json(Method::GET, &path, None).await
+    }
+
+    /// `browser_act` on the session `arguments` names, with `body`; a screenshot comes back as
+    /// an image.
+    async fn browser_act(
+        &self,
+        arguments: &JsonObject,
+        body: Value,
+    ) -> Result<(u16, Value, Vec<ContentBlock>), String> {
+        let session = encode(arguments["session"].as_str().unwrap_or_default());
+        let (status, mut answer) = self
+            .api
+            .json(
+                Method::POST,
+                &format!("/v1/browser_sessions/{session}/actions"),
+                Some(&body),
+            )
+            .await?;
+        // A screenshot is an image, not base64 text for the model to read.
+        let mut content = Vec::new();
+        if let Some(png) = answer["result"]["png"].as_str().map(str::to_owned) {
+            content.push(ContentBlock::image(png, "image/png"));
+            answer["result"]["png"] = json!("(the image)");
+        }
+        Ok((status, answer, content))
+    }
+}
+
+/// `body` with each of `names` that `arguments` has copied into it.
+fn with_arguments(mut body: Value, arguments: &JsonObject, names: &[&str]) -> Value {
+    for name in names {
+        if let Some(value) = arguments.get(*name) {
+            body[*name] = value.clone();
+        }
+    }
+    body
 }
 
 impl rmcp::ServerHandler for Server {

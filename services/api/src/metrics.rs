@@ -147,35 +147,45 @@ impl Metrics {
             "corral_acquire_seconds_bucket{{le=\"+Inf\"}} {}\ncorral_acquire_seconds_sum {}\ncorral_acquire_seconds_count {}",
             c.acquire_count, c.acquire_sum, c.acquire_count
         );
-        let attempted = writes.attempted.load(Ordering::Relaxed);
-        let conflicted = writes.conflicted.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# TYPE corral_coordination_writes_total counter\n\
-             corral_coordination_writes_total{{result=\"written\"}} {}\n\
-             corral_coordination_writes_total{{result=\"refused\"}} {conflicted}\n\
-             # TYPE corral_coordination_reads_total counter\n\
-             corral_coordination_reads_total {}",
-            attempted.saturating_sub(conflicted),
-            writes.reads.load(Ordering::Relaxed)
-        );
+        render_writes(&mut out, writes);
         if let Some((counts, queued)) = pool {
-            let _ = writeln!(out, "# TYPE corral_pool_workers gauge");
-            for (state, n) in [
-                ("creating", counts.creating),
-                ("warm", counts.warm),
-                ("leased", counts.leased),
-                ("resetting", counts.resetting),
-                ("retiring", counts.retiring),
-                ("quarantined", counts.quarantined),
-            ] {
-                let _ = writeln!(out, "corral_pool_workers{{state=\"{state}\"}} {n}");
-            }
-            let _ = writeln!(
-                out,
-                "# TYPE corral_pool_queue_depth gauge\ncorral_pool_queue_depth {queued}"
-            );
+            render_pool(&mut out, &counts, queued);
         }
         out
     }
+}
+
+/// The coordination store's writes, written and refused, and its reads.
+fn render_writes(out: &mut String, writes: &WriteCounts) {
+    let attempted = writes.attempted.load(Ordering::Relaxed);
+    let conflicted = writes.conflicted.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# TYPE corral_coordination_writes_total counter\n\
+         corral_coordination_writes_total{{result=\"written\"}} {}\n\
+         corral_coordination_writes_total{{result=\"refused\"}} {conflicted}\n\
+         # TYPE corral_coordination_reads_total counter\n\
+         corral_coordination_reads_total {}",
+        attempted.saturating_sub(conflicted),
+        writes.reads.load(Ordering::Relaxed)
+    );
+}
+
+/// The pool's workers by state, and its queue depth.
+fn render_pool(out: &mut String, counts: &StateCounts, queued: usize) {
+    let _ = writeln!(out, "# TYPE corral_pool_workers gauge");
+    for (state, n) in [
+        ("creating", counts.creating),
+        ("warm", counts.warm),
+        ("leased", counts.leased),
+        ("resetting", counts.resetting),
+        ("retiring", counts.retiring),
+        ("quarantined", counts.quarantined),
+    ] {
+        let _ = writeln!(out, "corral_pool_workers{{state=\"{state}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# TYPE corral_pool_queue_depth gauge\ncorral_pool_queue_depth {queued}"
+    );
 }

@@ -107,85 +107,20 @@ pub async fn validate_package(
     body: axum::body::Bytes,
 ) -> Response {
     let started = Instant::now();
-    let raw: Value = match serde_json::from_slice(&body) {
-        Ok(raw) => raw,
-        Err(e) => {
-            let code = corral_contract::ErrorBody::of_json(&e).error.code();
-            return crate::refusal::error(StatusCode::BAD_REQUEST, code, e.to_string());
-        }
-    };
-    if let Some(field) = NOT_SELECTABLE.iter().find(|f| raw.get(**f).is_some()) {
-        state.metrics.refusal("validation_profile_not_selectable");
-        return crate::refusal::error(
-            StatusCode::BAD_REQUEST,
-            "validation_profile_not_selectable",
-            format!(
-                "`{field}` cannot be chosen: the profile is derived from the package and the Pi \
-                 runtime is the deployment's ({})",
-                runtime_version()
-            ),
-        );
-    }
-    let request: ValidatePackage = match serde_json::from_value(raw) {
+    let request = match parse_request(&state, &body) {
         Ok(request) => request,
-        Err(e) => {
-            return crate::refusal::error(StatusCode::BAD_REQUEST, "body_invalid", e.to_string());
-        }
+        Err(response) => return *response,
     };
     drop(body);
-    if let Some(bad) =
-        crate::refusal::workspace_identity_refused(&request.actor, &request.conversation)
-    {
-        return bad;
-    }
-    if !corral_core::ids::identity_is_valid(&request.member) {
-        return crate::refusal::error(
-            StatusCode::BAD_REQUEST,
-            "invalid_identity",
-            "member must be 1 to 256 bytes with no control character",
-        );
-    }
-    let deadline_seconds = request.deadline_seconds.unwrap_or(DEADLINE_DEFAULT_SECONDS);
-    if deadline_seconds == 0 || deadline_seconds > DEADLINE_MAX_SECONDS {
-        return crate::refusal::error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "bound_override_refused",
-            format!("deadline_seconds must be 1 to {DEADLINE_MAX_SECONDS}"),
-        );
-    }
+    let deadline_seconds = match check_request(&request) {
+        Ok(deadline_seconds) => deadline_seconds,
+        Err(response) => return *response,
+    };
     // The static checks, before any lease.
-    let mut files = Vec::with_capacity(request.files.len());
-    for file in request.files {
-        let bytes = match (file.text, file.base64) {
-            (Some(text), None) => text.into_bytes(),
-            (None, Some(encoded)) => {
-                match base64::engine::general_purpose::STANDARD.decode(encoded) {
-                    Ok(bytes) => bytes,
-                    Err(_) => {
-                        return crate::refusal::error(
-                            StatusCode::BAD_REQUEST,
-                            "body_invalid",
-                            format!("files[{:?}].base64 is not base64", file.path),
-                        );
-                    }
-                }
-            }
-            _ => {
-                return crate::refusal::error(
-                    StatusCode::BAD_REQUEST,
-                    "body_invalid",
-                    format!(
-                        "files[{:?}] needs exactly one of `text` and `base64`",
-                        file.path
-                    ),
-                );
-            }
-        };
-        files.push(PackageFile {
-            path: file.path,
-            bytes,
-        });
-    }
+    let files = match decode_files(request.files) {
+        Ok(files) => files,
+        Err(response) => return *response,
+    };
     let wire: Vec<WireFile> = files.iter().map(WireFile::of).collect();
     let checked = check_files(files).and_then(|set| {
         let checked = check_package(&set)?;
@@ -201,32 +136,16 @@ pub async fn validate_package(
     };
     let static_ms = millis(started.elapsed());
     let validation_id = corral_core::ids::hex(&corral_contract::credential::random_bytes());
-    // The same queue, ceiling and fairness as a run.
-    let scope = LeaseScope {
-        namespace: LeaseNamespace::Code,
-        actor: ActorId(request.actor.clone()),
-        conversation: ConversationId(request.conversation.clone()),
-    };
-    let wait = Duration::from_millis(state.settings.pool().acquire_wait_ms);
-    let mut watch = None;
-    let acquired = lease::acquire_in(
+    let (granted, asked_at) = match acquire(
         &state,
-        &MemberId(request.member.clone()),
-        scope,
-        Instant::now() + wait,
-        &mut watch,
+        &request.actor,
+        &request.conversation,
+        &request.member,
     )
-    .await;
-    let (granted, asked_at) = match acquired {
+    .await
+    {
         Ok(acquired) => acquired,
-        Err(error) => {
-            let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
-            let answered = answer::admission_refused(&state, &error, wait_ms);
-            if let corral_store::lease::AcquireError::WaitTimeout { orders } = error {
-                lease::perform_orders(state.clone(), orders);
-            }
-            return reply(answered);
-        }
+        Err(response) => return *response,
     };
     let holder = lease::Holder::start(state.clone(), granted, asked_at);
     let needs_broker = !checked.dependencies.is_empty() || !checked.dev_dependencies.is_empty();
@@ -250,19 +169,7 @@ pub async fn validate_package(
     }
     let worker_reply = match called {
         Ok(worker_reply) => worker_reply,
-        Err(error) => {
-            // A worker that never saw the package is as it was; any other is unproven.
-            let disposition = match &error {
-                CallError::Refused(body) if body.error.before_anything_ran() => Disposition::Reset,
-                _ => Disposition::Discard,
-            };
-            holder.release(disposition);
-            state.metrics.refusal("worker_lost");
-            return reply(answer::worker_lost(
-                &validation_id,
-                format!("the validation's worker did not answer ({error}); nothing was admitted"),
-            ));
-        }
+        Err(error) => return worker_failed(&state, holder, &validation_id, &error),
     };
     holder.release(Disposition::Reset);
     judged(
@@ -273,6 +180,156 @@ pub async fn validate_package(
         static_ms,
         worker_reply,
     )
+}
+
+/// The request, parsed, or the refusal of a body that is not JSON, chooses what is derived, or
+/// is not a request.
+fn parse_request(state: &AppState, body: &[u8]) -> Result<ValidatePackage, Box<Response>> {
+    let raw: Value = match serde_json::from_slice(body) {
+        Ok(raw) => raw,
+        Err(e) => {
+            let code = corral_contract::ErrorBody::of_json(&e).error.code();
+            return Err(Box::new(crate::refusal::error(
+                StatusCode::BAD_REQUEST,
+                code,
+                e.to_string(),
+            )));
+        }
+    };
+    if let Some(field) = NOT_SELECTABLE.iter().find(|f| raw.get(**f).is_some()) {
+        state.metrics.refusal("validation_profile_not_selectable");
+        return Err(Box::new(crate::refusal::error(
+            StatusCode::BAD_REQUEST,
+            "validation_profile_not_selectable",
+            format!(
+                "`{field}` cannot be chosen: the profile is derived from the package and the Pi \
+                 runtime is the deployment's ({})",
+                runtime_version()
+            ),
+        )));
+    }
+    serde_json::from_value(raw).map_err(|e| {
+        Box::new(crate::refusal::error(
+            StatusCode::BAD_REQUEST,
+            "body_invalid",
+            e.to_string(),
+        ))
+    })
+}
+
+/// The request's deadline in seconds, or the refusal of an invalid identity or deadline.
+fn check_request(request: &ValidatePackage) -> Result<u64, Box<Response>> {
+    if let Some(bad) =
+        crate::refusal::workspace_identity_refused(&request.actor, &request.conversation)
+    {
+        return Err(Box::new(bad));
+    }
+    if !corral_core::ids::identity_is_valid(&request.member) {
+        return Err(Box::new(crate::refusal::error(
+            StatusCode::BAD_REQUEST,
+            "invalid_identity",
+            "member must be 1 to 256 bytes with no control character",
+        )));
+    }
+    let deadline_seconds = request.deadline_seconds.unwrap_or(DEADLINE_DEFAULT_SECONDS);
+    if deadline_seconds == 0 || deadline_seconds > DEADLINE_MAX_SECONDS {
+        return Err(Box::new(crate::refusal::error(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "bound_override_refused",
+            format!("deadline_seconds must be 1 to {DEADLINE_MAX_SECONDS}"),
+        )));
+    }
+    Ok(deadline_seconds)
+}
+
+/// The request's files with their bytes, or the refusal of one without exactly one valid body.
+fn decode_files(request_files: Vec<RequestFile>) -> Result<Vec<PackageFile>, Box<Response>> {
+    let mut files = Vec::with_capacity(request_files.len());
+    for file in request_files {
+        let bytes = match (file.text, file.base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(encoded)) => {
+                match base64::engine::general_purpose::STANDARD.decode(encoded) {
+                    Ok(bytes) => bytes,
+                    Err(_) => {
+                        return Err(Box::new(crate::refusal::error(
+                            StatusCode::BAD_REQUEST,
+                            "body_invalid",
+                            format!("files[{:?}].base64 is not base64", file.path),
+                        )));
+                    }
+                }
+            }
+            _ => {
+                return Err(Box::new(crate::refusal::error(
+                    StatusCode::BAD_REQUEST,
+                    "body_invalid",
+                    format!(
+                        "files[{:?}] needs exactly one of `text` and `base64`",
+                        file.path
+                    ),
+                )));
+            }
+        };
+        files.push(PackageFile {
+            path: file.path,
+            bytes,
+        });
+    }
+    Ok(files)
+}
+
+/// A worker leased for the validation, or the refusal.
+async fn acquire(
+    state: &Arc<AppState>,
+    actor: &str,
+    conversation: &str,
+    member: &str,
+) -> Result<(corral_store::lease::Granted, Instant), Box<Response>> {
+    // The same queue, ceiling and fairness as a run.
+    let scope = LeaseScope {
+        namespace: LeaseNamespace::Code,
+        actor: ActorId(actor.to_owned()),
+        conversation: ConversationId(conversation.to_owned()),
+    };
+    let wait = Duration::from_millis(state.settings.pool().acquire_wait_ms);
+    let mut watch = None;
+    let acquired = lease::acquire_in(
+        state,
+        &MemberId(member.to_owned()),
+        scope,
+        Instant::now() + wait,
+        &mut watch,
+    )
+    .await;
+    acquired.map_err(|error| {
+        let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+        let answered = answer::admission_refused(state, &error, wait_ms);
+        if let corral_store::lease::AcquireError::WaitTimeout { orders } = error {
+            lease::perform_orders(state.clone(), orders);
+        }
+        Box::new(reply(answered))
+    })
+}
+
+/// Releases the lease of a worker that did not answer, and the answer saying nothing was admitted.
+fn worker_failed(
+    state: &AppState,
+    holder: lease::Holder,
+    validation_id: &str,
+    error: &CallError,
+) -> Response {
+    // A worker that never saw the package is as it was; any other is unproven.
+    let disposition = match error {
+        CallError::Refused(body) if body.error.before_anything_ran() => Disposition::Reset,
+        _ => Disposition::Discard,
+    };
+    holder.release(disposition);
+    state.metrics.refusal("worker_lost");
+    reply(answer::worker_lost(
+        validation_id,
+        format!("the validation's worker did not answer ({error}); nothing was admitted"),
+    ))
 }
 
 /// The worker's answer judged against the reviewed manifest.

@@ -272,6 +272,9 @@ async fn close(socket: &mut WebSocket, code: &str, message: String) {
     let _ = socket.send(Message::Close(Some(frame))).await;
 }
 
+/// Relays one viewer's signaling until the socket ends or the member may no longer watch: the
+/// live view's config first (again whenever its credential is renewed), then an answer to each
+/// message.
 async fn relay(
     state: Arc<AppState>,
     id: String,
@@ -289,13 +292,11 @@ async fn relay(
         return;
     };
     let config = |credential: &TurnCredential| {
-        json!({
-            "t": "config",
-            "ice_servers": [credential.ice_server()],
-            "ice_transport_policy": "relay",
-            "member": ticket.member,
-            "activity_every_ms": viewer::activity_every_ms(state.settings.browser_idle_seconds),
-        })
+        config_message(
+            credential,
+            &ticket.member,
+            state.settings.browser_idle_seconds,
+        )
     };
     if !send(&mut socket, &config(credential)).await {
         return;
@@ -319,24 +320,12 @@ async fn relay(
                     }
                     Some(Err(_)) | None => return,
                 };
-                let answer = match serde_json::from_str::<Signal>(&text) {
-                    Err(e) => error_answer(SignalRefusal::Invalid.code(), e.to_string()),
-                    Ok(Signal::Offer { sdp }) => {
-                        if let Err(response) = judge(&state, &id, &ticket).await {
-                            let (code, message) = refusal_of(response).await;
-                            close(&mut socket, &code, message).await;
-                            return;
-                        }
-                        offer(&state, &record, &viewer, &ticket.member, sdp).await
-                    }
-                    Ok(Signal::Activity {}) => {
-                        // Counted only while the member may watch; nothing is answered.
-                        if judge(&state, &id, &ticket).await.is_ok()
-                            && let Ok(now) = state.store.now().await
-                        {
-                            let _ = state.store.touch_browser_session(&id, now).await;
-                        }
-                        continue;
+                let answer = match answer_signal(&state, &id, &ticket, &record, &viewer, &text).await {
+                    Ok(Some(answer)) => answer,
+                    Ok(None) => continue,
+                    Err((code, message)) => {
+                        close(&mut socket, &code, message).await;
+                        return;
                     }
                 };
                 if !send(&mut socket, &answer).await {
@@ -361,6 +350,53 @@ async fn relay(
                     }
                 }
             }
+        }
+    }
+}
+
+/// The live view's config for the viewer: the relay-only ICE servers of `credential`, the member,
+/// and how often the page reports activity.
+fn config_message(credential: &TurnCredential, member: &str, idle_seconds: u64) -> Value {
+    json!({
+        "t": "config",
+        "ice_servers": [credential.ice_server()],
+        "ice_transport_policy": "relay",
+        "member": member,
+        "activity_every_ms": viewer::activity_every_ms(idle_seconds),
+    })
+}
+
+/// The answer to one signaling message of the viewer's: `Ok(None)` when nothing is answered,
+/// `Err` with the code and message to close the relay with when the member may not watch.
+async fn answer_signal(
+    state: &AppState,
+    id: &str,
+    ticket: &Ticket,
+    record: &SessionRecord,
+    viewer: &str,
+    text: &str,
+) -> Result<Option<Value>, (String, String)> {
+    match serde_json::from_str::<Signal>(text) {
+        Err(e) => Ok(Some(error_answer(
+            SignalRefusal::Invalid.code(),
+            e.to_string(),
+        ))),
+        Ok(Signal::Offer { sdp }) => {
+            if let Err(response) = judge(state, id, ticket).await {
+                return Err(refusal_of(response).await);
+            }
+            Ok(Some(
+                offer(state, record, viewer, &ticket.member, sdp).await,
+            ))
+        }
+        Ok(Signal::Activity {}) => {
+            // Counted only while the member may watch; nothing is answered.
+            if judge(state, id, ticket).await.is_ok()
+                && let Ok(now) = state.store.now().await
+            {
+                let _ = state.store.touch_browser_session(id, now).await;
+            }
+            Ok(None)
         }
     }
 }

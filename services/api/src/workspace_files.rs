@@ -153,6 +153,51 @@ fn judged(refused: Refused, path: &str) -> Response {
         .into_response()
 }
 
+/// The new file's bytes: its text, or its base64 decoded; refused unless exactly one is given.
+fn content_of(text: Option<String>, base64: Option<String>) -> Result<Vec<u8>, Box<Response>> {
+    match (text, base64) {
+        (Some(text), None) => Ok(text.into_bytes()),
+        (None, Some(encoded)) => match base64::engine::general_purpose::STANDARD.decode(encoded) {
+            Ok(bytes) => Ok(bytes),
+            Err(e) => Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "content_not_base64",
+                format!("base64 does not decode: {e}"),
+            ))),
+        },
+        _ => Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "content_invalid",
+            "give exactly one of text (UTF-8) and base64 (bytes)",
+        ))),
+    }
+}
+
+/// The new file's path as the workspace's judge accepts it after the stored entries (within
+/// `workspace_max_bytes`), or its refusal.
+fn judge_new_file(
+    listed: &[(Vec<u8>, Listed)],
+    path: &str,
+    bytes: u64,
+    workspace_max_bytes: u64,
+) -> Result<String, Box<Response>> {
+    // The stored entries, then the new one, by the one judge: its refusal is the answer.
+    let mut judge = ArchiveJudge::new(workspace_max_bytes);
+    for (raw, entry) in listed {
+        if let Err(refused) = judge.judge(raw, entry.kind, entry.bytes) {
+            return Err(Box::new(corrupt(format!(
+                "the stored snapshot holds an entry its judge refuses: {}",
+                refused.code()
+            ))));
+        }
+    }
+    match judge.judge(path.as_bytes(), EntryKind::File, bytes) {
+        Ok(corral_core::workspace::Accepted::File { path, .. }) => Ok(path),
+        Ok(_) => Err(Box::new(judged(Refused::PathEmpty, path))),
+        Err(refused) => Err(Box::new(judged(refused, path))),
+    }
+}
+
 /// `POST /v1/write_workspace`: creates one file, text or base64 bytes, as the next generation
 /// of the stored workspace; refused with nothing changed as a run's save would be.
 pub async fn write(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
@@ -167,25 +212,9 @@ pub async fn write(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
     if let Some(refused) = workspace_identity_refused(&request.actor, &request.conversation) {
         return refused;
     }
-    let content = match (request.text, request.base64) {
-        (Some(text), None) => text.into_bytes(),
-        (None, Some(encoded)) => match base64::engine::general_purpose::STANDARD.decode(encoded) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "content_not_base64",
-                    format!("base64 does not decode: {e}"),
-                );
-            }
-        },
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "content_invalid",
-                "give exactly one of text (UTF-8) and base64 (bytes)",
-            );
-        }
+    let content = match content_of(request.text, request.base64) {
+        Ok(content) => content,
+        Err(response) => return *response,
     };
     if !state.settings.workspace_persist {
         return error(
@@ -199,24 +228,10 @@ pub async fn write(State(state): State<Arc<AppState>>, body: Bytes) -> Response 
         Ok(stored) => stored,
         Err(response) => return response,
     };
-    // The stored entries, then the new one, by the one judge: its refusal is the answer.
-    let mut judge = ArchiveJudge::new(state.settings.bounds.workspace_max_bytes);
-    for (raw, entry) in &listed {
-        if let Err(refused) = judge.judge(raw, entry.kind, entry.bytes) {
-            return corrupt(format!(
-                "the stored snapshot holds an entry its judge refuses: {}",
-                refused.code()
-            ));
-        }
-    }
-    let path = match judge.judge(
-        request.path.as_bytes(),
-        EntryKind::File,
-        content.len() as u64,
-    ) {
-        Ok(corral_core::workspace::Accepted::File { path, .. }) => path,
-        Ok(_) => return judged(Refused::PathEmpty, &request.path),
-        Err(refused) => return judged(refused, &request.path),
+    let bound = state.settings.bounds.workspace_max_bytes;
+    let path = match judge_new_file(&listed, &request.path, content.len() as u64, bound) {
+        Ok(path) => path,
+        Err(response) => return *response,
     };
     let archive = match append_file(&snapshot.archive, &path, &content) {
         Ok(archive) => archive,

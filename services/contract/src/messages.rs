@@ -393,23 +393,7 @@ impl ExecuteRequest {
                 },
             );
         }
-        if let Some(grant) = &self.grant {
-            if grant.len() > GRANT_MAX_BYTES {
-                return refuse(
-                    ErrorCode::GrantTooLong,
-                    ErrorDetail {
-                        max: Some(GRANT_MAX_BYTES as u64),
-                        ..ErrorDetail::default()
-                    },
-                );
-            }
-            if !grant_is_sendable(grant) {
-                return refuse(
-                    ErrorCode::GrantMalformed,
-                    ErrorDetail::message("a grant is non-empty printable ASCII without spaces"),
-                );
-            }
-        }
+        self.check_grant()?;
         let declared = match declared_outputs(&self.declared) {
             Ok(declared) => declared,
             Err(message) => {
@@ -431,49 +415,8 @@ impl ExecuteRequest {
                 );
             }
         };
-        if self
-            .kernel
-            .as_ref()
-            .is_some_and(|order| order.key().is_none())
-        {
-            return refuse(
-                ErrorCode::BodyInvalid,
-                ErrorDetail::message("kernel: the seal key is not 64 hex digits"),
-            );
-        }
-        if let Some(order) = &self.dependencies
-            && !order.is_valid(self.language)
-        {
-            return refuse(
-                ErrorCode::BodyInvalid,
-                ErrorDetail::message("dependencies: an item corral-core does not accept"),
-            );
-        }
-        if self.kernel.is_some() && self.resources.is_some() {
-            return refuse(
-                ErrorCode::BodyInvalid,
-                ErrorDetail::message("resources: a persistent cell mounts no resources (KER-5)"),
-            );
-        }
-        let resources = match &self.resources {
-            None => None,
-            Some(order) => {
-                let files: Result<Vec<Vec<u8>>, _> =
-                    order.files.iter().map(|text| BASE64.decode(text)).collect();
-                let Ok(files) = files else {
-                    return refuse(
-                        ErrorCode::BodyInvalid,
-                        ErrorDetail::message("resources: a file is not base64"),
-                    );
-                };
-                Some(Projected {
-                    audience_version: order.audience_version,
-                    manifest_digest: order.manifest_digest.clone(),
-                    manifest: order.manifest.clone(),
-                    files,
-                })
-            }
-        };
+        self.check_orders()?;
+        let resources = self.projected()?;
         let archive = match self.workspace.as_deref().map(|text| BASE64.decode(text)) {
             None => None,
             Some(Ok(bytes)) => Some(bytes),
@@ -490,6 +433,79 @@ impl ExecuteRequest {
             archive,
             resources,
         })
+    }
+
+    /// The grant, if given: within `GRANT_MAX_BYTES`, and a token the relay can send.
+    fn check_grant(&self) -> Result<(), ErrorBody> {
+        let Some(grant) = &self.grant else {
+            return Ok(());
+        };
+        if grant.len() > GRANT_MAX_BYTES {
+            return Err(ErrorBody::new(
+                ErrorCode::GrantTooLong,
+                ErrorDetail {
+                    max: Some(GRANT_MAX_BYTES as u64),
+                    ..ErrorDetail::default()
+                },
+            ));
+        }
+        if !grant_is_sendable(grant) {
+            return Err(ErrorBody::new(
+                ErrorCode::GrantMalformed,
+                ErrorDetail::message("a grant is non-empty printable ASCII without spaces"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The kernel's seal key, the dependencies, and no resources for a persistent cell.
+    fn check_orders(&self) -> Result<(), ErrorBody> {
+        if self
+            .kernel
+            .as_ref()
+            .is_some_and(|order| order.key().is_none())
+        {
+            return Err(ErrorBody::new(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("kernel: the seal key is not 64 hex digits"),
+            ));
+        }
+        if let Some(order) = &self.dependencies
+            && !order.is_valid(self.language)
+        {
+            return Err(ErrorBody::new(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("dependencies: an item corral-core does not accept"),
+            ));
+        }
+        if self.kernel.is_some() && self.resources.is_some() {
+            return Err(ErrorBody::new(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("resources: a persistent cell mounts no resources (KER-5)"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The resources to project, their files decoded, if the request carries them.
+    fn projected(&self) -> Result<Option<Projected>, ErrorBody> {
+        let Some(order) = &self.resources else {
+            return Ok(None);
+        };
+        let files: Result<Vec<Vec<u8>>, _> =
+            order.files.iter().map(|text| BASE64.decode(text)).collect();
+        let Ok(files) = files else {
+            return Err(ErrorBody::new(
+                ErrorCode::BodyInvalid,
+                ErrorDetail::message("resources: a file is not base64"),
+            ));
+        };
+        Ok(Some(Projected {
+            audience_version: order.audience_version,
+            manifest_digest: order.manifest_digest.clone(),
+            manifest: order.manifest.clone(),
+            files,
+        }))
     }
 }
 

@@ -8,6 +8,8 @@
 //! (`--sample`), and serves until SIGINT or SIGTERM, when it stops everything it started: the API,
 //! the controller, every worker, the proxy and Valkey.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -132,7 +134,75 @@ async fn try_up(
         .canonicalize()
         .map_err(|e| format!("{}: {e}", args.state_dir.display()))?;
     // Coordination.
-    let valkey = match args.valkey {
+    let valkey = coordination(args.valkey, started).await?;
+    say(&format!("coordination: {valkey}"));
+    // Keys and credentials.
+    let field_key = field_key(settings, args.no_field_key, &state_dir)?;
+    let caller = secret_file(&state_dir.join("api-token"))?;
+    let admin = secret_file(&state_dir.join("admin-token"))?;
+    let worker_token = secret_file(&state_dir.join("worker-token"))?;
+    // The API's socket first: the proxy reads the verifying key from it.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("{}: {e} (pass --listen ADDR to use another)", args.listen))?;
+    let api_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let api_url = format!("http://{api_addr}");
+    // The egress proxy.
+    let proxy_url = start_egress_proxy(&state_dir, &api_url, started)?;
+    let proxy_url = apply_packaged_defaults(settings, proxy_url, &api_url, &state_dir);
+    say(&format!(
+        "egress proxy: {proxy_url} (log in {})",
+        state_dir.join("egress-proxy.log").display()
+    ));
+    // The live view's TURN authority (BROW-9): a coturn on loopback unless the operator names one.
+    if settings.turn.url.is_none() {
+        start_turn(settings, &state_dir, started);
+    }
+    // The API.
+    let workers_dir = state_dir.join("workers");
+    let parts = ApiParts {
+        valkey: valkey.clone(),
+        pool: String::from("default"),
+        workspace_url: std::env::var("CORRAL_WORKSPACE_URL")
+            .ok()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| format!("file://{}", state_dir.join("workspaces").display())),
+        locator: Locator::StateDir(workers_dir.clone()),
+        caller: caller.clone(),
+        admin,
+        worker: worker_token,
+        field_key,
+        sample_tools: true,
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    started.stop = Some(stop);
+    let listeners = bind_replicas(listener, args.listen, args.api_replicas).await?;
+    let replica_urls = serve_replicas(listeners, settings, &parts, &stopped, started).await?;
+    // The controller and its warm pool.
+    start_controller(
+        settings,
+        &parts,
+        &workers_dir,
+        &proxy_url,
+        &api_url,
+        &stopped,
+        started,
+    )
+    .await?;
+    wait_warm(&valkey, settings.warm_pool_min).await?;
+    announce_ready(&state_dir, &api_url, &replica_urls);
+    if args.sample {
+        sample(&api_url, &caller).await;
+    }
+    say("serving until Ctrl-C");
+    stop_signal().await;
+    say("stopping");
+    Ok(())
+}
+
+/// The coordination store's URL: the one named, or a Valkey started here.
+async fn coordination(named: Option<String>, started: &mut Started) -> Result<String, String> {
+    Ok(match named {
         Some(url) => url,
         None => {
             say("starting Valkey");
@@ -144,11 +214,18 @@ async fn try_up(
             started.valkey = Some(server);
             url
         }
-    };
-    say(&format!("coordination: {valkey}"));
-    // Keys and credentials.
-    let field_key = match field_key_bytes(settings)? {
-        _ if args.no_field_key => {
+    })
+}
+
+/// The field key: none with `--no-field-key`, the configured one, or one generated into the state
+/// directory.
+fn field_key(
+    settings: &Settings,
+    no_field_key: bool,
+    state_dir: &Path,
+) -> Result<Option<Vec<u8>>, String> {
+    Ok(match field_key_bytes(settings)? {
+        _ if no_field_key => {
             say("no field key (--no-field-key): runs proceed with the network denied");
             None
         }
@@ -159,17 +236,16 @@ async fn try_up(
             say(&format!("generated a field key in {}", path.display()));
             Some(key.into_bytes())
         }
-    };
-    let caller = secret_file(&state_dir.join("api-token"))?;
-    let admin = secret_file(&state_dir.join("admin-token"))?;
-    let worker_token = secret_file(&state_dir.join("worker-token"))?;
-    // The API's socket first: the proxy reads the verifying key from it.
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| format!("{}: {e} (pass --listen ADDR to use another)", args.listen))?;
-    let api_addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let api_url = format!("http://{api_addr}");
-    // The egress proxy.
+    })
+}
+
+/// Starts the egress proxy on a free loopback port, reading its verifying key from the API;
+/// returns its URL.
+fn start_egress_proxy(
+    state_dir: &Path,
+    api_url: &str,
+    started: &mut Started,
+) -> Result<String, String> {
     let proxy_port = free_port()?;
     let proxy_url = format!("http://127.0.0.1:{proxy_port}");
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -189,6 +265,17 @@ async fn try_up(
         .spawn()
         .map_err(|e| format!("start the egress proxy: {e}"))?;
     started.proxy = Some(proxy);
+    Ok(proxy_url)
+}
+
+/// Fills the settings the operator left unset with the package's defaults; returns the egress
+/// proxy's URL in force.
+fn apply_packaged_defaults(
+    settings: &mut Settings,
+    proxy_url: String,
+    api_url: &str,
+    state_dir: &Path,
+) -> String {
     // `corral up` is the package: it writes the packaged default mode (ISO-4) explicitly, since the
     // core resolves a missing mode to `isolated` (EGR-5). An operator's own value wins.
     if settings.egress.mode.is_none() {
@@ -201,7 +288,7 @@ async fn try_up(
     // Workers reach this API for packages and tool calls (PKG-3, KER-5), unless the operator
     // names another address; the tools are the built-in sample platform's unless one is named.
     if settings.packages.broker_url.is_none() {
-        settings.packages.broker_url = Some(api_url.clone());
+        settings.packages.broker_url = Some(api_url.to_owned());
     }
     if settings.tool_endpoint_url.is_none() {
         settings.tool_endpoint_url = Some(format!("{api_url}/v1/sample_tools"));
@@ -213,50 +300,39 @@ async fn try_up(
             state_dir.join("resources.db").display()
         ));
     }
-    say(&format!(
-        "egress proxy: {proxy_url} (log in {})",
-        state_dir.join("egress-proxy.log").display()
-    ));
-    // The live view's TURN authority (BROW-9): a coturn on loopback unless the operator names one.
-    if settings.turn.url.is_none() {
-        match crate::turn_server::TurnServer::start(&state_dir) {
-            Ok(server) => {
-                say(&format!(
-                    "TURN server: {} (coturn, shared secret in {})",
-                    server.url,
-                    server.secret_file.display()
-                ));
-                settings.turn.url = Some(server.url.clone());
-                settings.turn.secret_file = Some(server.secret_file.display().to_string());
-                started.turn = Some(server);
-            }
-            Err(why) => say(&format!(
-                "no TURN server ({why}): browser sessions will be refused with turn_not_configured"
-            )),
+    proxy_url
+}
+
+/// Starts a coturn on loopback and points the settings at it, or says why browser sessions will
+/// be refused.
+fn start_turn(settings: &mut Settings, state_dir: &Path, started: &mut Started) {
+    match crate::turn_server::TurnServer::start(state_dir) {
+        Ok(server) => {
+            say(&format!(
+                "TURN server: {} (coturn, shared secret in {})",
+                server.url,
+                server.secret_file.display()
+            ));
+            settings.turn.url = Some(server.url.clone());
+            settings.turn.secret_file = Some(server.secret_file.display().to_string());
+            started.turn = Some(server);
         }
+        Err(why) => say(&format!(
+            "no TURN server ({why}): browser sessions will be refused with turn_not_configured"
+        )),
     }
-    // The API.
-    let workers_dir = state_dir.join("workers");
-    let parts = ApiParts {
-        valkey: valkey.clone(),
-        pool: String::from("default"),
-        workspace_url: std::env::var("CORRAL_WORKSPACE_URL")
-            .ok()
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| format!("file://{}", state_dir.join("workspaces").display())),
-        locator: Locator::StateDir(workers_dir.clone()),
-        caller: caller.clone(),
-        admin,
-        worker: worker_token.clone(),
-        field_key,
-        sample_tools: true,
-    };
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    started.stop = Some(stop);
+}
+
+/// The first API listener followed by one bound for each further replica.
+async fn bind_replicas(
+    listener: tokio::net::TcpListener,
+    listen: SocketAddr,
+    api_replicas: u16,
+) -> Result<Vec<tokio::net::TcpListener>, String> {
     let mut listeners = vec![listener];
-    for replica in 1..args.api_replicas {
+    for replica in 1..api_replicas {
         // Port 0 picks a free one for each; a fixed port is followed by the next ones.
-        let mut addr = args.listen;
+        let mut addr = listen;
         if addr.port() != 0 {
             addr.set_port(addr.port().saturating_add(replica));
         }
@@ -265,6 +341,18 @@ async fn try_up(
             .map_err(|e| format!("{addr}: {e} (API replica {})", replica + 1))?;
         listeners.push(listener);
     }
+    Ok(listeners)
+}
+
+/// Serves one API replica on each listener until stopped; returns the URLs of those after the
+/// first.
+async fn serve_replicas(
+    listeners: Vec<tokio::net::TcpListener>,
+    settings: &Settings,
+    parts: &ApiParts,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    started: &mut Started,
+) -> Result<Vec<String>, String> {
     let mut replica_urls = Vec::new();
     for (replica, listener) in listeners.into_iter().enumerate() {
         let url = format!(
@@ -288,24 +376,41 @@ async fn try_up(
             replica_urls.push(url);
         }
     }
-    // The controller and its warm pool.
+    Ok(replica_urls)
+}
+
+/// Starts the controller with the `local` backend, reconciling the warm pool until stopped; its
+/// workers reach the egress proxy at `proxy_url` and the package broker (PKG-3) at the configured
+/// one, else this API.
+async fn start_controller(
+    settings: &Settings,
+    parts: &ApiParts,
+    workers_dir: &Path,
+    proxy_url: &str,
+    api_url: &str,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+    started: &mut Started,
+) -> Result<(), String> {
     let backend = Arc::new(crate::controller_cmd::local_backend(
-        &workers_dir,
-        &worker_token,
+        workers_dir,
+        &parts.worker,
         &[
-            ("SANDBOX_EGRESS_PROXY_URL", &proxy_url),
+            ("SANDBOX_EGRESS_PROXY_URL", proxy_url),
             // The package broker is this API (PKG-3), unless the operator names another.
             (
                 "SANDBOX_PACKAGE_BROKER_URL",
-                settings.packages.broker_url.as_deref().unwrap_or(&api_url),
+                settings.packages.broker_url.as_deref().unwrap_or(api_url),
             ),
         ],
     )?);
     started.backend = Some(backend.clone());
-    let store = corral_store::ValkeyStore::connect(&valkey, "default")
+    let store = corral_store::ValkeyStore::connect(&parts.valkey, "default")
         .await
         .map_err(|e| e.to_string())?;
-    let control = WorkerClient::new(Locator::StateDir(workers_dir.clone()), worker_token)?;
+    let control = WorkerClient::new(
+        Locator::StateDir(workers_dir.to_path_buf()),
+        parts.worker.clone(),
+    )?;
     let reconciler = Reconciler::new(store, backend, control, settings.pool());
     let mut controller_stopped = stopped.clone();
     started.tasks.push(tokio::spawn(async move {
@@ -317,9 +422,13 @@ async fn try_up(
             }
         }
     }));
-    wait_warm(&valkey, settings.warm_pool_min).await?;
+    Ok(())
+}
+
+/// Prints the ready lines: each further replica's URL, then the API's and where the credentials are.
+fn announce_ready(state_dir: &Path, api_url: &str, replica_urls: &[String]) {
     let token_path = state_dir.join("api-token");
-    for url in &replica_urls {
+    for url in replica_urls {
         println!("corral API replica: {url}");
     }
     println!(
@@ -327,13 +436,6 @@ async fn try_up(
         token_path.display(),
         state_dir.join("admin-token").display()
     );
-    if args.sample {
-        sample(&api_url, &caller).await;
-    }
-    say("serving until Ctrl-C");
-    stop_signal().await;
-    say("stopping");
-    Ok(())
 }
 
 /// Waits until the warm pool has its minimum, printing progress as it grows.

@@ -84,79 +84,10 @@ impl ProxyConfig {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let listen = get("CORRAL_EGRESS_LISTEN").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = parse_socket_addr("CORRAL_EGRESS_LISTEN", &listen)?;
-        let key_source = match (
-            get("CORRAL_EGRESS_VERIFYING_KEY_FILE"),
-            get("CORRAL_EGRESS_VERIFYING_KEY_URL"),
-        ) {
-            (Some(path), None) => KeySource::File(PathBuf::from(path)),
-            (None, Some(url)) => {
-                let refresh_ms =
-                    number(&get, "CORRAL_EGRESS_KEY_REFRESH_MS", 5_000, 100, 3_600_000)?;
-                KeySource::Url {
-                    url: KeyUrl::parse(&url)?,
-                    refresh: Duration::from_millis(refresh_ms),
-                }
-            }
-            (Some(_), Some(_)) => {
-                return Err("set one of CORRAL_EGRESS_VERIFYING_KEY_FILE and \
-                            CORRAL_EGRESS_VERIFYING_KEY_URL, not both"
-                    .to_owned());
-            }
-            (None, None) => {
-                return Err("no verifying key: set CORRAL_EGRESS_VERIFYING_KEY_FILE or \
-                            CORRAL_EGRESS_VERIFYING_KEY_URL (EGR-7)"
-                    .to_owned());
-            }
-        };
+        let key_source = key_source(&get)?;
         let dns_servers =
             parse_dns_servers(&get("SANDBOX_EGRESS_DNS_SERVERS").unwrap_or_default())?;
-        let defaults = Limits::default();
-        let ms = |name: &str, default: Duration, min: u64, max: u64| {
-            let default_ms = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
-            number(&get, name, default_ms, min, max).map(Duration::from_millis)
-        };
-        let header_max_bytes = number(
-            &get,
-            "CORRAL_EGRESS_HEADER_MAX_BYTES",
-            defaults.header_max_bytes as u64,
-            HEADER_MAX_BYTES_FLOOR as u64,
-            HEADER_MAX_BYTES_CEILING as u64,
-        )?;
-        let limits = Limits {
-            header_max_bytes: usize::try_from(header_max_bytes).map_err(|e| e.to_string())?,
-            header_timeout: ms(
-                "CORRAL_EGRESS_HEADER_TIMEOUT_MS",
-                defaults.header_timeout,
-                10,
-                600_000,
-            )?,
-            dns_timeout: ms(
-                "CORRAL_EGRESS_DNS_TIMEOUT_MS",
-                defaults.dns_timeout,
-                10,
-                60_000,
-            )?,
-            connect_timeout: ms(
-                "CORRAL_EGRESS_CONNECT_TIMEOUT_MS",
-                defaults.connect_timeout,
-                10,
-                600_000,
-            )?,
-            idle_timeout: ms(
-                "CORRAL_EGRESS_IDLE_TIMEOUT_MS",
-                defaults.idle_timeout,
-                10,
-                86_400_000,
-            )?,
-            connections_max: usize::try_from(number(
-                &get,
-                "CORRAL_EGRESS_CONNECTIONS_MAX",
-                defaults.connections_max as u64,
-                1,
-                1_000_000,
-            )?)
-            .map_err(|e| e.to_string())?,
-        };
+        let limits = limits(&get)?;
         let metrics_listen = get("CORRAL_EGRESS_METRICS_LISTEN")
             .map(|text| parse_socket_addr("CORRAL_EGRESS_METRICS_LISTEN", &text))
             .transpose()?;
@@ -168,6 +99,80 @@ impl ProxyConfig {
             metrics_listen,
         })
     }
+}
+
+/// Where the verifying key comes from: a file or the API's URL, exactly one.
+fn key_source(get: &impl Fn(&str) -> Option<String>) -> Result<KeySource, String> {
+    match (
+        get("CORRAL_EGRESS_VERIFYING_KEY_FILE"),
+        get("CORRAL_EGRESS_VERIFYING_KEY_URL"),
+    ) {
+        (Some(path), None) => Ok(KeySource::File(PathBuf::from(path))),
+        (None, Some(url)) => {
+            let refresh_ms = number(get, "CORRAL_EGRESS_KEY_REFRESH_MS", 5_000, 100, 3_600_000)?;
+            Ok(KeySource::Url {
+                url: KeyUrl::parse(&url)?,
+                refresh: Duration::from_millis(refresh_ms),
+            })
+        }
+        (Some(_), Some(_)) => Err("set one of CORRAL_EGRESS_VERIFYING_KEY_FILE and \
+                                   CORRAL_EGRESS_VERIFYING_KEY_URL, not both"
+            .to_owned()),
+        (None, None) => Err("no verifying key: set CORRAL_EGRESS_VERIFYING_KEY_FILE or \
+                             CORRAL_EGRESS_VERIFYING_KEY_URL (EGR-7)"
+            .to_owned()),
+    }
+}
+
+/// The per-connection bounds, each within its range, or its default when unset.
+fn limits(get: &impl Fn(&str) -> Option<String>) -> Result<Limits, String> {
+    let defaults = Limits::default();
+    let ms = |name: &str, default: Duration, min: u64, max: u64| {
+        let default_ms = u64::try_from(default.as_millis()).unwrap_or(u64::MAX);
+        number(get, name, default_ms, min, max).map(Duration::from_millis)
+    };
+    let header_max_bytes = number(
+        get,
+        "CORRAL_EGRESS_HEADER_MAX_BYTES",
+        defaults.header_max_bytes as u64,
+        HEADER_MAX_BYTES_FLOOR as u64,
+        HEADER_MAX_BYTES_CEILING as u64,
+    )?;
+    Ok(Limits {
+        header_max_bytes: usize::try_from(header_max_bytes).map_err(|e| e.to_string())?,
+        header_timeout: ms(
+            "CORRAL_EGRESS_HEADER_TIMEOUT_MS",
+            defaults.header_timeout,
+            10,
+            600_000,
+        )?,
+        dns_timeout: ms(
+            "CORRAL_EGRESS_DNS_TIMEOUT_MS",
+            defaults.dns_timeout,
+            10,
+            60_000,
+        )?,
+        connect_timeout: ms(
+            "CORRAL_EGRESS_CONNECT_TIMEOUT_MS",
+            defaults.connect_timeout,
+            10,
+            600_000,
+        )?,
+        idle_timeout: ms(
+            "CORRAL_EGRESS_IDLE_TIMEOUT_MS",
+            defaults.idle_timeout,
+            10,
+            86_400_000,
+        )?,
+        connections_max: usize::try_from(number(
+            get,
+            "CORRAL_EGRESS_CONNECTIONS_MAX",
+            defaults.connections_max as u64,
+            1,
+            1_000_000,
+        )?)
+        .map_err(|e| e.to_string())?,
+    })
 }
 
 fn parse_socket_addr(name: &str, text: &str) -> Result<SocketAddr, String> {

@@ -54,37 +54,7 @@ async fn serve(config: ProxyConfig) -> ExitCode {
         }
     };
     let observer = Observer::new(LogSink::Stderr);
-    let mut started = JsonObject::new();
-    started
-        .number("ts_ms", unix_now_ms())
-        .string("event", "egress_proxy_started")
-        .string(
-            "listen",
-            &listener
-                .local_addr()
-                .map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
-        )
-        .string(
-            "key_source",
-            &match &config.key_source {
-                KeySource::File(path) => format!("file:{}", path.display()),
-                KeySource::Url { .. } => "url".to_owned(),
-            },
-        )
-        .string(
-            "dns",
-            &config.dns_servers.as_ref().map_or_else(
-                || "system".to_owned(),
-                |servers| {
-                    servers
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                },
-            ),
-        );
-    observer.line(started);
+    observer.line(started_line(&config, &listener));
     if let Some(address) = config.metrics_listen {
         match tokio::net::TcpListener::bind(address).await {
             Ok(metrics) => {
@@ -116,6 +86,42 @@ async fn serve(config: ProxyConfig) -> ExitCode {
     observer.flush();
     eprintln!("{}", observer.render_metrics().trim_end());
     ExitCode::SUCCESS
+}
+
+/// The log line saying the proxy started: where it listens, where its key comes from, and its
+/// name servers.
+fn started_line(config: &ProxyConfig, listener: &tokio::net::TcpListener) -> JsonObject {
+    let mut started = JsonObject::new();
+    started
+        .number("ts_ms", unix_now_ms())
+        .string("event", "egress_proxy_started")
+        .string(
+            "listen",
+            &listener
+                .local_addr()
+                .map_or_else(|_| config.listen.to_string(), |a| a.to_string()),
+        )
+        .string(
+            "key_source",
+            &match &config.key_source {
+                KeySource::File(path) => format!("file:{}", path.display()),
+                KeySource::Url { .. } => "url".to_owned(),
+            },
+        )
+        .string(
+            "dns",
+            &config.dns_servers.as_ref().map_or_else(
+                || "system".to_owned(),
+                |servers| {
+                    servers
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ),
+        );
+    started
 }
 
 /// Resolves on SIGINT or SIGTERM (every long-running `corral` service stops on either).

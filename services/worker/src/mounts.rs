@@ -116,6 +116,15 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
     }
     etc(&root, layout)?;
     dev(&root, layout.run_dir)?;
+    run_binds(&root, layout)?;
+    mount_proc(&root)?;
+    enter(&root)?;
+    remount_read_only()
+}
+
+/// Binds the host's font cache, the run's workspace, /tmp and code, and its resources when it has
+/// them, into `root`: only the workspace and /tmp writable.
+fn run_binds(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let read_only = writable | MsFlags::MS_RDONLY;
     // The host's font cache, read-only: without it every Chromium (and fontconfig user) scans
@@ -151,6 +160,11 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
             read_only | MsFlags::MS_NOEXEC,
         )?;
     }
+    Ok(())
+}
+
+/// Mounts a fresh /proc for the jail's pid namespace in `root`.
+fn mount_proc(root: &Path) -> Result<(), String> {
     let proc = root.join("proc");
     step(fs::create_dir_all(&proc), || "create /proc".to_owned())?;
     step(
@@ -163,7 +177,12 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         ),
         || "mount /proc".to_owned(),
     )?;
-    enter(&root)?;
+    Ok(())
+}
+
+/// Remounts the entered root and its /dev read-only.
+fn remount_read_only() -> Result<(), String> {
+    let read_only = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_RDONLY;
     step(
         mount(
             None::<&str>,

@@ -870,34 +870,7 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     // thread, before any other job (the reset between leases included, which counts what it
     // left). Nothing of the run is handed on before that reset's evidence: only the pool hands
     // a worker on, and only after the reset it orders.
-    let ran = async move {
-        let ran = worker
-            .answer_then(move |worker| {
-                let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
-                let (ran, unreset) = match ran {
-                    Ok((result, unreset)) => (Ok(result), unreset),
-                    Err(refusal) => (Err(refusal), None),
-                };
-                let then: Job = Box::new(move |worker: &mut Worker| {
-                    if let Some(unreset) = unreset {
-                        worker.reset_later(unreset);
-                    }
-                    // The staged copy is the request's alone; it is removed whatever happened.
-                    let _ = std::fs::remove_dir_all(&request_dir);
-                });
-                (ran, Some(then))
-            })
-            .await;
-        drop(worker);
-        if let Ok(Ok(result)) = &ran {
-            let span = tracing::Span::current();
-            span.record("corral.warm", result.reply.warm);
-            if let Some(code) = result.reply.exit_code {
-                span.record("corral.exit_code", code);
-            }
-        }
-        executed(ran)
-    };
+    let ran = run_then_reset(worker, run, request_dir, archive, bounds);
     let ran = tracing::Instrument::instrument(ran, span);
     if !request.stream_output {
         return match ran.await {
@@ -905,6 +878,53 @@ async fn execute(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
             Err(body) => refusal(body),
         };
     }
+    streamed_answer(ran, frames, streamed)
+}
+
+/// Runs the staged request on the jail thread and answers once its result is complete; the run's
+/// own reset and the staged copy's removal follow on the jail thread.
+async fn run_then_reset(
+    worker: Held,
+    run: RunRequest,
+    request_dir: PathBuf,
+    archive: Option<Vec<u8>>,
+    bounds: ExecutionBounds,
+) -> Result<ExecuteReply, ErrorBody> {
+    let ran = worker
+        .answer_then(move |worker| {
+            let ran = run_staged(worker, &run, &request_dir, archive.as_deref(), &bounds);
+            let (ran, unreset) = match ran {
+                Ok((result, unreset)) => (Ok(result), unreset),
+                Err(refusal) => (Err(refusal), None),
+            };
+            let then: Job = Box::new(move |worker: &mut Worker| {
+                if let Some(unreset) = unreset {
+                    worker.reset_later(unreset);
+                }
+                // The staged copy is the request's alone; it is removed whatever happened.
+                let _ = std::fs::remove_dir_all(&request_dir);
+            });
+            (ran, Some(then))
+        })
+        .await;
+    drop(worker);
+    if let Ok(Ok(result)) = &ran {
+        let span = tracing::Span::current();
+        span.record("corral.warm", result.reply.warm);
+        if let Some(code) = result.reply.exit_code {
+            span.record("corral.exit_code", code);
+        }
+    }
+    executed(ran)
+}
+
+/// The streamed answer (WS-7): the code's output frames as they come, each an NDJSON line, then
+/// the reply (or a refusal) as the last line.
+fn streamed_answer(
+    ran: impl Future<Output = Result<ExecuteReply, ErrorBody>> + Send + 'static,
+    frames: tokio::sync::mpsc::UnboundedSender<ExecuteFrame>,
+    streamed: tokio::sync::mpsc::UnboundedReceiver<ExecuteFrame>,
+) -> Response {
     // The answer begins now; the reply (or a refusal) is its last line, after every chunk.
     tokio::spawn(async move {
         let last = match ran.await {

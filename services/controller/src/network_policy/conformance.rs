@@ -286,6 +286,70 @@ fn fixed_ports() -> Vec<u16> {
     ports
 }
 
+/// The model's pods, each with its role and address: this system's, three workers (one in the
+/// gVisor pool), a stray pod beside them, an impostor of the API in `tenant`, and the DNS.
+fn model_pods(workers_namespace: &str, system_namespace: &str) -> [(Role, Pod, IpAddr); 11] {
+    let own = |name| [(LABEL_NAME, name), (LABEL_PART_OF, PART_OF)];
+    let worker = |pool: &str, runtime_class: Option<&str>, seq| {
+        let mut settings = KubeSettings::new(
+            workers_namespace,
+            pool,
+            ImageId("registry.invalid/corral-worker@sha256:00".to_owned()),
+        );
+        settings.runtime_class = runtime_class.map(str::to_owned);
+        worker_pod(&settings, WorkerId { epoch: 1, seq }, &settings.image)
+    };
+    [
+        (
+            Api,
+            plain_pod(system_namespace, "api", &own(API_NAME)),
+            v4(10, 244, 1, 10),
+        ),
+        (
+            Controller,
+            plain_pod(system_namespace, "controller", &own(CONTROLLER_NAME)),
+            v4(10, 244, 1, 11),
+        ),
+        (
+            EgressProxy,
+            plain_pod(system_namespace, "egress-proxy", &own(EGRESS_PROXY_NAME)),
+            v4(10, 244, 1, 12),
+        ),
+        (
+            Valkey,
+            plain_pod(system_namespace, "valkey", &own(VALKEY_NAME)),
+            v4(10, 244, 1, 13),
+        ),
+        (
+            Turn,
+            plain_pod(system_namespace, "coturn", &own(TURN_NAME)),
+            v4(10, 244, 1, 14),
+        ),
+        (WorkerA, worker(POOL, None, 1), v4(10, 244, 2, 20)),
+        (WorkerB, worker(POOL, None, 2), v4(10, 244, 2, 21)),
+        (
+            WorkerGvisor,
+            worker(GVISOR, Some(GVISOR), 3),
+            v4(10, 244, 2, 22),
+        ),
+        (
+            Stray,
+            plain_pod(workers_namespace, "stray", &[]),
+            v4(10, 244, 2, 30),
+        ),
+        (
+            Impostor,
+            plain_pod("tenant", "impostor", &own(API_NAME)),
+            v4(10, 244, 3, 10),
+        ),
+        (
+            Dns,
+            plain_pod("kube-system", "coredns", &[("k8s-app", "kube-dns")]),
+            v4(10, 244, 0, 10),
+        ),
+    ]
+}
+
 impl Model {
     /// The model with the workers in `workers_namespace`, this system in `system_namespace` and
     /// the peers where `peers` says.
@@ -322,65 +386,7 @@ impl Model {
         );
         cluster.add_namespace("kube-system", &[]);
         cluster.add_namespace("tenant", &[]);
-        let own = |name| [(LABEL_NAME, name), (LABEL_PART_OF, PART_OF)];
-        let worker = |pool: &str, runtime_class: Option<&str>, seq| {
-            let mut settings = KubeSettings::new(
-                workers_namespace,
-                pool,
-                ImageId("registry.invalid/corral-worker@sha256:00".to_owned()),
-            );
-            settings.runtime_class = runtime_class.map(str::to_owned);
-            worker_pod(&settings, WorkerId { epoch: 1, seq }, &settings.image)
-        };
-        let pods = [
-            (
-                Api,
-                plain_pod(system_namespace, "api", &own(API_NAME)),
-                v4(10, 244, 1, 10),
-            ),
-            (
-                Controller,
-                plain_pod(system_namespace, "controller", &own(CONTROLLER_NAME)),
-                v4(10, 244, 1, 11),
-            ),
-            (
-                EgressProxy,
-                plain_pod(system_namespace, "egress-proxy", &own(EGRESS_PROXY_NAME)),
-                v4(10, 244, 1, 12),
-            ),
-            (
-                Valkey,
-                plain_pod(system_namespace, "valkey", &own(VALKEY_NAME)),
-                v4(10, 244, 1, 13),
-            ),
-            (
-                Turn,
-                plain_pod(system_namespace, "coturn", &own(TURN_NAME)),
-                v4(10, 244, 1, 14),
-            ),
-            (WorkerA, worker(POOL, None, 1), v4(10, 244, 2, 20)),
-            (WorkerB, worker(POOL, None, 2), v4(10, 244, 2, 21)),
-            (
-                WorkerGvisor,
-                worker(GVISOR, Some(GVISOR), 3),
-                v4(10, 244, 2, 22),
-            ),
-            (
-                Stray,
-                plain_pod(workers_namespace, "stray", &[]),
-                v4(10, 244, 2, 30),
-            ),
-            (
-                Impostor,
-                plain_pod("tenant", "impostor", &own(API_NAME)),
-                v4(10, 244, 3, 10),
-            ),
-            (
-                Dns,
-                plain_pod("kube-system", "coredns", &[("k8s-app", "kube-dns")]),
-                v4(10, 244, 0, 10),
-            ),
-        ];
+        let pods = model_pods(workers_namespace, system_namespace);
         let mut by_role = BTreeMap::new();
         for (role, pod, ip) in pods {
             cluster.add_pod(&pod, ip)?;

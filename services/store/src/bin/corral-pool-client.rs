@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use corral_store::ValkeyStore;
-use corral_store::harness::run_client;
+use corral_store::harness::{ClientReport, run_client};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
@@ -73,27 +73,37 @@ async fn main() -> std::process::ExitCode {
         let Ok(report) = task.await else {
             return std::process::ExitCode::from(1);
         };
-        for held in &report.held {
-            println!(
-                "lease {} {} {} {}",
-                held.worker, held.member, held.start.0, held.end.0
-            );
-        }
-        for latency in &report.grant_latencies {
-            println!("latency_us {}", latency.as_micros());
-        }
-        for code in &report.refused {
-            println!("refused {code}");
-        }
+        print_report(&report);
     }
     for store in &stores {
-        let counts = store.write_counts();
-        println!(
-            "writes {} {} {}",
-            counts.attempted.load(std::sync::atomic::Ordering::Relaxed),
-            counts.conflicted.load(std::sync::atomic::Ordering::Relaxed),
-            counts.reads.load(std::sync::atomic::Ordering::Relaxed),
-        );
+        print_writes(store);
     }
     std::process::ExitCode::SUCCESS
+}
+
+/// One client's lines: each lease held, each grant's latency, each refusal.
+fn print_report(report: &ClientReport) {
+    for held in &report.held {
+        println!(
+            "lease {} {} {} {}",
+            held.worker, held.member, held.start.0, held.end.0
+        );
+    }
+    for latency in &report.grant_latencies {
+        println!("latency_us {}", latency.as_micros());
+    }
+    for code in &report.refused {
+        println!("refused {code}");
+    }
+}
+
+/// How one store's writes fared: sent, refused, and its reads.
+fn print_writes(store: &ValkeyStore) {
+    let counts = store.write_counts();
+    println!(
+        "writes {} {} {}",
+        counts.attempted.load(std::sync::atomic::Ordering::Relaxed),
+        counts.conflicted.load(std::sync::atomic::Ordering::Relaxed),
+        counts.reads.load(std::sync::atomic::Ordering::Relaxed),
+    );
 }

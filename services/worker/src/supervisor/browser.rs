@@ -49,6 +49,8 @@ pub const RUNTIME_PROGRAMS: [(&str, &str); 4] = [
 ];
 /// The X display number inside the jail (its own network and IPC namespaces: no clash).
 const DISPLAY: u32 = 99;
+/// How the bridge's line saying its display is up begins.
+const DISPLAY_UP: &str = "{\"display\"";
 /// The largest line the bridge may answer with: a screenshot in base64 and its envelope.
 const REPLY_LINE_MAX: usize = browser::SCREENSHOT_MAX_BYTES / 3 * 4 + 64 * 1024;
 /// How long the bridge may take to stop everything when told to close.
@@ -123,6 +125,37 @@ fn read_line(
             Err(e) => return Err(format!("read the bridge: {e}")),
         }
     }
+}
+
+/// The bridge's parameters: the display and capture sizes, the runtime's paths and programs, the
+/// bounds, and the first URL.
+fn bridge_params(order: &BrowserOpenRequest, capture: browser::media::Capture) -> Value {
+    // The first navigation, checked as an action is (the API admitted it already).
+    let first_url = order.url.clone().filter(|url| {
+        Action::Navigate {
+            url: url.clone(),
+            timeout_ms: None,
+        }
+        .check()
+        .is_ok()
+    });
+    json!({
+        "display": DISPLAY,
+        "width": capture.width,
+        "height": capture.height,
+        "screen": [browser::media::MAX_WIDTH, browser::media::MAX_HEIGHT],
+        "home": "/tmp/home",
+        "runtime_dir": "/tmp/runtime",
+        "profile": "/tmp/profile",
+        "proxy": crate::relay::PROXY_URL,
+        "programs": RUNTIME_PROGRAMS
+            .into_iter()
+            .map(|(name, path)| (name.to_owned(), Value::from(path)))
+            .collect::<serde_json::Map<_, _>>(),
+        "step_seconds": browser::STEP_MAX_MS / 1000,
+        "reply_max_bytes": browser::REPLY_MAX_BYTES,
+        "url": first_url,
+    })
 }
 
 /// A started runtime: the bridge's jail, its stdin, what it said past its ready line, and when
@@ -219,32 +252,7 @@ impl Worker {
             .map_err(|reason| format!("cgroups: {}", reason.code()))?;
         dirs.write_code("bridge.py", BRIDGE.as_bytes())?;
         let capture = browser::media::Capture::bounded(order.width, order.height);
-        // The first navigation, checked as an action is (the API admitted it already).
-        let first_url = order.url.clone().filter(|url| {
-            Action::Navigate {
-                url: url.clone(),
-                timeout_ms: None,
-            }
-            .check()
-            .is_ok()
-        });
-        let params = json!({
-            "display": DISPLAY,
-            "width": capture.width,
-            "height": capture.height,
-            "screen": [browser::media::MAX_WIDTH, browser::media::MAX_HEIGHT],
-            "home": "/tmp/home",
-            "runtime_dir": "/tmp/runtime",
-            "profile": "/tmp/profile",
-            "proxy": crate::relay::PROXY_URL,
-            "programs": RUNTIME_PROGRAMS
-                .into_iter()
-                .map(|(name, path)| (name.to_owned(), Value::from(path)))
-                .collect::<serde_json::Map<_, _>>(),
-            "step_seconds": browser::STEP_MAX_MS / 1000,
-            "reply_max_bytes": browser::REPLY_MAX_BYTES,
-            "url": first_url,
-        });
+        let params = bridge_params(order, capture);
         let mut plan = self.plan(
             Language::Python,
             run,
@@ -257,7 +265,7 @@ impl Worker {
             BRIDGE_PATH.to_owned(),
             BASE64.encode(params.to_string()),
         ];
-        let (mut started, stdin) = self
+        let (started, stdin) = self
             .start_jail(
                 &plan,
                 run,
@@ -268,13 +276,24 @@ impl Worker {
             )
             .map_err(|reason| format!("jail: {}", reason.code()))?;
         let stdin = stdin.ok_or("the bridge's stdin is missing")?;
+        Self::await_ready(started, stdin, &dirs, capture)
+    }
+
+    /// Waits for the bridge's display, sets the capture's mode on it, lets the bridge go on, and
+    /// reads its ready line.
+    fn await_ready(
+        mut started: Started,
+        stdin: ChildStdin,
+        dirs: &crate::workspace::RunDirs,
+        capture: browser::media::Capture,
+    ) -> Result<Opened, String> {
         let mut pending = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(browser::OPEN_MAX_SECONDS);
         let mut line = read_line(&mut started.stdout, &mut pending, deadline)?;
         // The display is up at its largest: its mode becomes the capture (BROW-5, BROW-11), then
         // the bridge starts the window manager and Chromium at that size.
-        if line.starts_with("{\"display\"") {
-            let socket = display_socket(&dirs);
+        if line.starts_with(DISPLAY_UP) {
+            let socket = display_socket(dirs);
             corral_media::capture::set_screen_mode(&socket.to_string_lossy(), capture)
                 .map_err(|e| format!("the screen's mode: {e}"))?;
             let mut stdin = stdin;

@@ -35,55 +35,16 @@ fn python_runner(
     // the jail), so no workspace module can stand in for one of these; the import
     // system's directory caches are dropped once the code has arrived, so that the
     // tenant's modules are found.
-    let preimport_source = if preimport.is_empty() {
-        String::new()
-    } else {
-        let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
-        format!(
-            "def _corral_preimport(names):\n\
-             \x20   import importlib\n\
-             \x20   for name in names:\n\
-             \x20       try:\n\
-             \x20           importlib.import_module(name)\n\
-             \x20       except Exception:\n\
-             \x20           pass\n\
-             _corral_preimport([{}])\n",
-            names.join(", ")
-        )
-    };
+    let preimport_source = preimport_source(preimport);
     let invalidate = if preimport.is_empty() {
         ""
     } else {
         "\x20   __import__('importlib').invalidate_caches()\n"
     };
-    // The bootstrap's own names are removed from __main__ before the code runs in it; what
-    // runs after the code holds its own references (closure cells), not globals the code
-    // could rebind.
-    //
-    // The end of the run (decision 0015): what the interpreter's own exit does before it
-    // tears its modules down (join non-daemon threads, atexit handlers, the run's globals
-    // dropped so that their files are flushed and closed, a collection, the standard
-    // streams flushed), then `os._exit`. Tearing down the pre-imported stack would cost
-    // every run a quarter of a second; the jail is discarded after the run regardless.
-    // The pre-imported objects are frozen out of the collector, so the collection sees
-    // only the run's. An uncaught exception prints as it would in a cold run, without the
-    // bootstrap's frame.
     // Where the code comes from: the supervisor's pipe, once the waiting line is out, with
     // /dev/null put in its place so the code reads end of input as a cold run does; or the
     // code's file.
-    let read = if from_stdin {
-        format!(
-            "\x20   sys.stdout.flush()\n\
-             \x20   os.write(1, b'{LINE_WAITING}\\n')\n\
-             \x20   src = sys.stdin.buffer.read()\n\
-             {invalidate}\
-             \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
-             \x20   os.dup2(fd, 0)\n\
-             \x20   os.close(fd)\n"
-        )
-    } else {
-        format!("\x20   with open({path:?}, 'rb') as f:\n\x20       src = f.read()\n")
-    };
+    let read = code_source(path, from_stdin, invalidate);
     // Rich results (corral_core::run::results): the last statement, when it is an expression,
     // is evaluated apart so that its value can be shown, as a notebook cell's is. The syntax tree
     // comes from the builtin `_ast` (imported while a jail is prepared; `ast` would cost a cold
@@ -98,6 +59,10 @@ fn python_runner(
         ),
         None => ("_corral_results = None\n".to_owned(), String::new()),
     };
+    let run_function = run_source(&show);
+    // The bootstrap's own names are removed from __main__ before the code runs in it; what
+    // runs after the code holds its own references (closure cells), not globals the code
+    // could rebind.
     let source = format!(
         "import sys, os, _ast as ast, __main__ as m\n\
          {preimport_source}\
@@ -117,7 +82,65 @@ fn python_runner(
          \x20   last = compile(ast.Expression(last.value), {path:?}, 'eval') if last is not None else None\n\
          \x20   del tree\n\
          \x20   gc.freeze()\n\
-         \x20   def run():\n\
+         {run_function}\
+         \x20   return run\n\
+         _corral()()\n",
+        dir = JAIL_CODE_DIR,
+    );
+    vec![python.to_owned(), "-c".to_owned(), source]
+}
+
+/// The Python that imports `preimport`, each in its own `try`, before any tenant file exists.
+fn preimport_source(preimport: &[String]) -> String {
+    if preimport.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<String> = preimport.iter().map(|name| format!("{name:?}")).collect();
+        format!(
+            "def _corral_preimport(names):\n\
+             \x20   import importlib\n\
+             \x20   for name in names:\n\
+             \x20       try:\n\
+             \x20           importlib.import_module(name)\n\
+             \x20       except Exception:\n\
+             \x20           pass\n\
+             _corral_preimport([{}])\n",
+            names.join(", ")
+        )
+    }
+}
+
+/// The runner's lines that read the code into `src`: from stdin, once the waiting line is out,
+/// or from the file at `path`.
+fn code_source(path: &str, from_stdin: bool, invalidate: &str) -> String {
+    if from_stdin {
+        format!(
+            "\x20   sys.stdout.flush()\n\
+             \x20   os.write(1, b'{LINE_WAITING}\\n')\n\
+             \x20   src = sys.stdin.buffer.read()\n\
+             {invalidate}\
+             \x20   fd = os.open('/dev/null', os.O_RDONLY)\n\
+             \x20   os.dup2(fd, 0)\n\
+             \x20   os.close(fd)\n"
+        )
+    } else {
+        format!("\x20   with open({path:?}, 'rb') as f:\n\x20       src = f.read()\n")
+    }
+}
+
+/// The runner's `run`: the code run as the main program, its last expression's value shown
+/// (`show`), then the interpreter's own end without its teardown.
+fn run_source(show: &str) -> String {
+    // The end of the run (decision 0015): what the interpreter's own exit does before it
+    // tears its modules down (join non-daemon threads, atexit handlers, the run's globals
+    // dropped so that their files are flushed and closed, a collection, the standard
+    // streams flushed), then `os._exit`. Tearing down the pre-imported stack would cost
+    // every run a quarter of a second; the jail is discarded after the run regardless.
+    // The pre-imported objects are frozen out of the collector, so the collection sees
+    // only the run's. An uncaught exception prints as it would in a cold run, without the
+    // bootstrap's frame.
+    format!(
+        "\x20   def run():\n\
          \x20       status = 0\n\
          \x20       value = None\n\
          \x20       try:\n\
@@ -157,12 +180,8 @@ fn python_runner(
          \x20               stream.flush()\n\
          \x20           except Exception:\n\
          \x20               status = status or 120\n\
-         \x20       os._exit(status & 0xff)\n\
-         \x20   return run\n\
-         _corral()()\n",
-        dir = JAIL_CODE_DIR,
-    );
-    vec![python.to_owned(), "-c".to_owned(), source]
+         \x20       os._exit(status & 0xff)\n"
+    )
 }
 
 /// Where the jail sees the code's directory (the run's code files, read-only).

@@ -42,19 +42,7 @@ impl Worker {
         result: &mut RunResult,
     ) -> Result<(), NotRun> {
         let started = Instant::now();
-        let specs: Vec<String> = order
-            .install
-            .iter()
-            .filter(|item| {
-                // An inferred import that the workspace itself provides is not installed.
-                item.inferred_from.as_deref().is_none_or(|module| {
-                    let workspace = dirs.workspace();
-                    !workspace.join(format!("{module}.py")).exists()
-                        && !workspace.join(module).is_dir()
-                })
-            })
-            .map(|item| item.spec.clone())
-            .collect();
+        let specs = specs_to_install(order, dirs);
         if specs.is_empty() {
             return Ok(());
         }
@@ -93,28 +81,11 @@ impl Worker {
         let (observed, _) = self.supervise(jail, run, &mut installer, timeout, None);
         // The broker's route closes with the install: the code never reaches it.
         drop(run.broker_relay.take());
-        let tail = |stream: &corral_core::bounds::OutputStream| {
-            let text = &stream.text;
-            let skip = text.chars().count().saturating_sub(OUTPUT_TAIL_CHARS);
-            text.chars().skip(skip).collect::<String>()
-        };
         if observed.wall_expired {
             return Err(fail(result, Cause::TimedOut, None));
         }
         if installer.reply.exit_code != Some(0) {
-            // The token is the run's alone and dies with it; it is not repeated to the model.
-            let said = format!(
-                "the installer exited {:?}: {}{}",
-                installer.reply.exit_code,
-                tail(&installer.reply.stderr),
-                tail(&installer.reply.stdout)
-            )
-            .replace(&order.token, "<token>");
-            let cause = if registry_was_unreachable(&broker, &order.token) {
-                Cause::RegistryUnreachable
-            } else {
-                Cause::InstallFailed
-            };
+            let (cause, said) = installer_failure(&installer, order, &broker);
             return Err(fail(result, cause, Some(said)));
         }
         result.reply.dependencies = Some(InstallReport {
@@ -214,6 +185,51 @@ impl Worker {
         ProxyAddress::parse(&origin)
             .map_err(|e| e.replace("SANDBOX_EGRESS_PROXY_URL", "SANDBOX_PACKAGE_BROKER_URL"))
     }
+}
+
+/// The specs `order` installs: all but an inferred import that the workspace itself provides.
+fn specs_to_install(order: &InstallOrder, dirs: &RunDirs) -> Vec<String> {
+    order
+        .install
+        .iter()
+        .filter(|item| {
+            // An inferred import that the workspace itself provides is not installed.
+            item.inferred_from.as_deref().is_none_or(|module| {
+                let workspace = dirs.workspace();
+                !workspace.join(format!("{module}.py")).exists() && !workspace.join(module).is_dir()
+            })
+        })
+        .map(|item| item.spec.clone())
+        .collect()
+}
+
+/// Why an installer that exited nonzero failed, and what it said (its output's tails).
+fn installer_failure(
+    installer: &RunResult,
+    order: &InstallOrder,
+    broker: &ProxyAddress,
+) -> (Cause, String) {
+    // The token is the run's alone and dies with it; it is not repeated to the model.
+    let said = format!(
+        "the installer exited {:?}: {}{}",
+        installer.reply.exit_code,
+        output_tail(&installer.reply.stderr),
+        output_tail(&installer.reply.stdout)
+    )
+    .replace(&order.token, "<token>");
+    let cause = if registry_was_unreachable(broker, &order.token) {
+        Cause::RegistryUnreachable
+    } else {
+        Cause::InstallFailed
+    };
+    (cause, said)
+}
+
+/// The last `OUTPUT_TAIL_CHARS` characters of an installer's output stream.
+fn output_tail(stream: &corral_core::bounds::OutputStream) -> String {
+    let text = &stream.text;
+    let skip = text.chars().count().saturating_sub(OUTPUT_TAIL_CHARS);
+    text.chars().skip(skip).collect::<String>()
 }
 
 /// `npm install` into `/workspace` through the broker's jail address with `token`: no scripts,

@@ -126,15 +126,8 @@ impl Worker {
         };
         let plan_text =
             serde_json::to_string(plan).map_err(|e| failed(diagnostics, format!("plan: {e}")))?;
-        let mut child = Command::new(&self.reexec.program)
-            .args(&self.reexec.prefix)
-            .arg("__stage1")
-            .arg(&plan_text)
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+        let mut child = self
+            .spawn_stage1(&plan_text)
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
         let pid = child.id();
         let (Some(mut stdin), Some(mut stdout), Some(mut stderr)) =
@@ -159,35 +152,11 @@ impl Worker {
             return Err(self.stage_failure(ready.into_iter().collect(), &mut stderr, diagnostics));
         }
         if plan.user_namespace {
-            let map = format!(
-                "0 {} 1\n{} {} 1\n",
-                run.uids[0], plan.inner_uid, run.uids[1]
-            );
-            for file in ["uid_map", "gid_map"] {
-                let path = format!("/proc/{pid}/{file}");
-                std::fs::write(&path, &map)
-                    .map_err(|e| failed(diagnostics, format!("write {path}: {e}")))?;
-            }
+            write_id_maps(pid, plan, run).map_err(|e| failed(diagnostics, e))?;
         }
         // Before the go byte: the listener exists before any code can try to connect to it.
-        let relay =
-            Relay::open(pid, self.egress_proxy.clone().ok()).map_err(|e| failed(diagnostics, e))?;
-        relay.attach_grant(grant);
-        run.relay = Some(relay);
-        if let Some(order) = run.tools_pending.take() {
-            run.tool_relay = Some(
-                crate::tools::ToolRelay::open(pid, order).map_err(|e| failed(diagnostics, e))?,
-            );
-        }
-        if let Some(broker) = broker {
-            let plain = Relay::open_plain(
-                pid,
-                broker,
-                corral_core::packages::registries::JAIL_BROKER_PORT,
-            )
+        self.open_relays(pid, run, grant, broker)
             .map_err(|e| failed(diagnostics, e))?;
-            run.broker_relay = Some(plain);
-        }
         stdin
             .write_all(&[GO_BYTE])
             .map_err(|e| failed(diagnostics, format!("start the jail: {e}")))?;
@@ -220,6 +189,45 @@ impl Worker {
         ))
     }
 
+    /// Starts stage 1 with the plan as its argument, a clear environment and piped streams.
+    fn spawn_stage1(&self, plan_text: &str) -> std::io::Result<std::process::Child> {
+        Command::new(&self.reexec.program)
+            .args(&self.reexec.prefix)
+            .arg("__stage1")
+            .arg(plan_text)
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+    }
+
+    /// Opens the relays in the jail's network namespace: egress (with `grant`), the tools when
+    /// the run ordered them, and the package broker's when one is given.
+    fn open_relays(
+        &self,
+        pid: u32,
+        run: &mut ActiveRun,
+        grant: Option<&str>,
+        broker: Option<crate::relay::ProxyAddress>,
+    ) -> Result<(), String> {
+        let relay = Relay::open(pid, self.egress_proxy.clone().ok())?;
+        relay.attach_grant(grant);
+        run.relay = Some(relay);
+        if let Some(order) = run.tools_pending.take() {
+            run.tool_relay = Some(crate::tools::ToolRelay::open(pid, order)?);
+        }
+        if let Some(broker) = broker {
+            let plain = Relay::open_plain(
+                pid,
+                broker,
+                corral_core::packages::registries::JAIL_BROKER_PORT,
+            )?;
+            run.broker_relay = Some(plain);
+        }
+        Ok(())
+    }
+
     /// The refusal for a jail that ended before `G`.
     fn stage_failure(
         &self,
@@ -248,4 +256,17 @@ impl Worker {
         }
         reason
     }
+}
+
+/// Maps the jail's root and inner user onto the run's two ids, in stage 1's user namespace.
+fn write_id_maps(pid: u32, plan: &JailPlan, run: &ActiveRun) -> Result<(), String> {
+    let map = format!(
+        "0 {} 1\n{} {} 1\n",
+        run.uids[0], plan.inner_uid, run.uids[1]
+    );
+    for file in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, &map).map_err(|e| format!("write {path}: {e}"))?;
+    }
+    Ok(())
 }

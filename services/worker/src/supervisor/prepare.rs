@@ -221,6 +221,36 @@ impl Worker {
         request: &RunRequest,
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
+        if !self.wait_for_ready(request, diagnostics) {
+            return None;
+        }
+        let language = request.language;
+        let Some(prepared) = self.prepared.remove(&language) else {
+            if let Some(why) = self.prepare_failures.get(&language) {
+                note(
+                    diagnostics,
+                    format!("no prepared jail (its preparation failed: {why}); ran cold"),
+                );
+            }
+            return None;
+        };
+        let bounds = request.bounds.as_ref().unwrap_or(&self.settings.bounds);
+        // Memory and processes are in the jail's cgroup and rlimits, fixed when it was built; the
+        // wall limit is the supervisor's, counted from the delivery, so a lowered one still fits
+        // (only the CPU-time rlimit, a backstop behind it, stays the configured wall's).
+        let fits = prepared.language == language
+            && bounds.max_memory_bytes == prepared.memory_bytes
+            && bounds.max_processes == prepared.processes;
+        if !fits {
+            self.prepared.insert(language, prepared);
+            return None;
+        }
+        self.alive_or_reset(prepared, diagnostics)
+    }
+
+    /// Waits, when the run should, for its language's prepared jail (or the re-preparation with
+    /// the stack) to be ready: `false` when the run goes cold instead, said in `diagnostics`.
+    fn wait_for_ready(&mut self, request: &RunRequest, diagnostics: &mut Vec<String>) -> bool {
         let language = request.language;
         // A run that uses the stack waits for the re-preparation with it, if one is under way
         // (at the run's priority), and takes it; any other takes the jail prepared without it.
@@ -263,29 +293,18 @@ impl Worker {
                     diagnostics,
                     "the prepared jail was still importing; ran cold",
                 );
-                return None;
+                return false;
             }
         }
-        let Some(prepared) = self.prepared.remove(&language) else {
-            if let Some(why) = self.prepare_failures.get(&language) {
-                note(
-                    diagnostics,
-                    format!("no prepared jail (its preparation failed: {why}); ran cold"),
-                );
-            }
-            return None;
-        };
-        let bounds = request.bounds.as_ref().unwrap_or(&self.settings.bounds);
-        // Memory and processes are in the jail's cgroup and rlimits, fixed when it was built; the
-        // wall limit is the supervisor's, counted from the delivery, so a lowered one still fits
-        // (only the CPU-time rlimit, a backstop behind it, stays the configured wall's).
-        let fits = prepared.language == language
-            && bounds.max_memory_bytes == prepared.memory_bytes
-            && bounds.max_processes == prepared.processes;
-        if !fits {
-            self.prepared.insert(language, prepared);
-            return None;
-        }
+        true
+    }
+
+    /// `prepared` if its interpreter is still alive; else it is torn down, said in `diagnostics`.
+    fn alive_or_reset(
+        &mut self,
+        prepared: Prepared,
+        diagnostics: &mut Vec<String>,
+    ) -> Option<Prepared> {
         let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
         let mut prepared = prepared;
         let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));

@@ -121,9 +121,28 @@ impl Worker {
             // Judged by the cell's own imports and its restore's, not the driver's.
             self.take_prepared(&imports_of, &mut result.reply.diagnostics)
         };
+        self.note_grant_refusals(request, &mut result.reply.diagnostics);
+        let (run, executed) = self.execute_bounded(request, prepared, kernel, &mut result);
+        if let Err(reason) = executed {
+            // PKG-6: a not_run record goes beside a nonzero exit.
+            result.reply.not_run = Some(reason);
+            result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
+        }
+        result.reply.durations.total_ms = millis(started.elapsed());
+        let unreset = Unreset {
+            run,
+            token: request.token,
+            started,
+        };
+        (result, Some(unreset))
+    }
+
+    /// Notes why the egress relay will refuse every connection of a run given a grant: no proxy,
+    /// or a grant that is not a header-safe token.
+    fn note_grant_refusals(&self, request: &RunRequest, diagnostics: &mut Vec<String>) {
         if let (Some(_), Err(why)) = (&request.grant, &self.egress_proxy) {
             note(
-                &mut result.reply.diagnostics,
+                diagnostics,
                 format!("a grant was given, but {why}: the egress relay refused every connection"),
             );
         }
@@ -133,10 +152,21 @@ impl Worker {
             .is_some_and(|grant| !corral_core::egress::grant::grant_is_sendable(grant))
         {
             note(
-                &mut result.reply.diagnostics,
+                diagnostics,
                 "the grant is not a header-safe token: the egress relay refused every connection",
             );
         }
+    }
+
+    /// Executes `request` in the `prepared` jail (warm) or a new one (cold), under the request's
+    /// bounds: the run to reset, and the reason the code was not run, if it was not.
+    fn execute_bounded(
+        &mut self,
+        request: &RunRequest,
+        prepared: Option<Prepared>,
+        kernel: Option<super::kernel::KernelCell>,
+        result: &mut RunResult,
+    ) -> (ActiveRun, Result<(), NotRun>) {
         // The run's bounds stand in for the configured ones until it is over; every step reads
         // them from the settings, so this is the one place that has to know.
         let configured = request
@@ -153,31 +183,20 @@ impl Worker {
                     ..
                 } = prepared;
                 run.kernel = kernel;
-                let executed = self.execute_warm(request, &mut run, jail, program, &mut result);
+                let executed = self.execute_warm(request, &mut run, jail, program, result);
                 (run, executed)
             }
             None => {
                 let mut run = self.new_run();
                 run.kernel = kernel;
-                let executed = self.execute(request, &mut run, &mut result);
+                let executed = self.execute(request, &mut run, result);
                 (run, executed)
             }
         };
         if let Some(configured) = configured {
             self.settings.bounds = configured;
         }
-        if let Err(reason) = executed {
-            // PKG-6: a not_run record goes beside a nonzero exit.
-            result.reply.not_run = Some(reason);
-            result.reply.exit_code = Some(NOT_RUN_EXIT_CODE);
-        }
-        result.reply.durations.total_ms = millis(started.elapsed());
-        let unreset = Unreset {
-            run,
-            token: request.token,
-            started,
-        };
-        (result, Some(unreset))
+        (run, executed)
     }
 
     /// The answer to a request refused before anything of it ran (`reason`): the posture it would

@@ -158,17 +158,12 @@ impl Worker {
                 format!("download {path} excluded: {}", excluded.code()),
             );
         }
-        for download in &selection.downloads {
-            if let Some(destination) = &request.workspace
-                && let Err(error) =
-                    workspace::copy_out(&dirs.workspace(), &download.path, destination)
-            {
-                note(
-                    &mut result.reply.diagnostics,
-                    format!("download {} not copied back: {error}", download.path),
-                );
-            }
-        }
+        copy_back(
+            request,
+            dirs,
+            &selection.downloads,
+            &mut result.reply.diagnostics,
+        );
         result.reply.rejected = selection.rejected();
         result.reply.downloads = selection.downloads;
         if request.pack_workspace {
@@ -187,6 +182,26 @@ impl Worker {
         result.reply.bound = hit.first().copied();
         if all_dead {
             read_results(dirs, result);
+        }
+    }
+}
+
+/// Copies each download back into the request's workspace, when it names one; notes any that
+/// could not be.
+fn copy_back(
+    request: &RunRequest,
+    dirs: &RunDirs,
+    downloads: &[downloads::Download],
+    diagnostics: &mut Vec<String>,
+) {
+    for download in downloads {
+        if let Some(destination) = &request.workspace
+            && let Err(error) = workspace::copy_out(&dirs.workspace(), &download.path, destination)
+        {
+            note(
+                diagnostics,
+                format!("download {} not copied back: {error}", download.path),
+            );
         }
     }
 }

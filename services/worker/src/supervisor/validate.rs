@@ -85,18 +85,7 @@ impl Worker {
     ) -> Result<Result<(), Failed>, NotRun> {
         let runtime = Path::new(&self.settings.jail.pi_runtime);
         if !runtime.join("observe.mjs").is_file() {
-            return Ok(Err((
-                Refusal::new(
-                    RefusalCode::PiRuntimeUnavailable,
-                    format!(
-                        "this worker has no Pi runtime at {} (CORRAL_JAIL_PI_RUNTIME; \
-                         scripts/build-pi-runtime builds it)",
-                        runtime.display()
-                    ),
-                ),
-                Step::Loader,
-                None,
-            )));
+            return Ok(Err(pi_runtime_unavailable(runtime)));
         }
         let posture = self.decide_posture(result)?;
         let dirs = self.create_dirs(run, result)?;
@@ -207,38 +196,7 @@ impl Worker {
             self.start_jail(&plan, run, None, None, &mut result.reply.diagnostics, false)?;
         let mut tests = RunResult::default();
         let (observed, all_dead) = self.supervise(jail, run, &mut tests, wall.as_secs(), None);
-        let tail = Some(output_tail(&tests));
-        if observed.wall_expired {
-            return Ok(Err((
-                Refusal::new(
-                    RefusalCode::PackageDeadlineExceeded,
-                    "the validation's deadline was spent in the package's tests",
-                ),
-                Step::Tests,
-                tail,
-            )));
-        }
-        if !all_dead {
-            return Ok(Err((
-                Refusal::new(
-                    RefusalCode::PackageTestsFailed,
-                    "a process of the tests survived the kill: the tree cannot be rebuilt safely",
-                ),
-                Step::Tests,
-                tail,
-            )));
-        }
-        if tests.reply.exit_code != Some(0) {
-            return Ok(Err((
-                Refusal::new(
-                    RefusalCode::PackageTestsFailed,
-                    format!("the package's tests exited {:?}", tests.reply.exit_code),
-                ),
-                Step::Tests,
-                tail,
-            )));
-        }
-        Ok(Ok(()))
+        Ok(judge_tests(observed.wall_expired, all_dead, &tests))
     }
 
     /// `npm install` of the package's dependencies (with its devDependencies for the tests)
@@ -303,33 +261,8 @@ impl Worker {
         let mut installer = RunResult::default();
         let (observed, all_dead) = self.supervise(jail, run, &mut installer, wall.as_secs(), None);
         drop(run.broker_relay.take());
-        let tail = Some(output_tail(&installer).replace(token, "<token>"));
-        if observed.wall_expired {
-            return Ok(Err((
-                Refusal::new(
-                    RefusalCode::PackageDeadlineExceeded,
-                    "the validation's deadline was spent installing the dependencies",
-                ),
-                step,
-                tail,
-            )));
-        }
-        if installer.reply.exit_code != Some(0) || !all_dead {
-            let unreachable = registry_was_unreachable(&broker, token);
-            return failed(
-                format!(
-                    "npm install exited {:?}{}",
-                    installer.reply.exit_code,
-                    if unreachable {
-                        ": the registry is unreachable"
-                    } else {
-                        ""
-                    }
-                ),
-                tail,
-            );
-        }
-        Ok(Ok(()))
+        let judged = judge_install(observed.wall_expired, all_dead, &installer, &broker, token);
+        Ok(judged.map_err(|(refusal, tail)| (refusal, step, tail)))
     }
 
     /// Pi's loader in the disposable child, and the parent's reading of its observation.
@@ -401,6 +334,98 @@ impl Worker {
             Err(refusal) => Ok(Err((refusal, Step::Loader, stderr))),
         }
     }
+}
+
+/// The refusal of a validation on a worker without the Pi runtime.
+fn pi_runtime_unavailable(runtime: &Path) -> Failed {
+    (
+        Refusal::new(
+            RefusalCode::PiRuntimeUnavailable,
+            format!(
+                "this worker has no Pi runtime at {} (CORRAL_JAIL_PI_RUNTIME; \
+                 scripts/build-pi-runtime builds it)",
+                runtime.display()
+            ),
+        ),
+        Step::Loader,
+        None,
+    )
+}
+
+/// The tests' run judged: out of time, a process left alive, or a nonzero exit fails them.
+fn judge_tests(wall_expired: bool, all_dead: bool, tests: &RunResult) -> Result<(), Failed> {
+    let tail = Some(output_tail(tests));
+    if wall_expired {
+        return Err((
+            Refusal::new(
+                RefusalCode::PackageDeadlineExceeded,
+                "the validation's deadline was spent in the package's tests",
+            ),
+            Step::Tests,
+            tail,
+        ));
+    }
+    if !all_dead {
+        return Err((
+            Refusal::new(
+                RefusalCode::PackageTestsFailed,
+                "a process of the tests survived the kill: the tree cannot be rebuilt safely",
+            ),
+            Step::Tests,
+            tail,
+        ));
+    }
+    if tests.reply.exit_code != Some(0) {
+        return Err((
+            Refusal::new(
+                RefusalCode::PackageTestsFailed,
+                format!("the package's tests exited {:?}", tests.reply.exit_code),
+            ),
+            Step::Tests,
+            tail,
+        ));
+    }
+    Ok(())
+}
+
+/// The `npm install` judged: out of time, a nonzero exit or a process left alive fails it, with
+/// the output's tail (the broker token hidden).
+fn judge_install(
+    wall_expired: bool,
+    all_dead: bool,
+    installer: &RunResult,
+    broker: &crate::relay::ProxyAddress,
+    token: &str,
+) -> Result<(), (Refusal, Option<String>)> {
+    let tail = Some(output_tail(installer).replace(token, "<token>"));
+    if wall_expired {
+        return Err((
+            Refusal::new(
+                RefusalCode::PackageDeadlineExceeded,
+                "the validation's deadline was spent installing the dependencies",
+            ),
+            tail,
+        ));
+    }
+    if installer.reply.exit_code != Some(0) || !all_dead {
+        let unreachable = registry_was_unreachable(broker, token);
+        return Err((
+            Refusal::new(
+                RefusalCode::PackageInstallFailed,
+                format!(
+                    "npm install exited {:?}{}",
+                    installer.reply.exit_code,
+                    if unreachable {
+                        ": the registry is unreachable"
+                    } else {
+                        ""
+                    }
+                ),
+            ),
+            tail,
+        ));
+    }
+    Ok(())
 }
 
 /// What is left of the deadline.
