@@ -17,6 +17,12 @@ sim seeds="1000":
 replay seed:
     cargo run --locked -p corral-sim --release -- --seed {{seed}}
 
+# The shells' own code under turmoil (issue 28): `just sim-shells 1000`; one seed's trace with
+# `cargo run -p corral-sim-shells -- --trace SEED`.
+sim-shells seeds="1000":
+    cargo run --locked -p corral-sim-shells -- --seeds {{seeds}}
+    cargo run --locked -p corral-sim-shells -- --mutation retry-lost-execute 300
+
 # Every mutation must be caught: the simulator exits 1 on a violation, 0 when the mutation survived.
 mutations:
     #!/usr/bin/env bash

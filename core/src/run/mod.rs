@@ -9,11 +9,14 @@
 //!   keeping the workspace and the outputs go in; the outcome, the error, the references and the
 //!   model's and the member's projections come out.
 //!
-//! The order a shell follows: `admit` → lease → execute on the worker → [`outcome::plan`] →
-//! keep what the plan says (outputs, then the workspace) → [`outcome::decide`] → answer.
+//! - [`sequence`]: the order of a run's steps, as a machine the shell performs: `admit` → the
+//!   turn's scope → lease → inputs → projection → execute on the worker → [`outcome::plan`] →
+//!   keep what the plan says (outputs, then the workspace) → [`outcome::decide`] → link → release
+//!   → answer, with what each failed step leaves.
 
 pub mod admission;
 pub mod compress;
 pub mod outcome;
 pub mod progress;
 pub mod results;
+pub mod sequence;

@@ -5,9 +5,22 @@
 //! connection ([`CallError::Unreachable`]: the request never arrived, the code did not run),
 //! where a pooled connection would fail mid-send and leave it unknowable whether it arrived.
 //! Every reply is read up to the route's bound and decoded as the route's type; anything else is
-//! [`CallError::ReplyInvalid`].
+//! [`CallError::ReplyInvalid`]. One deadline covers the whole call: the connection, the request
+//! and the reply.
+//!
+//! The connection is opened through [`Dial`], the client's one seam with the network: TCP in
+//! production ([`TcpDial`]), a simulated network under deterministic simulation (issue 28). HTTP
+//! is hyper's client connection API over whatever the seam returns.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use tokio::time::Instant;
 
 use corral_core::bounds::ExecutionBounds;
 use corral_core::ids::{OpToken, WorkerId};
@@ -52,6 +65,22 @@ pub enum CallError {
     ReplyInvalid(String),
 }
 
+impl CallError {
+    /// What the run's sequence reads of it (`corral_core::run::sequence`): unreachable (nothing
+    /// ran), lost (nobody can vouch for the worker), or refused before or after anything ran.
+    #[must_use]
+    pub fn as_call(&self) -> corral_core::run::sequence::Call {
+        use corral_core::run::sequence::Call;
+        match self {
+            Self::Unreachable(_) => Call::Unreachable,
+            Self::Lost(_) | Self::ReplyInvalid(_) => Call::Lost,
+            Self::Refused(body) => Call::Refused {
+                before_anything_ran: body.error.before_anything_ran(),
+            },
+        }
+    }
+}
+
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -63,31 +92,64 @@ impl std::fmt::Display for CallError {
     }
 }
 
+/// A connection the client can speak HTTP/1.1 over.
+pub trait Connection:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static
+{
+}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Connection for T {}
+
+/// What [`Dial::dial`] returns.
+pub type Dialing<'a> =
+    Pin<Box<dyn Future<Output = std::io::Result<Box<dyn Connection>>> + Send + 'a>>;
+
+/// How the client reaches a worker's host and port: the one place it touches the network.
+pub trait Dial: Send + Sync {
+    /// A connection to `host:port`. An error means nothing was sent.
+    fn dial<'a>(&'a self, host: &'a str, port: u16) -> Dialing<'a>;
+}
+
+/// Production's [`Dial`]: TCP, the name resolved by the system's resolver, without Nagle's
+/// delay (a request is one write).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TcpDial;
+
+impl Dial for TcpDial {
+    fn dial<'a>(&'a self, host: &'a str, port: u16) -> Dialing<'a> {
+        Box::pin(async move {
+            let stream = tokio::net::TcpStream::connect((host, port)).await?;
+            stream.set_nodelay(true)?;
+            Ok(Box::new(stream) as Box<dyn Connection>)
+        })
+    }
+}
+
 /// The client.
 #[derive(Clone)]
 pub struct WorkerClient {
     locator: Locator,
     credential: String,
-    http: reqwest::Client,
+    dial: Arc<dyn Dial>,
 }
 
 impl WorkerClient {
-    /// A client presenting `credential` to workers found through `locator`.
+    /// A client presenting `credential` to workers found through `locator`, over TCP.
     ///
     /// # Errors
-    /// When the HTTP client cannot be built.
+    /// None today; kept so that a client that cannot be built says why.
     pub fn new(locator: Locator, credential: String) -> Result<Self, String> {
-        crate::ensure_crypto_provider();
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .pool_max_idle_per_host(0)
-            .build()
-            .map_err(|e| e.to_string())?;
-        Ok(Self {
+        Ok(Self::with_dial(locator, credential, Arc::new(TcpDial)))
+    }
+
+    /// A client that opens its connections through `dial`.
+    #[must_use]
+    pub fn with_dial(locator: Locator, credential: String, dial: Arc<dyn Dial>) -> Self {
+        Self {
             locator,
             credential,
-            http,
-        })
+            dial,
+        }
     }
 
     /// Where the workers are.
@@ -110,14 +172,32 @@ impl WorkerClient {
         let body =
             serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
         let timeout = Duration::from_secs(bounds.max_wall_seconds) + EXECUTE_MARGIN;
-        self.call(
-            worker,
-            EXECUTE,
-            Some(body),
-            timeout,
-            execute_reply_max_bytes(bounds),
-        )
-        .await
+        #[cfg(feature = "sim-mutations")]
+        let again = body.clone();
+        let answer = self
+            .call(
+                worker,
+                EXECUTE,
+                Some(body),
+                timeout,
+                execute_reply_max_bytes(bounds),
+            )
+            .await;
+        #[cfg(feature = "sim-mutations")]
+        if mutation::retries_lost_executes() && matches!(answer, Err(CallError::Lost(_))) {
+            // The deliberate defect: a run whose answer was lost may have run; sending it again
+            // may run it twice.
+            return self
+                .call(
+                    worker,
+                    EXECUTE,
+                    Some(again),
+                    timeout,
+                    execute_reply_max_bytes(bounds),
+                )
+                .await;
+        }
+        answer
     }
 
     /// Runs `request` on `worker` with its output streamed ([`ExecuteRequest::stream_output`]):
@@ -141,10 +221,12 @@ impl WorkerClient {
         let body =
             serde_json::to_vec(&request).map_err(|e| CallError::Unreachable(e.to_string()))?;
         let timeout = Duration::from_secs(bounds.max_wall_seconds) + EXECUTE_MARGIN;
-        let mut response = self.send(worker, EXECUTE, Some(body), timeout).await?;
+        let deadline = Instant::now() + timeout;
+        let mut response = self.send(worker, EXECUTE, Some(body), deadline).await?;
         let status = response.status().as_u16();
         if status != 200 {
-            let bytes = read_bounded(worker, &mut response, SMALL_REPLY_MAX_BYTES).await?;
+            let bytes =
+                read_bounded(worker, &mut response, SMALL_REPLY_MAX_BYTES, deadline).await?;
             return Err(refused(worker, status, &bytes));
         }
         let invalid = |why: String| CallError::ReplyInvalid(format!("worker {worker}: {why}"));
@@ -153,10 +235,7 @@ impl WorkerClient {
         let mut text_left = streamed_output_max_bytes(bounds);
         let mut line = Vec::new();
         loop {
-            let chunk = response
-                .chunk()
-                .await
-                .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?;
+            let chunk = next_chunk(worker, &mut response, deadline).await?;
             let Some(chunk) = chunk else {
                 return Err(CallError::Lost(format!(
                     "worker {worker}: the streamed answer ended without a reply"
@@ -183,31 +262,23 @@ impl WorkerClient {
                     serde_json::from_slice(&line).map_err(|e| invalid(e.to_string()))?;
                 let length = line.len() as u64;
                 line.clear();
-                match frame {
-                    ExecuteFrame::Reply(reply) => {
-                        // The reply is the last line: nothing may follow it.
-                        return if rest.is_empty() && response.chunk().await.ok().flatten().is_none()
-                        {
-                            Ok(*reply)
-                        } else {
-                            Err(invalid("a frame after the reply".to_owned()))
-                        };
-                    }
-                    ExecuteFrame::Refused(body) => return Err(refusal(worker, body)),
-                    _ if length > frame_max => {
-                        return Err(invalid(format!("an output frame over {frame_max} bytes")));
-                    }
-                    ExecuteFrame::Output { ref text, .. } => {
-                        let size = text.len() as u64;
-                        if size == 0 || size > text_left {
-                            return Err(invalid(
-                                "an empty chunk, or more output than the bound keeps".to_owned(),
-                            ));
-                        }
-                        text_left -= size;
-                        on_output(frame);
-                    }
-                    ExecuteFrame::Bound { .. } => on_output(frame),
+                let passed = pass_frame(
+                    worker,
+                    frame,
+                    length,
+                    frame_max,
+                    &mut text_left,
+                    &mut on_output,
+                )?;
+                if let Some(reply) = passed {
+                    // The reply is the last line: nothing may follow it.
+                    let ended =
+                        matches!(next_chunk(worker, &mut response, deadline).await, Ok(None));
+                    return if rest.is_empty() && ended {
+                        Ok(*reply)
+                    } else {
+                        Err(invalid("a frame after the reply".to_owned()))
+                    };
                 }
             }
         }
@@ -392,9 +463,10 @@ impl WorkerClient {
         timeout: Duration,
         reply_max_bytes: u64,
     ) -> Result<T, CallError> {
-        let mut response = self.send(worker, path, body, timeout).await?;
+        let deadline = Instant::now() + timeout;
+        let mut response = self.send(worker, path, body, deadline).await?;
         let status = response.status().as_u16();
-        let bytes = read_bounded(worker, &mut response, reply_max_bytes).await?;
+        let bytes = read_bounded(worker, &mut response, reply_max_bytes, deadline).await?;
         if status == 200 {
             return serde_json::from_slice(&bytes)
                 .map_err(|e| CallError::ReplyInvalid(format!("worker {worker}: {e}")));
@@ -402,56 +474,139 @@ impl WorkerClient {
         Err(refused(worker, status, &bytes))
     }
 
-    /// Sends a request to `worker`'s `path`: the response, whatever its status.
+    /// Sends a request to `worker`'s `path` on a connection of its own, before `deadline`: the
+    /// response, whatever its status. Until the connection is open nothing was sent
+    /// ([`CallError::Unreachable`]); after, the request may have arrived ([`CallError::Lost`]).
     async fn send(
         &self,
         worker: WorkerId,
         path: &str,
         body: Option<Vec<u8>>,
-        timeout: Duration,
-    ) -> Result<reqwest::Response, CallError> {
-        let base = self
+        deadline: Instant,
+    ) -> Result<hyper::Response<Incoming>, CallError> {
+        let (host, port) = self
             .locator
-            .base_url(worker)
+            .address(worker)
             .ok_or_else(|| CallError::Unreachable(format!("worker {worker} has no address")))?;
-        let url = format!("{base}{path}");
-        let request = match body {
-            Some(body) => self
-                .http
-                .post(url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body),
-            None => self.http.get(url),
-        };
-        request
-            .bearer_auth(&self.credential)
-            .header(WORKER_ID_HEADER, worker.to_string())
-            .timeout(timeout)
-            .send()
+        let unreachable = |why: String| CallError::Unreachable(format!("worker {worker}: {why}"));
+        let lost = |why: String| CallError::Lost(format!("worker {worker}: {why}"));
+        let connection = tokio::time::timeout_at(deadline, self.dial.dial(&host, port))
             .await
-            .map_err(|e| {
-                let message = format!("worker {worker}: {e}");
-                if e.is_connect() {
-                    CallError::Unreachable(message)
-                } else {
-                    CallError::Lost(message)
-                }
-            })
+            .map_err(|_| unreachable(format!("connecting to {host}:{port} timed out")))?
+            .map_err(|e| unreachable(format!("connecting to {host}:{port}: {e}")))?;
+        let (mut sender, driver) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(connection))
+                .await
+                .map_err(|e| unreachable(format!("HTTP over {host}:{port}: {e}")))?;
+        // Drives the connection until the response is read; it closes after this one request.
+        tokio::spawn(driver);
+        let request = self
+            .request(worker, &host, port, path, body)
+            .map_err(|e| unreachable(format!("the request: {e}")))?;
+        tokio::time::timeout_at(deadline, sender.send_request(request))
+            .await
+            .map_err(|_| lost("no answer in time".to_owned()))?
+            .map_err(|e| lost(e.to_string()))
+    }
+
+    /// The request for `worker`'s `path`: a POST of the JSON `body`, or a GET without one, with
+    /// the credential and the worker's id, on a connection that closes after it.
+    fn request(
+        &self,
+        worker: WorkerId,
+        host: &str,
+        port: u16,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<hyper::Request<Full<Bytes>>, http::Error> {
+        let builder = hyper::Request::builder()
+            .uri(path)
+            .header(http::header::HOST, format!("{host}:{port}"))
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.credential),
+            )
+            .header(WORKER_ID_HEADER, worker.to_string())
+            .header(http::header::CONNECTION, "close");
+        match body {
+            Some(body) => builder
+                .method(http::Method::POST)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body))),
+            None => builder
+                .method(http::Method::GET)
+                .body(Full::new(Bytes::new())),
+        }
     }
 }
 
-/// The whole body of `response`, at most `reply_max_bytes`.
+/// The next chunk of `response`'s body before `deadline`, `None` at its end. A broken or late
+/// body is [`CallError::Lost`]: the operation may have happened.
+async fn next_chunk(
+    worker: WorkerId,
+    response: &mut hyper::Response<Incoming>,
+    deadline: Instant,
+) -> Result<Option<Bytes>, CallError> {
+    let lost = |why: String| CallError::Lost(format!("worker {worker}: reply: {why}"));
+    loop {
+        let frame = tokio::time::timeout_at(deadline, response.body_mut().frame())
+            .await
+            .map_err(|_| lost("not read in time".to_owned()))?;
+        match frame {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(lost(e.to_string())),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Ok(Some(data));
+                }
+                // Trailers carry nothing the client reads.
+            }
+        }
+    }
+}
+
+/// One frame of a streamed answer, `length` bytes on its line: the reply, returned; an output or
+/// bound frame within its bounds, handed to `on_output` (an output's text counted off
+/// `text_left`); or the refusal or the invalid frame as the error.
+fn pass_frame(
+    worker: WorkerId,
+    frame: ExecuteFrame,
+    length: u64,
+    frame_max: u64,
+    text_left: &mut u64,
+    on_output: &mut impl FnMut(ExecuteFrame),
+) -> Result<Option<Box<ExecuteReply>>, CallError> {
+    let invalid = |why: String| CallError::ReplyInvalid(format!("worker {worker}: {why}"));
+    match frame {
+        ExecuteFrame::Reply(reply) => return Ok(Some(reply)),
+        ExecuteFrame::Refused(body) => return Err(refusal(worker, body)),
+        _ if length > frame_max => {
+            return Err(invalid(format!("an output frame over {frame_max} bytes")));
+        }
+        ExecuteFrame::Output { ref text, .. } => {
+            let size = text.len() as u64;
+            if size == 0 || size > *text_left {
+                return Err(invalid(
+                    "an empty chunk, or more output than the bound keeps".to_owned(),
+                ));
+            }
+            *text_left -= size;
+            on_output(frame);
+        }
+        ExecuteFrame::Bound { .. } => on_output(frame),
+    }
+    Ok(None)
+}
+
+/// The whole body of `response`, at most `reply_max_bytes`, read before `deadline`.
 async fn read_bounded(
     worker: WorkerId,
-    response: &mut reqwest::Response,
+    response: &mut hyper::Response<Incoming>,
     reply_max_bytes: u64,
+    deadline: Instant,
 ) -> Result<Vec<u8>, CallError> {
     let mut bytes = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| CallError::Lost(format!("worker {worker}: reply: {e}")))?
-    {
+    while let Some(chunk) = next_chunk(worker, response, deadline).await? {
         if (bytes.len() + chunk.len()) as u64 > reply_max_bytes {
             return Err(CallError::ReplyInvalid(format!(
                 "worker {worker}: reply over {reply_max_bytes} bytes"
@@ -479,4 +634,178 @@ fn refusal(worker: WorkerId, body: ErrorBody) -> CallError {
         ));
     }
     CallError::Refused(body)
+}
+
+/// The worker client's deliberate defects, for the shell simulation to prove it catches them
+/// (issue 28). Compiled only with the `sim-mutations` feature, which no shipped build enables.
+#[cfg(feature = "sim-mutations")]
+pub mod mutation {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static RETRY_LOST_EXECUTES: AtomicBool = AtomicBool::new(false);
+
+    /// Turns on (or off) the defect: an execute whose answer was lost is sent once more.
+    pub fn retry_lost_executes(on: bool) {
+        RETRY_LOST_EXECUTES.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn retries_lost_executes() -> bool {
+        RETRY_LOST_EXECUTES.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+
+    const WORKER: WorkerId = WorkerId { epoch: 7, seq: 1 };
+
+    /// How the simulated worker behind [`Wire`] treats the one request it is sent.
+    #[derive(Clone, Copy)]
+    enum Peer {
+        /// Nobody listens: the dial fails.
+        Refuses,
+        /// Reads the request, then answers `status` with `body`.
+        Answers(u16, &'static str),
+        /// Reads the request and hangs up without a word.
+        HangsUp,
+        /// Reads the request and never answers.
+        Silent,
+    }
+
+    /// A [`Dial`] with no network at all: each dial is an in-memory pipe to a task playing the
+    /// worker. It records every host and port dialled and every request head it read.
+    struct Wire {
+        peer: Peer,
+        dialled: Mutex<Vec<(String, u16)>>,
+        heads: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl Wire {
+        fn new(peer: Peer) -> Arc<Self> {
+            Arc::new(Self {
+                peer,
+                dialled: Mutex::new(Vec::new()),
+                heads: Arc::default(),
+            })
+        }
+    }
+
+    impl Dial for Wire {
+        fn dial<'a>(&'a self, host: &'a str, port: u16) -> Dialing<'a> {
+            self.dialled.lock().unwrap().push((host.to_owned(), port));
+            let (peer, heads) = (self.peer, self.heads.clone());
+            Box::pin(async move {
+                if matches!(peer, Peer::Refuses) {
+                    return Err(std::io::ErrorKind::ConnectionRefused.into());
+                }
+                let (ours, theirs) = tokio::io::duplex(1 << 16);
+                tokio::spawn(play(peer, theirs, heads));
+                Ok(Box::new(ours) as Box<dyn Connection>)
+            })
+        }
+    }
+
+    /// The worker's side of one connection.
+    async fn play(peer: Peer, mut stream: DuplexStream, heads: Arc<Mutex<Vec<String>>>) {
+        let mut read = Vec::new();
+        let mut buffer = [0_u8; 4096];
+        while !read.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => read.extend_from_slice(&buffer[..n]),
+            }
+        }
+        heads
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(&read).into_owned());
+        match peer {
+            Peer::Answers(status, body) => {
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: {}\r\ncontent-type: application/json\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+            Peer::HangsUp | Peer::Refuses => {}
+            Peer::Silent => std::future::pending::<()>().await,
+        }
+    }
+
+    fn client(wire: &Arc<Wire>) -> WorkerClient {
+        WorkerClient::with_dial(
+            Locator::Template("http://{id}.workers.sim:8091".to_owned()),
+            "s3cret".to_owned(),
+            wire.clone(),
+        )
+    }
+
+    #[tokio::test]
+    async fn the_client_speaks_http_over_whatever_its_dial_returns() {
+        let wire = Wire::new(Peer::Answers(
+            200,
+            r#"{"status":"ok","posture":"full","busy":false,"prepared":true,"prepared_languages":[],"body_max_bytes":9}"#,
+        ));
+        let health = client(&wire).health(WORKER).await.expect("answered");
+        assert!(health.prepared);
+        assert_eq!(health.body_max_bytes, 9);
+        assert_eq!(
+            *wire.dialled.lock().unwrap(),
+            [("w-7-1.workers.sim".to_owned(), 8091)]
+        );
+        let heads = wire.heads.lock().unwrap();
+        let head = heads[0].to_ascii_lowercase();
+        assert!(head.starts_with("get /health http/1.1\r\n"), "{head}");
+        assert!(head.contains("authorization: bearer s3cret\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("{WORKER_ID_HEADER}: w-7-1\r\n")),
+            "{head}"
+        );
+        assert!(head.contains("connection: close\r\n"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn a_dial_that_fails_is_unreachable_and_one_that_hangs_up_after_the_request_is_lost() {
+        let refused = client(&Wire::new(Peer::Refuses)).health(WORKER).await;
+        assert!(
+            matches!(refused, Err(CallError::Unreachable(_))),
+            "{refused:?}"
+        );
+        let hung_up = client(&Wire::new(Peer::HangsUp))
+            .reset(WORKER, OpToken(3))
+            .await;
+        assert!(matches!(hung_up, Err(CallError::Lost(_))), "{hung_up:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_never_answers_is_lost_at_the_calls_deadline() {
+        let wire = Wire::new(Peer::Silent);
+        let started = Instant::now();
+        let silent = client(&wire).health(WORKER).await;
+        assert!(matches!(silent, Err(CallError::Lost(_))), "{silent:?}");
+        // Paused time moves only when every task waits: the call ended at its deadline exactly.
+        assert_eq!(started.elapsed(), HEALTH_TIMEOUT);
+        assert_eq!(wire.heads.lock().unwrap().len(), 1, "the request arrived");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_is_the_workers_typed_error_and_a_reply_over_its_bound_is_invalid() {
+        let refusal = client(&Wire::new(Peer::Answers(409, r#"{"error":"busy"}"#)))
+            .health(WORKER)
+            .await;
+        assert!(matches!(refusal, Err(CallError::Refused(_))), "{refusal:?}");
+        let big: &'static str = Box::leak(
+            "x".repeat(SMALL_REPLY_MAX_BYTES as usize + 1)
+                .into_boxed_str(),
+        );
+        let over = client(&Wire::new(Peer::Answers(200, big)))
+            .health(WORKER)
+            .await;
+        assert!(matches!(over, Err(CallError::ReplyInvalid(_))), "{over:?}");
+    }
 }

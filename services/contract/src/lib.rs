@@ -27,7 +27,7 @@ pub use messages::{
 };
 
 /// Makes ring the process's TLS crypto provider, once (idempotent). Every HTTP client Corral
-/// builds (to workers, to S3, to the API) uses rustls, whose one provider here is ring (kube
+/// builds that may speak TLS (to S3, to the API, to a resource authority) uses rustls, whose one provider here is ring (kube
 /// uses it too); rustls refuses to guess when none is installed. Called before any client is
 /// built.
 pub fn ensure_crypto_provider() {

@@ -148,7 +148,7 @@ impl Sessions {
 
     /// A guard that ends the claimed hold when dropped, if nothing else has (a cell that
     /// panicked): the next cell is told its session ended.
-    pub fn guard<'a>(&'a self, claim: &'a Claim) -> ClaimGuard<'a> {
+    pub fn guard(&self, claim: Claim) -> ClaimGuard<'_> {
         ClaimGuard {
             sessions: self,
             claim,
@@ -199,14 +199,22 @@ impl Sessions {
 /// See [`Sessions::guard`].
 pub struct ClaimGuard<'a> {
     sessions: &'a Sessions,
-    claim: &'a Claim,
+    claim: Claim,
+}
+
+impl ClaimGuard<'_> {
+    /// The claim it guards.
+    #[must_use]
+    pub fn claim(&self) -> &Claim {
+        &self.claim
+    }
 }
 
 impl Drop for ClaimGuard<'_> {
     fn drop(&mut self) {
         // A no-op when the cell put its session back or ended it: the slot is no longer its.
         self.sessions.end(
-            self.claim,
+            &self.claim,
             Some("the kernel's last cell failed inside the API; its session ended"),
         );
     }

@@ -1,16 +1,15 @@
 //! `run_code`, end to end (ISO-1, POOL-3, WS-1 to WS-6, OUT-1 to OUT-4, KER-1, PKG-6, EGR-8).
 //!
-//! A shell: corral-core decides and this module performs, in one line of steps.
-//! 1. Admit the request (`corral_core::run::admission`): a refusal or a `not_run` record answers
-//!    before any lease.
-//! 2. Lease a worker ([`lease`]), with one wait for the whole request however many workers are
-//!    tried, and renew the lease while the run lasts.
-//! 3. Read the egress policy and mint the run's grant (EGR-9), and restore the workspace.
-//! 4. Execute on the leased worker through the one worker client. A worker that refused the
-//!    connection never saw the code: it is discarded and the run taken to another.
-//! 5. Plan what may be kept (`corral_core::run::outcome::plan`), keep it ([`keep`]), and decide
-//!    the outcome (`corral_core::run::outcome::decide`).
-//! 6. Release the lease, as the outcome says: reset and reused on evidence, or discarded.
+//! A shell: corral-core decides and this module performs. The request is admitted
+//! (`corral_core::run::admission`: a refusal or a `not_run` record answers before any lease), and
+//! from then on `corral_core::run::sequence::Sequence` says each step and [`Performer`] performs
+//! it and reports what happened: the turn's scope; a persistent cell's session (KER-4); a lease
+//! ([`lease`], one wait for the whole request however many workers are tried, renewed while the
+//! run lasts); the egress grant (EGR-9) and the workspace; the projection; the code executed on
+//! the leased worker through the one worker client; what may be kept kept ([`keep`]) and the
+//! outcome decided (`corral_core::run::outcome`); the outputs linked; the lease released or held
+//! by the session; the answer. A worker that refused the connection never saw the code: the
+//! sequence has it discarded and the run taken to another.
 //!
 //! The run is a task of its own: a caller that hangs up does not cancel it halfway, so a lease is
 //! always released and a worker always reset or discarded. Code never runs anywhere but a leased
@@ -29,6 +28,7 @@ use corral_core::kernel::Kernel;
 use corral_core::pool::Disposition;
 use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
 use corral_core::run::outcome::{Kept, Packed, Plan, Reported, decide, plan};
+use corral_core::run::sequence::{self, Answer, Call, Effect, Event, Sequence, SessionEnded};
 use corral_store::lease::AcquireError;
 use serde_json::{Value, json};
 
@@ -43,10 +43,6 @@ pub mod events;
 pub mod keep;
 pub mod lease;
 pub mod resources;
-
-/// How many leases one request may take: a worker that refuses the connection is discarded and
-/// the run taken to the next, at most this many in all.
-pub const LEASES_MAX: u32 = 3;
 
 /// Where a run's progress events go (WS-7): the event's name
 /// (`corral_core::run::progress`) and its data.
@@ -134,7 +130,9 @@ async fn run(
     reply
 }
 
-/// The run `run_id`, from admission to its answer.
+/// The run `run_id`, from admission to its answer: corral-core's
+/// [`Sequence`](corral_core::run::sequence::Sequence) says each step, and [`Performer`] performs
+/// it and reports what happened.
 async fn attempt(
     state: &Arc<AppState>,
     request: RunCodeRequest,
@@ -142,20 +140,13 @@ async fn attempt(
     tools_token: Option<&str>,
     progress: Option<Progress>,
 ) -> Reply {
-    let run_id = run_id.to_owned();
-    let admitted = match admitted(state, request, &run_id) {
+    let admitted = match admitted(state, request, run_id) {
         Ok(admitted) => admitted,
         Err(reply) => return reply,
     };
-    // The turn's scope, read at admission, before any lease (PROJ-2, PROJ-3).
-    let turn = match resources::admit(state, &admitted, &run_id).await {
-        Ok(turn) => turn,
-        Err(reply) => return reply,
-    };
-    let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
     // KER-4: without workspace persistence, a persistent kernel's lease outlives its cell.
     let affinity = admitted.kernel == Kernel::Persistent && !state.settings.workspace_persist;
-    let mut cell = Cell {
+    let cell = Cell {
         mode: if affinity {
             KernelMode::Affinity { ended: None }
         } else {
@@ -163,28 +154,28 @@ async fn attempt(
         },
         retained: None,
         tools_token: tools_token.map(str::to_owned),
-        turn,
+        turn: None,
         progress,
     };
     cell.tell(
         corral_core::run::progress::QUEUED,
         json!({ "run_id": run_id, "declared": corral_core::run::progress::pending(&admitted.declared) }),
     );
-    let (taken, claim) = if affinity {
-        state.affinity.take(&key)
-    } else {
-        (affinity::Taken::Absent { ended: None }, None)
-    };
-    // Should this cell end without saying what becomes of its session (a panic), the slot is
-    // not left busy forever.
-    let _unclaimed = claim.as_ref().map(|claim| state.affinity.guard(claim));
-    if affinity
-        && let Some(reply) =
-            in_session(state, &admitted, &run_id, taken, claim.as_ref(), &mut cell).await
-    {
-        return reply;
+    let (mut sequence, first) = Sequence::start(affinity);
+    let mut performer = Performer::new(state, &admitted, run_id, cell);
+    let mut queue = std::collections::VecDeque::from(first);
+    while let Some(effect) = queue.pop_front() {
+        if let Effect::Answer(answer) = effect {
+            return performer.answer(answer);
+        }
+        if let Some(event) = performer.perform(effect).await {
+            match sequence.on(event) {
+                Ok(next) => queue.extend(next),
+                Err(unexpected) => return performer.defect(&format!("{unexpected:?}")),
+            }
+        }
     }
-    leased_anywhere(state, &admitted, &run_id, claim.as_ref(), &cell).await
+    performer.defect("the run's sequence ended without an answer")
 }
 
 /// `request` admitted (`corral_core::run::admission`), or the answer that refuses it, or records
@@ -245,157 +236,6 @@ fn admitted(
     Ok(admitted)
 }
 
-/// A persistent cell in affinity mode (KER-4): refused while another cell of its kernel runs; run
-/// on the lease its session holds, which then goes on; or, its worker unreachable, the session
-/// ended and `cell` left to run anywhere (`None`), as when there was no session.
-async fn in_session(
-    state: &Arc<AppState>,
-    admitted: &Admitted,
-    run_id: &str,
-    taken: affinity::Taken,
-    claim: Option<&affinity::Claim>,
-    cell: &mut Cell,
-) -> Option<Reply> {
-    match taken {
-        affinity::Taken::Busy => {
-            state.metrics.refusal("kernel_busy");
-            Some(answer::refusal(
-                StatusCode::CONFLICT,
-                "kernel_busy",
-                "another cell of this kernel is running; a kernel runs one cell at a time",
-                json!({ "run_id": run_id }),
-            ))
-        }
-        affinity::Taken::Session(session) => {
-            cell.retained = session.archive.clone();
-            match leased(state, admitted, run_id, &session.holder, cell).await {
-                Leased::Done(reply, disposition, retained) => {
-                    let retained = match retained {
-                        // A cell that kept nothing changed nothing: the session goes on.
-                        Retained::Nothing => {
-                            session.archive.map_or(Retained::Nothing, Retained::Archive)
-                        }
-                        other => other,
-                    };
-                    if let Some(claim) = claim {
-                        keep_session(state, claim, session.holder, disposition, retained);
-                    }
-                    Some(reply)
-                }
-                Leased::Unreachable(_) => {
-                    session.holder.release(Disposition::Discard);
-                    cell.retained = None;
-                    cell.mode = KernelMode::Affinity {
-                        ended: Some("the kernel's worker could not be reached; its state with it"),
-                    };
-                    None
-                }
-            }
-        }
-        affinity::Taken::Absent { ended } => {
-            cell.mode = KernelMode::Affinity { ended };
-            None
-        }
-    }
-}
-
-/// Takes a lease from the pool (trying at most [`LEASES_MAX`] workers within one wait) and runs.
-async fn leased_anywhere(
-    state: &Arc<AppState>,
-    admitted: &Admitted,
-    run_id: &str,
-    claim: Option<&affinity::Claim>,
-    cell: &Cell,
-) -> Reply {
-    let deadline = Instant::now() + Duration::from_millis(admitted.wait_ms);
-    let mut watch = None;
-    let mut unreachable = String::new();
-    for _ in 0..LEASES_MAX {
-        let (granted, asked_at) = match lease::acquire(state, admitted, deadline, &mut watch).await
-        {
-            Ok(acquired) => acquired,
-            Err(error) => {
-                let reply = answer::admission_refused(state, &error, admitted.wait_ms);
-                if let AcquireError::WaitTimeout { orders } = error {
-                    lease::perform_orders(state.clone(), orders);
-                }
-                if let Some(claim) = claim {
-                    state.affinity.end(claim, None);
-                }
-                return reply;
-            }
-        };
-        let holder = lease::Holder::start(state.clone(), granted, asked_at);
-        match leased(state, admitted, run_id, &holder, cell).await {
-            Leased::Done(reply, disposition, retained) => {
-                match claim {
-                    Some(claim) => keep_session(state, claim, holder, disposition, retained),
-                    None => holder.release(disposition),
-                }
-                return reply;
-            }
-            Leased::Unreachable(message) => {
-                holder.release(Disposition::Discard);
-                unreachable = message;
-            }
-        }
-    }
-    state.metrics.run("worker_lost");
-    if let Some(claim) = claim {
-        state.affinity.end(claim, None);
-    }
-    answer::worker_lost(
-        run_id,
-        format!("no leased worker could be reached ({unreachable}); the code did not run"),
-    )
-}
-
-/// After an affinity-mode cell: the lease is held on with the workspace it left, unless the cell
-/// ended it (its worker to be discarded, its lease lost, nothing retained to continue from, or
-/// its checkpoint refused).
-fn keep_session(
-    state: &Arc<AppState>,
-    claim: &affinity::Claim,
-    holder: lease::Holder,
-    disposition: Disposition,
-    retained: Retained,
-) {
-    match retained {
-        Retained::Archive(archive) if disposition == Disposition::Reset && !holder.lost() => {
-            state.affinity.put(
-                state,
-                claim,
-                affinity::Session {
-                    holder,
-                    archive: Some(archive),
-                    idle_since: Instant::now(),
-                },
-            );
-        }
-        Retained::EndSession(reason) => {
-            holder.release(disposition);
-            state.affinity.end(claim, Some(reason));
-        }
-        Retained::Archive(_) | Retained::Nothing => {
-            let reason = (disposition == Disposition::Discard || holder.lost()).then_some(
-                "the kernel's worker was discarded after its last cell; its state with it",
-            );
-            holder.release(disposition);
-            state.affinity.end(claim, reason);
-        }
-    }
-}
-
-/// What an affinity-mode cell leaves for the next.
-enum Retained {
-    /// This workspace.
-    Archive(bytes::Bytes),
-    /// Nothing new (the run kept nothing).
-    Nothing,
-    /// The session must end, for this reason.
-    EndSession(&'static str),
-}
-
 /// How a persistent kernel's checkpoints travel between cells.
 #[derive(Clone, Copy)]
 enum KernelMode {
@@ -428,14 +268,6 @@ impl Cell {
     }
 }
 
-/// How a leased run ended.
-enum Leased {
-    /// With this answer; the lease ends this way; in affinity mode, what to retain.
-    Done(Reply, Disposition, Retained),
-    /// The worker could not be reached: the code did not run.
-    Unreachable(String),
-}
-
 /// Where a run's time went, in microseconds, reported as `model.durations.api`.
 struct Phases {
     marks: serde_json::Map<String, Value>,
@@ -459,77 +291,13 @@ impl Phases {
         );
         self.since = Instant::now();
     }
-}
 
-/// The part of a run that holds the lease, in its order: the inputs read (egress policy and
-/// grant, the workspace), the run's documents projected, the code executed on the leased worker,
-/// what may be kept kept, and the answer decided ([`answered`]).
-async fn leased(
-    state: &AppState,
-    admitted: &Admitted,
-    run_id: &str,
-    holder: &lease::Holder,
-    cell: &Cell,
-) -> Leased {
-    let granted = holder.granted();
-    let span = tracing::Span::current();
-    span.record("corral.lease", granted.token.0);
-    span.record("corral.worker", tracing::field::display(granted.worker));
-    tracing::info!(ticket = granted.ticket.0, "leased");
-    let mut phases = Phases::new();
-    let key = corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0);
-    let (egress, snapshot) = inputs(state, admitted, run_id, cell, &key, &granted).await;
-    state.metrics.egress(egress.effective_mode);
-    span.record("corral.egress_mode", egress.effective_mode);
-    let snapshot = match snapshot {
-        Ok(snapshot) => snapshot,
-        Err(e) => {
-            let reply = answer::refusal(
-                StatusCode::SERVICE_UNAVAILABLE,
-                e.code(),
-                e.to_string(),
-                json!({ "run_id": run_id }),
-            );
-            return Leased::Done(reply, Disposition::Reset, Retained::Nothing);
+    /// Marks `name` unless it was marked: a step the run did not need took no time.
+    fn lap_once(&mut self, name: &str) {
+        if !self.marks.contains_key(name) {
+            self.lap(name);
         }
-    };
-    phases.lap("egress_and_restore_us");
-    let projected = match &cell.turn {
-        Some(turn) => match resources::dispatch(state, admitted, turn, run_id).await {
-            Ok(projected) => Some(projected),
-            Err(reply) => return Leased::Done(reply, Disposition::Reset, Retained::Nothing),
-        },
-        None => None,
-    };
-    phases.lap("projection_us");
-    let (resources_order, resources_report) =
-        projected.map_or((None, Value::Null), |p| (p.order, p.report));
-    let order = Order {
-        run_id,
-        key: &key,
-        granted: &granted,
-        snapshot: snapshot.as_ref(),
-    };
-    let request = execute_request(state, admitted, cell, &order, egress.grant, resources_order);
-    cell.tell(
-        corral_core::run::progress::RUNNING,
-        json!({
-            "run_id": run_id,
-            "worker": granted.worker.to_string(),
-            "declared": corral_core::run::progress::pending(&admitted.declared),
-        }),
-    );
-    let reply = match execute(state, admitted, cell, granted.worker, &request).await {
-        Ok(reply) => reply,
-        Err(error) => return call_failed(state, run_id, error),
-    };
-    phases.lap("execute_us");
-    let reports = Reports {
-        egress: egress.report,
-        resources: resources_report,
-        phases,
-    };
-    answered(state, admitted, cell, &order, &reply, reports).await
+    }
 }
 
 /// What a leased run was given: its id, its workspace's storage key, its lease, and the
@@ -541,12 +309,493 @@ struct Order<'a> {
     snapshot: Option<&'a Snapshot>,
 }
 
-/// What the answer reports beside the outcome: the egress, the projection, and where the time
-/// went.
-struct Reports {
-    egress: Value,
-    resources: Value,
+/// What one run's steps leave for the next, and for its answer: the shell's half of the
+/// sequence. Each method performs one effect; none decides what comes next.
+struct Performer<'a> {
+    state: &'a Arc<AppState>,
+    admitted: &'a Admitted,
+    run_id: &'a str,
+    /// The workspace's storage key.
+    key: String,
+    cell: Cell,
+    /// The kernel slot this cell claimed (KER-4); ends the slot if the run fails in here.
+    claim: Option<affinity::ClaimGuard<'a>>,
+    /// The lease held, and whether it is a session's.
+    holder: Option<lease::Holder>,
+    on_session: bool,
+    /// The request's one wait for a lease, however many workers are tried, from the first try.
+    deadline: Option<Instant>,
+    watch: Option<corral_store::VersionWatch>,
+    /// Why the last worker tried could not be reached.
+    unreachable: String,
+    /// What the steps under the current lease produced.
+    leased: Option<Leased>,
+    /// The answer a failed step prepared.
+    refusal: Option<Reply>,
+    /// How the worker call failed.
+    call_error: Option<CallError>,
+}
+
+/// What a run produces under its lease, step by step.
+struct Leased {
+    granted: corral_store::lease::Granted,
     phases: Phases,
+    egress: Option<RunEgress>,
+    snapshot: Option<Snapshot>,
+    resources: (Option<corral_contract::messages::ResourceOrder>, Value),
+    reply: Option<corral_contract::ExecuteReply>,
+    keeping: Option<keep::Keeping>,
+    decided: Option<corral_core::run::outcome::Decided>,
+    linked: Value,
+}
+
+impl<'a> Performer<'a> {
+    fn new(state: &'a Arc<AppState>, admitted: &'a Admitted, run_id: &'a str, cell: Cell) -> Self {
+        Self {
+            state,
+            admitted,
+            run_id,
+            key: corral_core::workspace::storage_key(&admitted.actor.0, &admitted.conversation.0),
+            cell,
+            claim: None,
+            holder: None,
+            on_session: false,
+            deadline: None,
+            watch: None,
+            unreachable: String::new(),
+            leased: None,
+            refusal: None,
+            call_error: None,
+        }
+    }
+
+    /// Performs `effect` and says what happened, when the sequence waits to know. The answer is
+    /// the caller's to take ([`Performer::answer`]).
+    async fn perform(&mut self, effect: Effect) -> Option<Event> {
+        let event = match effect {
+            Effect::Scope => self.scope().await,
+            Effect::TakeSession => self.take_session(),
+            Effect::Acquire => self.acquire().await,
+            Effect::ReadInputs => self.read_inputs().await,
+            Effect::Project => self.project().await,
+            Effect::Execute => self.execute().await,
+            Effect::Keep => self.keep().await,
+            Effect::Link => self.link().await,
+            Effect::CheckLease => Event::LeaseChecked {
+                lost: self.holder.as_ref().is_some_and(lease::Holder::lost),
+            },
+            Effect::Release(disposition) => {
+                if let Some(holder) = self.holder.take() {
+                    holder.release(disposition);
+                }
+                return None;
+            }
+            Effect::HoldSession => return self.hold_session(),
+            Effect::EndSession(reason) => return self.end_session(reason),
+            Effect::Answer(_) => return None,
+        };
+        Some(event)
+    }
+
+    /// The turn's scope, read at admission, before any lease (PROJ-2, PROJ-3).
+    async fn scope(&mut self) -> Event {
+        match resources::admit(self.state, self.admitted, self.run_id).await {
+            Ok(turn) => {
+                let scoped = turn.is_some();
+                self.cell.turn = turn;
+                Event::Scoped(Some(scoped))
+            }
+            Err(reply) => {
+                self.refusal = Some(reply);
+                Event::Scoped(None)
+            }
+        }
+    }
+
+    /// This conversation's kernel slot (KER-4).
+    fn take_session(&mut self) -> Event {
+        let state: &'a Arc<AppState> = self.state;
+        let (taken, claim) = state.affinity.take(&self.key);
+        self.claim = claim.map(|claim| state.affinity.guard(claim));
+        Event::SessionTaken(match taken {
+            affinity::Taken::Busy => sequence::Taken::Busy,
+            affinity::Taken::Session(session) => {
+                let archive = session.archive.is_some();
+                self.cell.retained = session.archive;
+                self.holder = Some(session.holder);
+                self.on_session = true;
+                sequence::Taken::Session { archive }
+            }
+            affinity::Taken::Absent { ended } => {
+                self.cell.mode = KernelMode::Affinity { ended };
+                sequence::Taken::Absent
+            }
+        })
+    }
+
+    /// A lease from the pool, within the request's one wait.
+    async fn acquire(&mut self) -> Event {
+        let wait = Duration::from_millis(self.admitted.wait_ms);
+        let deadline = *self.deadline.get_or_insert_with(|| Instant::now() + wait);
+        match lease::acquire(self.state, self.admitted, deadline, &mut self.watch).await {
+            Ok((granted, asked_at)) => {
+                self.holder = Some(lease::Holder::start(self.state.clone(), granted, asked_at));
+                Event::Acquired
+            }
+            Err(error) => {
+                let reply = answer::admission_refused(self.state, &error, self.admitted.wait_ms);
+                if let AcquireError::WaitTimeout { orders } = error {
+                    lease::perform_orders(self.state.clone(), orders);
+                }
+                self.refusal = Some(reply);
+                Event::AcquireRefused
+            }
+        }
+    }
+
+    /// The run's egress and its workspace, the first steps under its lease.
+    async fn read_inputs(&mut self) -> Event {
+        let Some(holder) = &self.holder else {
+            return Event::InputsRead(false);
+        };
+        let granted = holder.granted();
+        let span = tracing::Span::current();
+        span.record("corral.lease", granted.token.0);
+        span.record("corral.worker", tracing::field::display(granted.worker));
+        tracing::info!(ticket = granted.ticket.0, "leased");
+        let phases = Phases::new();
+        let (egress, snapshot) = inputs(
+            self.state,
+            self.admitted,
+            self.run_id,
+            &self.cell,
+            &self.key,
+            &granted,
+        )
+        .await;
+        self.state.metrics.egress(egress.effective_mode);
+        span.record("corral.egress_mode", egress.effective_mode);
+        let mut leased = Leased {
+            granted,
+            phases,
+            egress: Some(egress),
+            snapshot: None,
+            resources: (None, Value::Null),
+            reply: None,
+            keeping: None,
+            decided: None,
+            linked: json!([]),
+        };
+        leased.phases.lap("egress_and_restore_us");
+        let read = match snapshot {
+            Ok(snapshot) => {
+                leased.snapshot = snapshot;
+                true
+            }
+            Err(e) => {
+                self.refusal = Some(answer::refusal(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    e.code(),
+                    e.to_string(),
+                    json!({ "run_id": self.run_id }),
+                ));
+                false
+            }
+        };
+        self.leased = Some(leased);
+        Event::InputsRead(read)
+    }
+
+    /// The run's documents, projected into its workspace (PROJ-1).
+    async fn project(&mut self) -> Event {
+        let (Some(turn), Some(leased)) = (&self.cell.turn, &mut self.leased) else {
+            return Event::Projected(false);
+        };
+        match resources::dispatch(self.state, self.admitted, turn, self.run_id).await {
+            Ok(projected) => {
+                leased.resources = (projected.order, projected.report);
+                leased.phases.lap("projection_us");
+                Event::Projected(true)
+            }
+            Err(reply) => {
+                self.refusal = Some(reply);
+                Event::Projected(false)
+            }
+        }
+    }
+
+    /// The code, executed on the leased worker.
+    async fn execute(&mut self) -> Event {
+        let Some(leased) = &mut self.leased else {
+            return Event::Executed(Call::Lost);
+        };
+        leased.phases.lap_once("projection_us");
+        let order = Order {
+            run_id: self.run_id,
+            key: &self.key,
+            granted: &leased.granted,
+            snapshot: leased.snapshot.as_ref(),
+        };
+        let grant = leased
+            .egress
+            .as_mut()
+            .and_then(|egress| egress.grant.take());
+        let request = execute_request(
+            self.state,
+            self.admitted,
+            &self.cell,
+            &order,
+            grant,
+            leased.resources.0.take(),
+        );
+        self.cell.tell(
+            corral_core::run::progress::RUNNING,
+            json!({
+                "run_id": self.run_id,
+                "worker": leased.granted.worker.to_string(),
+                "declared": corral_core::run::progress::pending(&self.admitted.declared),
+            }),
+        );
+        let called = execute(
+            self.state,
+            self.admitted,
+            &self.cell,
+            leased.granted.worker,
+            &request,
+        )
+        .await;
+        leased.phases.lap("execute_us");
+        Event::Executed(match called {
+            Ok(reply) => {
+                leased.reply = Some(reply);
+                Call::Answered
+            }
+            Err(error) => self.call_failed(error),
+        })
+    }
+
+    /// A worker call that failed, as the sequence reads it.
+    fn call_failed(&mut self, error: CallError) -> Call {
+        if let CallError::Unreachable(message) = &error {
+            self.unreachable.clone_from(message);
+            if self.on_session {
+                // The session went with its worker: the cell starts empty elsewhere.
+                self.on_session = false;
+                self.cell.retained = None;
+                self.cell.mode = KernelMode::Affinity {
+                    ended: Some(SessionEnded::Unreachable.message()),
+                };
+            }
+        }
+        let call = error.as_call();
+        self.call_error = Some(error);
+        call
+    }
+
+    /// What may be kept of the worker's reply, kept, and the outcome decided.
+    async fn keep(&mut self) -> Event {
+        let Some(leased) = &mut self.leased else {
+            return Event::Executed(Call::Lost);
+        };
+        let Some(reply) = &leased.reply else {
+            return Event::Executed(Call::Lost);
+        };
+        let order = Order {
+            run_id: self.run_id,
+            key: &self.key,
+            granted: &leased.granted,
+            snapshot: leased.snapshot.as_ref(),
+        };
+        let (keeping, decided) = kept(self.state, self.admitted, &self.cell, &order, reply).await;
+        leased.phases.lap("keep_us");
+        self.state.metrics.run(decided.outcome.as_str());
+        let install_failed = decided.not_run.is_some()
+            && reply
+                .dependencies
+                .as_ref()
+                .is_some_and(|d| d.failure.is_some());
+        let event = Event::Kept(sequence::Kept {
+            succeeded: decided.outcome == corral_core::run::outcome::Outcome::Succeeded,
+            install_failed,
+            checkpoint_refused: matches!(
+                decided.not_run,
+                Some(
+                    NotRun::KernelCheckpointCorrupt
+                        | NotRun::KernelCheckpointUntrusted
+                        | NotRun::KernelCheckpointIncompatible
+                )
+            ),
+            retained: keeping.retained.is_some(),
+        });
+        leased.keeping = Some(keeping);
+        leased.decided = Some(decided);
+        event
+    }
+
+    /// A succeeded run's outputs, linked into its room (OUT-1).
+    async fn link(&mut self) -> Event {
+        if let (Some(turn), Some(leased)) = (&self.cell.turn, &mut self.leased)
+            && let Some(keeping) = &leased.keeping
+        {
+            leased.linked =
+                resources::link(self.state, self.admitted, turn, &keeping.published).await;
+            leased.phases.lap("link_us");
+        }
+        Event::Linked
+    }
+
+    /// Puts the session back, holding its lease and the workspace the cell left (KER-4).
+    fn hold_session(&mut self) -> Option<Event> {
+        let archive = self
+            .leased
+            .as_ref()
+            .and_then(|leased| leased.keeping.as_ref())
+            .and_then(|keeping| keeping.retained.clone())
+            .or_else(|| self.cell.retained.clone());
+        if let (Some(claim), Some(holder)) = (&self.claim, self.holder.take()) {
+            let session = affinity::Session {
+                holder,
+                archive,
+                idle_since: Instant::now(),
+            };
+            self.state.affinity.put(self.state, claim.claim(), session);
+        }
+        None
+    }
+
+    /// Ends the session this cell claimed, telling the next cell why when there is a reason.
+    fn end_session(&mut self, reason: Option<SessionEnded>) -> Option<Event> {
+        if let Some(claim) = &self.claim {
+            self.state
+                .affinity
+                .end(claim.claim(), reason.map(SessionEnded::message));
+        }
+        None
+    }
+
+    /// The answer the sequence ended with.
+    fn answer(&mut self, answer: Answer) -> Reply {
+        match answer {
+            Answer::Refusal => self
+                .refusal
+                .take()
+                .unwrap_or_else(|| self.defect("a refusal was answered but none was prepared")),
+            Answer::KernelBusy => {
+                self.state.metrics.refusal("kernel_busy");
+                answer::refusal(
+                    StatusCode::CONFLICT,
+                    "kernel_busy",
+                    "another cell of this kernel is running; a kernel runs one cell at a time",
+                    json!({ "run_id": self.run_id }),
+                )
+            }
+            Answer::Unreachable => {
+                self.state.metrics.run("worker_lost");
+                answer::worker_lost(
+                    self.run_id,
+                    format!(
+                        "no leased worker could be reached ({}); the code did not run",
+                        self.unreachable
+                    ),
+                )
+            }
+            Answer::WorkerLost | Answer::WorkerRefused => self.call_failure(),
+            Answer::DependenciesFailed | Answer::Decided => self.decided(answer),
+        }
+    }
+
+    /// The answer to a worker call that failed: lost or answering nonsense, or refusing.
+    fn call_failure(&mut self) -> Reply {
+        match self.call_error.take() {
+            Some(CallError::Refused(body)) => {
+                self.state.metrics.run("refused");
+                answer::worker_refused(self.run_id, &body)
+            }
+            Some(CallError::Lost(message) | CallError::ReplyInvalid(message)) => {
+                self.state.metrics.run("worker_lost");
+                answer::worker_lost(
+                    self.run_id,
+                    format!(
+                        "the worker stopped answering during the run ({message}); the workspace was not changed"
+                    ),
+                )
+            }
+            Some(CallError::Unreachable(_)) | None => {
+                self.defect("a worker failure was answered but none was recorded")
+            }
+        }
+    }
+
+    /// The answer of a run its worker answered: its install's failure (PKG-6: nothing ran,
+    /// nothing kept), or the outcome decided with the worker's output and the API's context.
+    fn decided(&mut self, answer: Answer) -> Reply {
+        let Some(mut leased) = self.leased.take() else {
+            return self.defect("a run was decided that never ran");
+        };
+        let (Some(reply), Some(keeping), Some(decided)) =
+            (&leased.reply, &leased.keeping, &leased.decided)
+        else {
+            return self.defect("a run was decided that was not kept");
+        };
+        if answer == Answer::DependenciesFailed
+            && let Some(failure) = reply.dependencies.as_ref().and_then(|d| d.failure.as_ref())
+        {
+            return answer::dependencies_failed(self.run_id, failure, &reply.diagnostics);
+        }
+        if let Some(bound) = decided.bound {
+            self.state.metrics.bound(bound.setting());
+        }
+        leased.phases.lap_once("link_us");
+        let resources = self.cell.turn.is_some().then(|| {
+            let mut report = std::mem::take(&mut leased.resources.1);
+            if report.is_null() {
+                report = json!({ "files": [] });
+            }
+            report["linked"] = std::mem::take(&mut leased.linked);
+            report
+        });
+        let context = Context {
+            run_id: self.run_id,
+            declared: &self.admitted.declared,
+            egress: leased
+                .egress
+                .take()
+                .map(|e| e.report)
+                .unwrap_or(Value::Null),
+            worker: leased.granted.worker.to_string(),
+            phases: std::mem::take(&mut leased.phases.marks),
+            kernel: kernel_report(self.admitted.kernel, self.cell.mode, reply, keeping),
+            compress: self.admitted.compress_output,
+            resources,
+            dependencies: dependencies_report(self.admitted, reply),
+        };
+        answer::decided(decided, reply, keeping, context)
+    }
+
+    /// A defect of this shell (an event the sequence did not ask for): the run is answered
+    /// `internal_error`, and whatever lease is still held is discarded, never reused on hope.
+    fn defect(&mut self, what: &str) -> Reply {
+        tracing::error!(defect = what, "the run path broke its sequence");
+        if let Some(holder) = self.holder.take() {
+            holder.release(Disposition::Discard);
+        }
+        answer::refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal_error",
+            format!("the run path broke its sequence: {what}"),
+            json!({ "run_id": self.run_id }),
+        )
+    }
+}
+
+/// What the run's dependencies needed and what was installed (PKG-1, PKG-2).
+fn dependencies_report(admitted: &Admitted, reply: &corral_contract::ExecuteReply) -> Value {
+    json!({
+        "satisfied": admitted.dependencies.satisfied,
+        "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
+        "install_ms": reply.dependencies.as_ref().map(|d| d.install_ms),
+        "notes": admitted.dependencies.notes,
+    })
 }
 
 /// The run's egress and its workspace, read at once (they are independent). A persistent cell has
@@ -674,120 +923,6 @@ async fn execute(
             ExecuteFrame::Reply(_) | ExecuteFrame::Refused(_) => {}
         })
         .await
-}
-
-/// A worker call that failed: unreachable (the run is taken to another worker), lost or
-/// answering nonsense (discarded: nobody can vouch for it), or refusing (reset when it refused
-/// before anything ran, discarded otherwise).
-fn call_failed(state: &AppState, run_id: &str, error: CallError) -> Leased {
-    match error {
-        CallError::Unreachable(message) => Leased::Unreachable(message),
-        CallError::Lost(message) | CallError::ReplyInvalid(message) => {
-            state.metrics.run("worker_lost");
-            let reply = answer::worker_lost(
-                run_id,
-                format!(
-                    "the worker stopped answering during the run ({message}); the workspace was not changed"
-                ),
-            );
-            Leased::Done(reply, Disposition::Discard, Retained::Nothing)
-        }
-        CallError::Refused(body) => {
-            state.metrics.run("refused");
-            let disposition = if body.error.before_anything_ran() {
-                Disposition::Reset
-            } else {
-                Disposition::Discard
-            };
-            Leased::Done(
-                answer::worker_refused(run_id, &body),
-                disposition,
-                Retained::Nothing,
-            )
-        }
-    }
-}
-
-/// What the worker's `reply` leaves: what may be kept kept (`corral_core::run::outcome::plan`,
-/// then [`keep`]), the outcome decided, a succeeded run's outputs linked into its room (OUT-1),
-/// and the answer, with what an affinity session retains.
-async fn answered(
-    state: &AppState,
-    admitted: &Admitted,
-    cell: &Cell,
-    order: &Order<'_>,
-    reply: &corral_contract::ExecuteReply,
-    mut reports: Reports,
-) -> Leased {
-    let run_id = order.run_id;
-    let (keeping, decided) = kept(state, admitted, cell, order, reply).await;
-    reports.phases.lap("keep_us");
-    state.metrics.run(decided.outcome.as_str());
-    let linked = match &cell.turn {
-        Some(turn) if decided.outcome == corral_core::run::outcome::Outcome::Succeeded => {
-            resources::link(state, admitted, turn, &keeping.published).await
-        }
-        _ => json!([]),
-    };
-    reports.phases.lap("link_us");
-    // PKG-6: an install that failed is answered with its record (nothing ran, nothing kept).
-    if let (Some(_), Some(failure)) = (
-        decided.not_run,
-        reply.dependencies.as_ref().and_then(|d| d.failure.as_ref()),
-    ) {
-        return Leased::Done(
-            answer::dependencies_failed(run_id, failure, &reply.diagnostics),
-            Disposition::Reset,
-            Retained::Nothing,
-        );
-    }
-    if let Some(bound) = decided.bound {
-        state.metrics.bound(bound.setting());
-    }
-    let resources = cell.turn.is_some().then(|| {
-        let mut report = reports.resources;
-        if report.is_null() {
-            report = json!({ "files": [] });
-        }
-        report["linked"] = linked;
-        report
-    });
-    let context = Context {
-        run_id,
-        declared: &admitted.declared,
-        egress: reports.egress,
-        worker: order.granted.worker.to_string(),
-        phases: reports.phases.marks,
-        kernel: kernel_report(admitted.kernel, cell.mode, reply, &keeping),
-        compress: admitted.compress_output,
-        resources,
-        dependencies: json!({
-            "satisfied": admitted.dependencies.satisfied,
-            "installed": reply.dependencies.as_ref().map(|d| d.installed.clone()).unwrap_or_default(),
-            "install_ms": reply.dependencies.as_ref().map(|d| d.install_ms),
-            "notes": admitted.dependencies.notes,
-        }),
-    };
-    // A refused checkpoint ends an affinity session: nothing could ever remove it there.
-    let retained = match (decided.not_run, keeping.retained.clone()) {
-        (
-            Some(
-                NotRun::KernelCheckpointCorrupt
-                | NotRun::KernelCheckpointUntrusted
-                | NotRun::KernelCheckpointIncompatible,
-            ),
-            _,
-        ) => Retained::EndSession(
-            "the kernel's checkpoint was refused; the session ended, and this kernel starts empty",
-        ),
-        (_, Some(archive)) => Retained::Archive(archive),
-        (_, None) => Retained::Nothing,
-    };
-    Leased::Done(
-        answer::decided(&decided, reply, &keeping, context),
-        Disposition::Reset,
-        retained,
-    )
 }
 
 /// What may be kept of `reply`, kept, and the outcome it decides.

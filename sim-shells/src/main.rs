@@ -1,0 +1,703 @@
+//! corral-sim-shells: the service shells' own code under deterministic network simulation
+//! (issue 28, first world).
+//!
+//! The simulator in `sim/` drives corral-core's machines with a model of the shells; this world
+//! runs the shells' code itself on turmoil's simulated network and clock, from one seed:
+//! - the worker client (`corral_contract::client::WorkerClient`), dialling through its `Dial`
+//!   seam onto turmoil's TCP, and corral-core's run sequence
+//!   (`corral_core::run::sequence::Sequence`) deciding each run's steps and each lease's end;
+//! - simulated workers serving the contract's execute and reset routes over HTTP (hyper), where a
+//!   run is a delay and a deterministic answer and a reset returns clean evidence, and which
+//!   record every execute that reached them: the world's truth;
+//! - faults from the seed: a partition between the API and a worker (held and healed), messages
+//!   held and released (delay and reordering), and a worker crashed and restarted mid-run.
+//!
+//! Invariants, checked against the workers' truth: a run executes at most once
+//! (`run_executed_twice`); a call the client called unreachable never reached the worker
+//! (`unreachable_but_ran`, ISO-1: the code did not run, so the run may go elsewhere); a run
+//! answered from its worker's reply executed exactly there (`answered_without_execution`); no
+//! discarded worker is used again (`discarded_worker_used`); and every run is answered before the
+//! world's time runs out (`run_unanswered`, naming the stuck runs). A failing seed replays exactly:
+//! `--seed N --trace` prints its events, and `--replay N` runs it twice and compares.
+//!
+//! What this world does not have yet (issue 28, items 1 to 3): Valkey, the API's replicas and the
+//! controller as hosts. They need the store behind a seam first.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_contract::client::{Connection, Dial, Dialing, WorkerClient};
+use corral_contract::locate::{CONTROL_PORT, Locator};
+use corral_contract::messages::{
+    EvidenceReport, ExecuteReply, ExecuteRequest, ResetReply, ResetRequest,
+};
+use corral_core::ids::{OpToken, WorkerId};
+use corral_core::pool::Disposition;
+use corral_core::reset::ResetEvidence;
+use corral_core::run::sequence::{Answer, Call, Effect, Event, Kept, Sequence};
+use http_body_util::{BodyExt, Full};
+
+/// The invariants, each checked and counted.
+const INVARIANTS: [&str; 5] = [
+    "run_executed_twice",
+    "unreachable_but_ran",
+    "answered_without_execution",
+    "discarded_worker_used",
+    "run_unanswered",
+];
+
+/// How long the world may run in simulated time before its outstanding runs count as stuck.
+const WORLD_SECONDS: u64 = 600;
+
+/// A small deterministic generator (xorshift64*), so that the schedule is the seed's alone.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// A number in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// What happened, as the workers saw it and the API answered it.
+#[derive(Default)]
+struct Truth {
+    /// Every execute that reached a worker: (simulated ms, worker, run).
+    executions: Vec<(u128, String, u64)>,
+    /// Workers the API discarded, with when.
+    discarded: BTreeMap<String, u128>,
+    /// Each run's execute calls: (worker, what the client said).
+    calls: BTreeMap<u64, Vec<(String, Call)>>,
+    /// Each run's answer.
+    answers: BTreeMap<u64, Answer>,
+    /// The events of the world, in order, for a replay.
+    trace: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Truth>>;
+
+fn lock(truth: &Shared) -> MutexGuard<'_, Truth> {
+    truth.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The simulated time, in ms; 0 outside a host.
+fn now_ms() -> u128 {
+    turmoil::sim_elapsed().unwrap_or_default().as_millis()
+}
+
+fn note(truth: &Shared, line: String) {
+    lock(truth).trace.push(format!("{:>7} ms {line}", now_ms()));
+}
+
+/// The worker client's `Dial` on turmoil's network.
+struct TurmoilDial;
+
+impl Dial for TurmoilDial {
+    fn dial<'a>(&'a self, host: &'a str, port: u16) -> Dialing<'a> {
+        Box::pin(async move {
+            let stream = turmoil::net::TcpStream::connect((host, port)).await?;
+            Ok(Box::new(stream) as Box<dyn Connection>)
+        })
+    }
+}
+
+/// One world's shape, drawn from its seed.
+struct Plan {
+    workers: u64,
+    runs: u64,
+    run_ms: u64,
+    /// The time between one run's start and the next's.
+    stagger_ms: u64,
+    faults: Vec<Fault>,
+}
+
+/// A fault of the network or of a worker, at a simulated time, healed after a while.
+#[derive(Clone, Debug)]
+struct Fault {
+    at_ms: u64,
+    heal_ms: u64,
+    kind: FaultKind,
+    worker: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum FaultKind {
+    /// The API and the worker cannot reach each other.
+    Partition,
+    /// Messages between them are held, then released together (delay and reordering).
+    Hold,
+    /// The worker's host crashes and restarts empty.
+    Crash,
+}
+
+impl Plan {
+    fn from_seed(seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let workers = 2 + rng.below(3);
+        let runs = 4 + rng.below(12);
+        let run_ms = 20 + rng.below(400);
+        let stagger_ms = 20 + rng.below(300);
+        let span = runs * stagger_ms + run_ms;
+        let faults = (0..rng.below(6))
+            .map(|_| Fault {
+                at_ms: rng.below(span),
+                heal_ms: 100 + rng.below(45_000),
+                kind: match rng.below(3) {
+                    0 => FaultKind::Partition,
+                    1 => FaultKind::Hold,
+                    _ => FaultKind::Crash,
+                },
+                worker: rng.below(workers),
+            })
+            .collect();
+        Self {
+            workers,
+            runs,
+            run_ms,
+            stagger_ms,
+            faults,
+        }
+    }
+}
+
+fn worker_id(index: u64) -> WorkerId {
+    WorkerId {
+        epoch: 1,
+        seq: index,
+    }
+}
+
+/// A simulated worker: the contract's execute and reset routes over HTTP. A run takes `run_ms`
+/// and answers exit 0; a reset answers clean evidence under its token.
+async fn worker_host(name: String, truth: Shared, run_ms: u64) -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROL_PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let (name, truth) = (name.clone(), truth.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                answer(request, name.clone(), truth.clone(), run_ms)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// A worker's answer to one request.
+async fn answer(
+    request: hyper::Request<hyper::body::Incoming>,
+    name: String,
+    truth: Shared,
+    run_ms: u64,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path().to_owned();
+    let body = match request.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return Ok(status(400, Bytes::new())),
+    };
+    let reply = if path == corral_contract::routes::EXECUTE {
+        let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
+            return Ok(status(400, Bytes::new()));
+        };
+        let run = order.token.0;
+        lock(&truth).executions.push((now_ms(), name.clone(), run));
+        note(&truth, format!("{name} executes run {run}"));
+        tokio::time::sleep(Duration::from_millis(run_ms)).await;
+        serde_json::to_vec(&ExecuteReply {
+            exit_code: Some(0),
+            warm: true,
+            ..ExecuteReply::default()
+        })
+    } else if path == corral_contract::routes::RESET {
+        let Ok(order) = serde_json::from_slice::<ResetRequest>(&body) else {
+            return Ok(status(400, Bytes::new()));
+        };
+        serde_json::to_vec(&ResetReply {
+            reset_evidence: EvidenceReport::judged(ResetEvidence::clean(order.token)),
+            diagnostics: Vec::new(),
+        })
+    } else {
+        return Ok(status(404, Bytes::new()));
+    };
+    Ok(status(200, Bytes::from(reply.unwrap_or_default())))
+}
+
+fn status(code: u16, body: Bytes) -> hyper::Response<Full<Bytes>> {
+    let mut response = hyper::Response::new(Full::new(body));
+    *response.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or_default();
+    response
+}
+
+/// The API's side: `runs` runs at once, each leased a free worker and sequenced by corral-core.
+async fn api_host(workers: u64, runs: u64, stagger_ms: u64, truth: Shared) -> turmoil::Result {
+    let client = WorkerClient::with_dial(
+        Locator::Template(format!("http://{{id}}:{CONTROL_PORT}")),
+        "sim".to_owned(),
+        Arc::new(TurmoilDial),
+    );
+    let free: Arc<Mutex<VecDeque<u64>>> = Arc::new(Mutex::new((0..workers).collect()));
+    let mut tasks = Vec::new();
+    for run in 0..runs {
+        let (client, free, truth) = (client.clone(), free.clone(), truth.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(run * stagger_ms)).await;
+            one_run(run, &client, &free, &truth).await;
+        }));
+    }
+    for task in tasks {
+        task.await?;
+    }
+    Ok(())
+}
+
+/// One run: the core's sequence, its effects performed on the simulated network.
+async fn one_run(run: u64, client: &WorkerClient, free: &Mutex<VecDeque<u64>>, truth: &Shared) {
+    let (mut sequence, first) = Sequence::start(false);
+    let mut queue = VecDeque::from(first);
+    let mut leased: Option<u64> = None;
+    while let Some(effect) = queue.pop_front() {
+        let event = match effect {
+            Effect::Scope => Event::Scoped(Some(false)),
+            Effect::Acquire => acquire(free, &mut leased).await,
+            Effect::ReadInputs => Event::InputsRead(true),
+            Effect::Execute => Event::Executed(execute(run, client, leased, truth).await),
+            Effect::Keep => Event::Kept(Kept {
+                succeeded: true,
+                install_failed: false,
+                checkpoint_refused: false,
+                retained: false,
+            }),
+            Effect::Release(disposition) => {
+                release(run, client, free, leased.take(), disposition, truth).await;
+                continue;
+            }
+            Effect::Answer(answer) => {
+                note(truth, format!("run {run} answered {answer:?}"));
+                lock(truth).answers.insert(run, answer);
+                return;
+            }
+            other => {
+                note(truth, format!("run {run}: unexpected effect {other:?}"));
+                return;
+            }
+        };
+        match sequence.on(event) {
+            Ok(next) => queue.extend(next),
+            Err(unexpected) => {
+                note(truth, format!("run {run}: {unexpected:?}"));
+                return;
+            }
+        }
+    }
+}
+
+/// A free worker within the run's wait (20 s), else refused.
+async fn acquire(free: &Mutex<VecDeque<u64>>, leased: &mut Option<u64>) -> Event {
+    for _ in 0..100 {
+        if let Some(worker) = free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+        {
+            *leased = Some(worker);
+            return Event::Acquired;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Event::AcquireRefused
+}
+
+/// The execute, through the real worker client; the run's id travels as its token.
+async fn execute(run: u64, client: &WorkerClient, leased: Option<u64>, truth: &Shared) -> Call {
+    let Some(worker) = leased else {
+        return Call::Lost;
+    };
+    let mut bounds = corral_core::config::Settings::default().bounds;
+    bounds.max_wall_seconds = 2;
+    let request = ExecuteRequest {
+        language: corral_core::jail::Language::Python,
+        code: format!("print({run})"),
+        workspace: None,
+        bounds: corral_core::bounds::BoundOverrides::default(),
+        grant: None,
+        declared: Vec::new(),
+        dependencies: None,
+        kernel: None,
+        tools: None,
+        resources: None,
+        token: OpToken(run),
+        traceparent: None,
+        stream_output: false,
+    };
+    let name = worker_id(worker).to_string();
+    let call = match client.execute(worker_id(worker), &request, &bounds).await {
+        Ok(_) => Call::Answered,
+        Err(error) => error.as_call(),
+    };
+    note(truth, format!("run {run} on {name}: {call:?}"));
+    lock(truth).calls.entry(run).or_default().push((name, call));
+    call
+}
+
+/// The lease's end: reset and, if proven clean, free again; otherwise discarded for good.
+async fn release(
+    run: u64,
+    client: &WorkerClient,
+    free: &Mutex<VecDeque<u64>>,
+    worker: Option<u64>,
+    disposition: Disposition,
+    truth: &Shared,
+) {
+    let Some(worker) = worker else { return };
+    let name = worker_id(worker).to_string();
+    let clean = disposition == Disposition::Reset
+        && client
+            .reset(worker_id(worker), OpToken(1_000_000 + run))
+            .await
+            .is_ok_and(|reply| reply.reset_evidence.verdict == "clean");
+    if clean {
+        free.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(worker);
+        return;
+    }
+    note(truth, format!("{name} discarded after run {run}"));
+    lock(truth).discarded.insert(name, now_ms());
+}
+
+/// What one seed's world came to.
+struct Outcome {
+    /// Every check made, by invariant.
+    checks: BTreeMap<&'static str, u64>,
+    /// Every violation, with its invariant.
+    violations: Vec<(&'static str, String)>,
+    trace: Vec<String>,
+}
+
+/// Runs the world of `seed` to its end (every run answered) or to its time limit.
+fn run_world(seed: u64) -> Outcome {
+    let plan = Plan::from_seed(seed);
+    let truth: Shared = Arc::default();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .tick_duration(Duration::from_millis(5))
+        .simulation_duration(Duration::from_secs(WORLD_SECONDS))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(1 + seed % 20))
+        .build();
+    for worker in 0..plan.workers {
+        let (name, truth, run_ms) = (worker_id(worker).to_string(), truth.clone(), plan.run_ms);
+        let host = name.clone();
+        sim.host(host.as_str(), move || {
+            worker_host(name.clone(), truth.clone(), run_ms)
+        });
+    }
+    sim.client(
+        "api",
+        api_host(plan.workers, plan.runs, plan.stagger_ms, truth.clone()),
+    );
+    note(
+        &truth,
+        format!(
+            "seed {seed}: {} workers, {} runs of {} ms, faults {:?}",
+            plan.workers, plan.runs, plan.run_ms, plan.faults
+        ),
+    );
+    let ended = drive(&mut sim, &plan, &truth);
+    drop(sim);
+    let truth = Arc::try_unwrap(truth)
+        .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+        .unwrap_or_default();
+    check(&plan, truth, ended)
+}
+
+/// Steps the simulation, applying and healing the plan's faults at their times. `Err` says why
+/// the world did not end with every client done.
+fn drive(sim: &mut turmoil::Sim<'_>, plan: &Plan, truth: &Shared) -> Result<(), String> {
+    let mut pending: Vec<(u64, bool, Fault)> = plan
+        .faults
+        .iter()
+        .map(|f| (f.at_ms, true, f.clone()))
+        .collect();
+    loop {
+        let now = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(at, ..)| *at <= now);
+        pending = later;
+        for (_, start, fault) in due {
+            let name = worker_id(fault.worker).to_string();
+            apply(sim, &fault, &name, start);
+            note(
+                truth,
+                format!(
+                    "{} {:?} api~{name}",
+                    if start { "fault" } else { "healed" },
+                    fault.kind
+                ),
+            );
+            if start {
+                pending.push((now + fault.heal_ms, false, fault));
+            }
+        }
+        match sim.step() {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+fn apply(sim: &mut turmoil::Sim<'_>, fault: &Fault, name: &str, start: bool) {
+    match (fault.kind, start) {
+        (FaultKind::Partition, true) => sim.partition("api", name),
+        (FaultKind::Partition, false) => sim.repair("api", name),
+        (FaultKind::Hold, true) => sim.hold("api", name),
+        (FaultKind::Hold, false) => sim.release("api", name),
+        (FaultKind::Crash, true) => sim.crash(name),
+        (FaultKind::Crash, false) => sim.bounce(name),
+    }
+}
+
+/// The invariants, against what the workers recorded and what the API answered.
+fn check(plan: &Plan, truth: Truth, ended: Result<(), String>) -> Outcome {
+    let mut outcome = Outcome {
+        checks: INVARIANTS.iter().map(|name| (*name, 0)).collect(),
+        violations: Vec::new(),
+        trace: truth.trace,
+    };
+    let mut verify = |name: &'static str, holds: bool, what: &dyn Fn() -> String| {
+        *outcome.checks.entry(name).or_default() += 1;
+        if !holds {
+            outcome.violations.push((name, what()));
+        }
+    };
+    let mut ran: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for (_, worker, run) in &truth.executions {
+        ran.entry(*run).or_default().push(worker);
+    }
+    for run in 0..plan.runs {
+        let at = ran.get(&run).cloned().unwrap_or_default();
+        verify("run_executed_twice", at.len() <= 1, &|| {
+            format!("run {run} executed on {at:?}")
+        });
+        for (worker, call) in truth.calls.get(&run).map(Vec::as_slice).unwrap_or_default() {
+            if *call == Call::Unreachable {
+                let reached = at.iter().any(|w| w == worker);
+                verify("unreachable_but_ran", !reached, &|| {
+                    format!("run {run}: {worker} was unreachable, yet executed it")
+                });
+            }
+            if *call == Call::Answered {
+                let there = at.iter().filter(|w| *w == worker).count();
+                verify("answered_without_execution", there == 1, &|| {
+                    format!("run {run} answered from {worker}, executed there {there} times")
+                });
+            }
+        }
+        let answered = truth.answers.contains_key(&run);
+        verify("run_unanswered", answered, &|| {
+            format!("run {run} never answered ({ended:?})")
+        });
+    }
+    for (at, worker, run) in &truth.executions {
+        let after = truth
+            .discarded
+            .get(worker)
+            .is_some_and(|discarded| at > discarded);
+        verify("discarded_worker_used", !after, &|| {
+            format!("run {run} executed on {worker} after it was discarded")
+        });
+    }
+    outcome
+}
+
+/// What the command line asked for.
+enum Command {
+    /// Seeds `0..seeds`, each checked.
+    Seeds(u64),
+    /// One seed, with its trace.
+    Trace(u64),
+    /// One seed twice: the traces must be identical.
+    Replay(u64),
+    /// The worker client's retry defect turned on: seeds until the first violation.
+    Mutation(u64),
+}
+
+fn parse(args: &[String]) -> Result<Command, String> {
+    let number = |flag: &str, value: Option<&String>| -> Result<u64, String> {
+        let value = value.ok_or_else(|| format!("{flag} needs a number"))?;
+        value
+            .parse::<u64>()
+            .map_err(|_| format!("{flag} {value:?}: not a whole number of at least 0"))
+    };
+    match args {
+        [] => Ok(Command::Seeds(100)),
+        [flag, value] if flag == "--seeds" => match number(flag, Some(value))? {
+            0 => Err("--seeds 0: a run of no seeds proves nothing".to_owned()),
+            n => Ok(Command::Seeds(n)),
+        },
+        [flag, value] if flag == "--trace" => Ok(Command::Trace(number(flag, Some(value))?)),
+        [flag, value] if flag == "--replay" => Ok(Command::Replay(number(flag, Some(value))?)),
+        [flag, name, seeds] if flag == "--mutation" && name == "retry-lost-execute" => Ok(
+            Command::Mutation(number("--mutation retry-lost-execute", Some(seeds))?),
+        ),
+        [flag, name, ..] if flag == "--mutation" => Err(format!(
+            "--mutation {name:?}: the one mutation is retry-lost-execute (then a number of seeds)"
+        )),
+        other => Err(format!(
+            "unknown arguments {other:?}; use --seeds N, --trace SEED, --replay SEED or --mutation retry-lost-execute N"
+        )),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = match parse(&args) {
+        Ok(command) => command,
+        Err(why) => {
+            eprintln!("corral-sim-shells: {why}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let passed = match command {
+        Command::Seeds(seeds) => many(seeds),
+        Command::Trace(seed) => {
+            let outcome = run_world(seed);
+            outcome.trace.iter().for_each(|line| println!("{line}"));
+            report_violations(seed, &outcome)
+        }
+        Command::Replay(seed) => {
+            let (first, second) = (run_world(seed).trace, run_world(seed).trace);
+            println!(
+                "seed {seed}: {} events, replayed {}",
+                first.len(),
+                if first == second {
+                    "identically"
+                } else {
+                    "DIFFERENTLY"
+                }
+            );
+            first == second
+        }
+        Command::Mutation(seeds) => mutation(seeds),
+    };
+    if passed {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+fn report_violations(seed: u64, outcome: &Outcome) -> bool {
+    for (name, what) in &outcome.violations {
+        println!("seed {seed}: VIOLATION {name}: {what}");
+    }
+    outcome.violations.is_empty()
+}
+
+/// Seeds `0..seeds`: the per-invariant check counts, the violations, the pace.
+fn many(seeds: u64) -> bool {
+    let started = std::time::Instant::now();
+    let mut checks: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut failed = 0;
+    for seed in 0..seeds {
+        let outcome = run_world(seed);
+        for (name, count) in &outcome.checks {
+            *checks.entry(name).or_default() += count;
+        }
+        if !report_violations(seed, &outcome) {
+            failed += 1;
+            println!("  replay: corral-sim-shells --trace {seed}");
+        }
+    }
+    let minutes = started.elapsed().as_secs_f64() / 60.0;
+    for (name, count) in &checks {
+        println!("checked {name}: {count}");
+    }
+    let unexercised: Vec<_> = checks
+        .iter()
+        .filter(|(_, c)| **c == 0)
+        .map(|(n, _)| *n)
+        .collect();
+    println!(
+        "shell world: {seeds} seeds, {failed} with violations, {:.0} seeds per minute",
+        seeds as f64 / minutes.max(1e-9)
+    );
+    if !unexercised.is_empty() {
+        println!("shell world: invariants never checked: {unexercised:?}");
+    }
+    failed == 0 && unexercised.is_empty()
+}
+
+/// With the worker client's retry defect on, the seeds until one run executes twice. Passes when
+/// `run_executed_twice` (its own invariant) catches it within `seeds`.
+fn mutation(seeds: u64) -> bool {
+    corral_contract::client::mutation::retry_lost_executes(true);
+    for seed in 0..seeds {
+        let outcome = run_world(seed);
+        if let Some((name, what)) = outcome.violations.first() {
+            let own = outcome
+                .violations
+                .iter()
+                .any(|(n, _)| *n == "run_executed_twice");
+            println!(
+                "mutation retry-lost-execute: first caught at seed {seed} ({} seeds) by {name}: {what}; by its own invariant: {own}",
+                seed + 1
+            );
+            return own;
+        }
+    }
+    println!("mutation retry-lost-execute: NOT caught within {seeds} seeds");
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|a| (*a).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_schedule_the_world_cannot_honour_is_refused_at_start() {
+        for bad in [
+            &["--seeds", "0"][..],
+            &["--seeds", "-3"],
+            &["--seeds"],
+            &["--trace", "x"],
+            &["--mutation", "retry-everything", "3"],
+            &["--partition", "nowhere"],
+        ] {
+            assert!(parse(&args(bad)).is_err(), "{bad:?} was accepted");
+        }
+        assert!(matches!(
+            parse(&args(&["--seeds", "12"])),
+            Ok(Command::Seeds(12))
+        ));
+    }
+
+    #[test]
+    fn a_seed_replays_exactly_and_answers_every_run() {
+        let (first, second) = (run_world(11), run_world(11));
+        assert!(first.trace.len() > 3);
+        assert_eq!(first.trace, second.trace);
+        assert!(first.violations.is_empty(), "{:?}", first.violations);
+        assert!(first.checks["run_unanswered"] >= 4);
+    }
+}
