@@ -172,8 +172,9 @@ impl WorkerClient {
         let body =
             serde_json::to_vec(request).map_err(|e| CallError::Unreachable(e.to_string()))?;
         let timeout = Duration::from_secs(bounds.max_wall_seconds) + EXECUTE_MARGIN;
+        // Only a world that turned the defect on pays for keeping the body.
         #[cfg(feature = "sim-mutations")]
-        let again = body.clone();
+        let again = mutation::retries_lost_executes().then(|| body.clone());
         let answer = self
             .call(
                 worker,
@@ -184,7 +185,7 @@ impl WorkerClient {
             )
             .await;
         #[cfg(feature = "sim-mutations")]
-        if mutation::retries_lost_executes() && matches!(answer, Err(CallError::Lost(_))) {
+        if let (Some(again), Err(CallError::Lost(_))) = (again, &answer) {
             // The deliberate defect: a run whose answer was lost may have run; sending it again
             // may run it twice.
             return self
