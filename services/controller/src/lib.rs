@@ -9,7 +9,10 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The reconciler's clock is tokio's: the real one in production, the world's under simulation.
+use tokio::time::Instant;
 
 use futures::FutureExt as _;
 use futures::StreamExt as _;
@@ -226,7 +229,7 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
             }
             let wake = core
                 .poll_timeout()
-                .map(|at| tokio::time::Instant::from_std(self.epoch + Duration::from_millis(at.0)));
+                .map(|at| self.epoch + Duration::from_millis(at.0));
             tokio::select! {
                 biased;
                 Some(answered) = calls.next() => {

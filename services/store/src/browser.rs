@@ -10,14 +10,11 @@
 
 use std::collections::BTreeMap;
 
+use crate::{Heard, Subscription, ValkeyStore};
 use corral_core::browser::{SessionRecord, SessionState};
 use corral_core::pool::Disposition;
 use corral_core::store::Unavailable;
 use corral_core::time::UnixMillis;
-use fred::prelude::*;
-use fred::types::scripts::Script;
-
-use crate::ValkeyStore;
 
 /// A session's hash fields.
 const RECORD: &str = "record";
@@ -124,18 +121,6 @@ impl ValkeyStore {
         format!("{}:browser:ended", self.key)
     }
 
-    async fn script(
-        &self,
-        script: &str,
-        keys: Vec<String>,
-        args: Vec<String>,
-    ) -> Result<i64, Unavailable> {
-        Script::from_lua(script)
-            .evalsha_with_reload(&self.client, keys, args)
-            .await
-            .map_err(|_| Unavailable)
-    }
-
     /// Stores a new session `id`, last active at `now`.
     pub async fn put_browser_session(
         &self,
@@ -144,7 +129,7 @@ impl ValkeyStore {
         now: UnixMillis,
     ) -> Result<(), Unavailable> {
         let record = serde_json::to_string(record).map_err(|_| Unavailable)?;
-        self.script(
+        self.script_int(
             PUT_SCRIPT,
             vec![self.browser_key(id), self.browser_set()],
             vec![id.to_owned(), record, now.0.to_string()],
@@ -168,10 +153,13 @@ impl ValkeyStore {
     pub async fn browser_sessions(
         &self,
     ) -> Result<Vec<(String, SessionRecord, SessionState)>, Unavailable> {
-        let ids: Vec<String> = Script::from_lua(LIST_SCRIPT)
-            .evalsha_with_reload(&self.client, vec![self.browser_set()], Vec::<String>::new())
+        let ids = self
+            .link()
+            .eval(LIST_SCRIPT, vec![self.browser_set()], Vec::new())
             .await
-            .map_err(|_| Unavailable)?;
+            .ok()
+            .and_then(crate::Reply::texts)
+            .ok_or(Unavailable)?;
         let mut sessions = Vec::with_capacity(ids.len());
         for id in ids {
             // Ended between the listing and the read: gone, not an error.
@@ -188,7 +176,7 @@ impl ValkeyStore {
         id: &str,
         now: UnixMillis,
     ) -> Result<bool, Unavailable> {
-        self.script(
+        self.script_int(
             SET_LIVE_SCRIPT,
             vec![self.browser_key(id)],
             vec![LAST_ACTIVITY.to_owned(), now.0.to_string()],
@@ -204,7 +192,7 @@ impl ValkeyStore {
         id: &str,
         member: Option<&str>,
     ) -> Result<bool, Unavailable> {
-        self.script(
+        self.script_int(
             SET_PRIVATE_SCRIPT,
             vec![self.browser_key(id)],
             vec![
@@ -224,7 +212,7 @@ impl ValkeyStore {
         record: &SessionRecord,
     ) -> Result<bool, Unavailable> {
         let record = serde_json::to_string(record).map_err(|_| Unavailable)?;
-        self.script(
+        self.script_int(
             SET_LIVE_SCRIPT,
             vec![self.browser_key(id)],
             vec![RECORD.to_owned(), record],
@@ -240,10 +228,12 @@ impl ValkeyStore {
         id: &str,
     ) -> Result<Option<(SessionRecord, SessionState, Option<String>)>, Unavailable> {
         let hash: BTreeMap<String, String> = self
-            .client
-            .hgetall(self.browser_key(id))
+            .link()
+            .command(vec!["HGETALL".to_owned(), self.browser_key(id)])
             .await
-            .map_err(|_| Unavailable)?;
+            .ok()
+            .and_then(crate::Reply::pairs)
+            .ok_or(Unavailable)?;
         if hash.is_empty() {
             return Ok(None);
         }
@@ -274,7 +264,7 @@ impl ValkeyStore {
         id: &str,
         now: UnixMillis,
     ) -> Result<bool, Unavailable> {
-        self.script(
+        self.script_int(
             CLAIM_SCRIPT,
             vec![self.browser_key(id)],
             vec![now.0.to_string()],
@@ -289,7 +279,7 @@ impl ValkeyStore {
         id: &str,
         disposition: Disposition,
     ) -> Result<(), Unavailable> {
-        self.script(
+        self.script_int(
             END_SCRIPT,
             vec![
                 self.browser_key(id),
@@ -312,11 +302,12 @@ impl ValkeyStore {
         &self,
         id: &str,
     ) -> Result<Option<Disposition>, Unavailable> {
-        let text: Option<String> = self
-            .client
-            .get(self.browser_ended_key(id))
+        let text = self
+            .link()
+            .command(vec!["GET".to_owned(), self.browser_ended_key(id)])
             .await
-            .map_err(|_| Unavailable)?;
+            .map_err(|_| Unavailable)?
+            .text();
         Ok(text
             .as_deref()
             .and_then(parse_announcement)
@@ -326,24 +317,18 @@ impl ValkeyStore {
 
     /// A subscription to sessions' ends, for the replicas that hold their leases.
     pub async fn watch_browser_ends(&self) -> Result<EndWatch, Unavailable> {
-        let subscriber = self.client.clone_new();
-        subscriber.init().await.map_err(|_| Unavailable)?;
-        let messages = subscriber.message_rx();
-        subscriber
+        let subscription = self
+            .link()
             .subscribe(self.browser_channel())
             .await
             .map_err(|_| Unavailable)?;
-        Ok(EndWatch {
-            _subscriber: subscriber,
-            messages,
-        })
+        Ok(EndWatch { subscription })
     }
 }
 
 /// Announcements of sessions' ends.
 pub struct EndWatch {
-    _subscriber: Client,
-    messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+    subscription: Subscription,
 }
 
 /// What [`EndWatch::next`] saw.
@@ -361,19 +346,14 @@ impl EndWatch {
     /// The next announcement.
     pub async fn next(&mut self) -> Ended {
         loop {
-            match self.messages.recv().await {
-                Ok(message) => {
-                    if let Some((id, disposition)) = message
-                        .value
-                        .as_string()
-                        .as_deref()
-                        .and_then(parse_announcement)
-                    {
+            match self.subscription.next().await {
+                Heard::Message(text) => {
+                    if let Some((id, disposition)) = parse_announcement(&text) {
                         return Ended::Session(id, disposition);
                     }
                 }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return Ended::Missed,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ended::Closed,
+                Heard::Missed => return Ended::Missed,
+                Heard::Closed => return Ended::Closed,
             }
         }
     }

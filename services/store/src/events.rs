@@ -7,7 +7,6 @@
 //! output bound.
 
 use corral_core::store::Unavailable;
-use fred::types::scripts::Script;
 
 use crate::ValkeyStore;
 
@@ -66,14 +65,13 @@ impl ValkeyStore {
         owner: &str,
         keep_seconds: u64,
     ) -> Result<bool, Unavailable> {
-        let opened: i64 = Script::from_lua(OPEN_SCRIPT)
-            .evalsha_with_reload(
-                &self.client,
+        let opened = self
+            .script_int(
+                OPEN_SCRIPT,
                 vec![self.run_events_key(run_id)],
                 vec![owner.to_owned(), keep_seconds.to_string()],
             )
-            .await
-            .map_err(|_| Unavailable)?;
+            .await?;
         Ok(opened == 1)
     }
 
@@ -86,14 +84,13 @@ impl ValkeyStore {
         event: &str,
         keep_seconds: u64,
     ) -> Result<bool, Unavailable> {
-        let appended: i64 = Script::from_lua(APPEND_SCRIPT)
-            .evalsha_with_reload(
-                &self.client,
+        let appended = self
+            .script_int(
+                APPEND_SCRIPT,
                 vec![self.run_events_key(run_id)],
                 vec![seq.to_string(), event.to_owned(), keep_seconds.to_string()],
             )
-            .await
-            .map_err(|_| Unavailable)?;
+            .await?;
         Ok(appended == 1)
     }
 
@@ -105,14 +102,17 @@ impl ValkeyStore {
         after: u64,
         max: u64,
     ) -> Result<Option<RunEvents>, Unavailable> {
-        let mut reply: Vec<String> = Script::from_lua(READ_SCRIPT)
-            .evalsha_with_reload(
-                &self.client,
+        let mut reply = self
+            .link()
+            .eval(
+                READ_SCRIPT,
                 vec![self.run_events_key(run_id)],
                 vec![after.to_string(), max.to_string()],
             )
             .await
-            .map_err(|_| Unavailable)?;
+            .ok()
+            .and_then(crate::Reply::texts)
+            .ok_or(Unavailable)?;
         if reply.len() < 2 {
             return Ok(None);
         }

@@ -18,7 +18,7 @@ use corral_core::pool::{Applied, Command, PoolConfig};
 use corral_core::store::Settled;
 use tokio::sync::oneshot;
 
-use crate::{ValkeyStore, fresh_epoch};
+use crate::ValkeyStore;
 
 /// The most commands one compare-and-set carries.
 const MAX_BATCH: usize = 64;
@@ -102,7 +102,7 @@ async fn write(store: ValkeyStore) {
     };
     let store = &store;
     let mut contended_in_a_row = 0u32;
-    let mut jitter = Jitter::new();
+    let mut jitter = Jitter::new(store.link().entropy());
     loop {
         let batch: Vec<Pending> = {
             let mut queue = lock(store);
@@ -122,7 +122,12 @@ async fn write(store: ValkeyStore) {
         };
         let commands: Vec<Command> = batch.iter().map(|p| p.command.clone()).collect();
         let written = store
-            .transact_all(&commands, &batch[0].config, fresh_epoch(), ATTEMPTS)
+            .transact_all(
+                &commands,
+                &batch[0].config,
+                store.link().entropy(),
+                ATTEMPTS,
+            )
             .await;
         if written.is_ok() {
             contended_in_a_row = 0;
@@ -167,8 +172,8 @@ async fn write(store: ValkeyStore) {
 struct Jitter(u64);
 
 impl Jitter {
-    fn new() -> Self {
-        Self(fresh_epoch() | 1)
+    fn new(seed: u64) -> Self {
+        Self(seed | 1)
     }
 
     /// A random wait up to 1 ms × 2^(`in_a_row` − 1), at most [`BACKOFF_MAX`].

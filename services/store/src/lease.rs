@@ -4,7 +4,9 @@
 //! benchmark). A queued ticket waits for a version announcement, polling as the fallback, and is
 //! withdrawn when the caller stops waiting, so an abandoned ticket never receives a worker.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use corral_core::ids::{OpToken, TicketId, WorkerId};
 use corral_core::pool::{Command, Effect, Event, PoolConfig, TicketStatus};

@@ -20,21 +20,26 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral_core::pool::{Command, PoolConfig, PoolDoc};
 use corral_core::store::{
     Batch, CasOutcome, Expected, Loaded, Settled, Transacted, Unavailable, Version,
 };
 use corral_core::time::UnixMillis;
-use fred::prelude::*;
-use fred::types::scripts::Script;
+use fred::prelude::{Builder, ClientLike, Config, ReconnectPolicy};
+// The store's clock for what it last saw is tokio's: the real clock in production, the world's
+// under simulation.
+use tokio::time::Instant;
+
+pub use link::{FredLink, Heard, Link, Reply, Subscription};
 
 pub mod browser;
 pub mod events;
 pub mod group;
 pub mod harness;
 pub mod lease;
+pub mod link;
 pub mod policy;
 pub mod valkey_server;
 
@@ -141,11 +146,9 @@ pub fn fresh_epoch() -> u64 {
 /// the replica last saw, and one queue of pending commands (see [`group`]).
 #[derive(Clone)]
 pub struct ValkeyStore {
-    client: Client,
+    link: Arc<dyn Link>,
     key: String,
     channel: String,
-    cas: Script,
-    read: Script,
     seen: Arc<Mutex<Seen>>,
     writes: Arc<WriteCounts>,
     group: Arc<Mutex<group::Queue>>,
@@ -214,26 +217,51 @@ impl ValkeyStore {
             .init()
             .await
             .map_err(|e| ConnectError(format!("cannot reach {url}: {e}")))?;
-        Ok(Self {
-            client,
+        Ok(Self::over(Arc::new(FredLink::new(client)), pool))
+    }
+
+    /// The store of the pool named `pool` over `link` (a simulated world's own network, or a
+    /// production connection).
+    #[must_use]
+    pub fn over(link: Arc<dyn Link>, pool: &str) -> Self {
+        Self {
+            link,
             key: format!("corral:pool:{pool}"),
             channel: format!("corral:pool:{pool}:version"),
-            cas: Script::from_lua(CAS_SCRIPT),
-            read: Script::from_lua(READ_SCRIPT),
             seen: Arc::default(),
             writes: Arc::default(),
             group: Arc::default(),
-        })
+        }
+    }
+
+    /// The link this store speaks over.
+    pub(crate) fn link(&self) -> &dyn Link {
+        &*self.link
+    }
+
+    /// Runs `script`, whose reply is one integer.
+    pub(crate) async fn script_int(
+        &self,
+        script: &'static str,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<i64, Unavailable> {
+        self.link
+            .eval(script, keys, args)
+            .await
+            .ok()
+            .and_then(|reply| reply.int())
+            .ok_or(Unavailable)
     }
 
     /// The deployment clock: Valkey's `TIME`, in milliseconds.
     pub async fn now(&self) -> Result<UnixMillis, Unavailable> {
-        let reply: Vec<String> = self
-            .client
-            .custom(fred::cmd!("TIME"), Vec::<String>::new())
+        let reply = self
+            .link
+            .command(vec!["TIME".to_owned()])
             .await
             .map_err(|_| Unavailable)?;
-        let now = parse_time(&reply)?;
+        let now = parse_time(&reply.texts().ok_or(Unavailable)?)?;
         self.seen().clock = Some((now, Instant::now()));
         Ok(now)
     }
@@ -246,16 +274,12 @@ impl ValkeyStore {
     /// Reads the deployment clock and the document in one round trip.
     pub async fn load_at(&self) -> Result<(UnixMillis, Loaded), Unavailable> {
         let reply = self
-            .read
-            .evalsha_with_reload::<Vec<Value>, _, _>(
-                &self.client,
-                vec![self.key.clone()],
-                Vec::<String>::new(),
-            )
+            .link
+            .eval(READ_SCRIPT, vec![self.key.clone()], Vec::new())
             .await;
         let received = Instant::now();
-        let mut fields = reply.map_err(|_| Unavailable)?.into_iter();
-        let now = UnixMillis(fields.next().and_then(|v| v.as_u64()).ok_or(Unavailable)?);
+        let mut fields = reply.map_err(|_| Unavailable)?.list().into_iter();
+        let now = UnixMillis(millis(fields.next()).ok_or(Unavailable)?);
         let loaded = decode(fields)?;
         *self.seen() = Seen {
             doc: Some(loaded.clone()),
@@ -307,7 +331,7 @@ impl ValkeyStore {
         doc: &PoolDoc,
         applied_at: Option<UnixMillis>,
     ) -> CasOutcome {
-        if !self.client.is_connected() {
+        if !self.link.connected() {
             *self.seen() = Seen::default();
             return CasOutcome::Unavailable;
         }
@@ -333,21 +357,17 @@ impl ValkeyStore {
             }),
         ];
         self.writes.attempted.fetch_add(1, Ordering::Relaxed);
-        let reply = self
-            .cas
-            .evalsha_with_reload::<Vec<Value>, _, _>(&self.client, keys, args)
-            .await;
+        let reply = self.link.eval(CAS_SCRIPT, keys, args).await;
         let received = Instant::now();
         let Ok(reply) = reply else {
             // The script may have run before the reply was lost.
             *self.seen() = Seen::default();
             return CasOutcome::Unknown;
         };
-        let mut fields = reply.into_iter();
-        let (Some(status), Some(now)) = (
-            fields.next().and_then(|v| v.as_i64()),
-            fields.next().and_then(|v| v.as_u64()),
-        ) else {
+        let mut fields = reply.list().into_iter();
+        let (Some(status), Some(now)) =
+            (fields.next().and_then(|v| v.int()), millis(fields.next()))
+        else {
             *self.seen() = Seen::default();
             return CasOutcome::Unknown;
         };
@@ -466,22 +486,20 @@ impl ValkeyStore {
     /// A subscription to version announcements, for waiters woken by notification (with polling
     /// as the fallback: a lost message only delays a waiter until its next poll).
     pub async fn subscribe(&self) -> Result<VersionWatch, Unavailable> {
-        let subscriber = self.client.clone_new();
-        subscriber.init().await.map_err(|_| Unavailable)?;
-        let messages = subscriber.message_rx();
-        subscriber
+        let subscription = self
+            .link
             .subscribe(self.channel.clone())
             .await
             .map_err(|_| Unavailable)?;
-        Ok(VersionWatch {
-            _subscriber: subscriber,
-            messages,
-        })
+        Ok(VersionWatch { subscription })
     }
 
     /// Deletes the pool's document (tests and operators only: the pool then starts a new epoch).
     pub async fn erase(&self) -> Result<(), Unavailable> {
-        let _: i64 = self.client.del(&self.key).await.map_err(|_| Unavailable)?;
+        self.link
+            .command(vec!["DEL".to_owned(), self.key.clone()])
+            .await
+            .map_err(|_| Unavailable)?;
         Ok(())
     }
 }
@@ -496,23 +514,24 @@ fn parse_time(reply: &[String]) -> Result<UnixMillis, Unavailable> {
     Ok(UnixMillis(seconds * 1_000 + micros / 1_000))
 }
 
+/// A reply field holding milliseconds.
+fn millis(field: Option<Reply>) -> Option<u64> {
+    field
+        .and_then(|v| v.int())
+        .and_then(|n| u64::try_from(n).ok())
+}
+
 /// The stored hash's fields as a reply lists them (version, document, whether it outlived a
 /// restart of the server) as what a load found, or `Unavailable` when they cannot be read.
-fn decode(mut fields: impl Iterator<Item = Value>) -> Result<Loaded, Unavailable> {
-    let version = fields
-        .next()
-        .and_then(|v| v.convert::<Option<String>>().ok())
-        .flatten();
-    let doc = fields
-        .next()
-        .and_then(|v| v.convert::<Option<String>>().ok())
-        .flatten();
+fn decode(mut fields: impl Iterator<Item = Reply>) -> Result<Loaded, Unavailable> {
+    let version = fields.next().and_then(Reply::text);
+    let doc = fields.next().and_then(Reply::text);
     match (version, doc) {
         (Some(version), Some(doc)) => {
             let version = Version(version.parse().map_err(|_| Unavailable)?);
             // A document this build cannot read is not guessed at: the store is unusable.
             let doc: PoolDoc = serde_json::from_str(&doc).map_err(|_| Unavailable)?;
-            Ok(match fields.next().and_then(|v| v.as_i64()) {
+            Ok(match fields.next().and_then(|v| v.int()) {
                 Some(0) => Loaded::Found { version, doc },
                 Some(_) => Loaded::Outlived { version, doc },
                 None => return Err(Unavailable),
@@ -525,16 +544,22 @@ fn decode(mut fields: impl Iterator<Item = Value>) -> Result<Loaded, Unavailable
 
 /// Announcements of new document versions.
 pub struct VersionWatch {
-    _subscriber: Client,
-    messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+    subscription: Subscription,
 }
 
 impl VersionWatch {
-    /// Waits until a new version is announced or `timeout` passes; true when one was announced.
+    /// Waits until a new version is announced or `timeout` passes; true when one was announced
+    /// (or announcements were missed).
     pub async fn changed(&mut self, timeout: Duration) -> bool {
-        matches!(
-            tokio::time::timeout(timeout, self.messages.recv()).await,
-            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_)))
-        )
+        let started = Instant::now();
+        match tokio::time::timeout(timeout, self.subscription.next()).await {
+            Ok(Heard::Message(_) | Heard::Missed) => true,
+            // Gone: the caller's polling is all that is left, at its own pace.
+            Ok(Heard::Closed) => {
+                tokio::time::sleep_until(started + timeout).await;
+                false
+            }
+            Err(_) => false,
+        }
     }
 }

@@ -6,8 +6,6 @@
 use std::collections::BTreeMap;
 
 use corral_core::store::Unavailable;
-use fred::prelude::*;
-use fred::types::scripts::Script;
 
 use crate::ValkeyStore;
 
@@ -47,10 +45,12 @@ impl ValkeyStore {
     /// The stored policy; `None` when no administrator has set one.
     pub async fn egress_policy(&self) -> Result<Option<StoredPolicy>, Unavailable> {
         let hash: BTreeMap<String, String> = self
-            .client
-            .hgetall(POLICY_KEY)
+            .link()
+            .command(vec!["HGETALL".to_owned(), POLICY_KEY.to_owned()])
             .await
-            .map_err(|_| Unavailable)?;
+            .ok()
+            .and_then(crate::Reply::pairs)
+            .ok_or(Unavailable)?;
         if hash.is_empty() {
             return Ok(None);
         }
@@ -80,10 +80,7 @@ impl ValkeyStore {
                 .filter(|(name, _)| POLICY_FIELDS.contains(&name.as_str()))
                 .flat_map(|(name, value)| [name.clone(), value.clone()]),
         );
-        let revision: i64 = Script::from_lua(REPLACE_SCRIPT)
-            .evalsha_with_reload(&self.client, keys, args)
-            .await
-            .map_err(|_| Unavailable)?;
+        let revision = self.script_int(REPLACE_SCRIPT, keys, args).await?;
         u64::try_from(revision).map_err(|_| Unavailable)
     }
 }
