@@ -22,6 +22,7 @@ replay seed:
 sim-shells seeds="1000":
     cargo run --locked -p corral-sim-shells -- --seeds {{seeds}}
     cargo run --locked -p corral-sim-shells -- --mutation retry-lost-execute 300
+    cargo run --locked -p corral-sim-shells -- --mutation keep-lost-lease 300
 
 # Every mutation must be caught: the simulator exits 1 on a violation, 0 when the mutation survived.
 mutations:

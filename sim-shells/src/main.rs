@@ -1,5 +1,5 @@
 //! corral-sim-shells: the service shells' own code under deterministic network simulation
-//! (issue 28, first world).
+//! (issue 28).
 //!
 //! The simulator in `sim/` drives corral-core's machines with a model of the shells; this world
 //! runs the shells' code itself on turmoil's simulated network and clock, from one seed:
@@ -20,8 +20,9 @@
 //! world's time runs out (`run_unanswered`, naming the stuck runs). A failing seed replays exactly:
 //! `--seed N --trace` prints its events, and `--replay N` runs it twice and compares.
 //!
-//! What this world does not have yet (issue 28, items 1 to 3): Valkey, the API's replicas and the
-//! controller as hosts. They need the store behind a seam first.
+//! Each seed also builds a deployment ([`deploy`]): Valkey, the controller and three API replicas
+//! as hosts, each running the shells' own code over the store's link to a simulated Valkey
+//! ([`valkey`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::convert::Infallible;
@@ -34,11 +35,15 @@ use corral_contract::locate::{CONTROL_PORT, Locator};
 use corral_contract::messages::{
     EvidenceReport, ExecuteReply, ExecuteRequest, ResetReply, ResetRequest,
 };
+use corral_core::bounds::ExecutionBounds;
 use corral_core::ids::{OpToken, WorkerId};
 use corral_core::pool::Disposition;
 use corral_core::reset::ResetEvidence;
 use corral_core::run::sequence::{Answer, Call, Effect, Event, Kept, Sequence};
 use http_body_util::{BodyExt, Full};
+
+mod deploy;
+mod valkey;
 
 /// The invariants, each checked and counted.
 const INVARIANTS: [&str; 5] = [
@@ -215,27 +220,73 @@ async fn answer(
         let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
             return Ok(status(400, Bytes::new()));
         };
-        let run = order.token.0;
+        let run = run_of(&order);
         lock(&truth).executions.push((now_ms(), name.clone(), run));
         note(&truth, format!("{name} executes run {run}"));
         tokio::time::sleep(Duration::from_millis(run_ms)).await;
-        serde_json::to_vec(&ExecuteReply {
-            exit_code: Some(0),
-            warm: true,
-            ..ExecuteReply::default()
-        })
+        executed_reply()
     } else if path == corral_contract::routes::RESET {
-        let Ok(order) = serde_json::from_slice::<ResetRequest>(&body) else {
+        let Some(reply) = reset_reply(&body) else {
             return Ok(status(400, Bytes::new()));
         };
-        serde_json::to_vec(&ResetReply {
-            reset_evidence: EvidenceReport::judged(ResetEvidence::clean(order.token)),
-            diagnostics: Vec::new(),
-        })
+        reply
     } else {
         return Ok(status(404, Bytes::new()));
     };
-    Ok(status(200, Bytes::from(reply.unwrap_or_default())))
+    Ok(status(200, Bytes::from(reply)))
+}
+
+/// The execute a simulated API sends for run `run` under `token`, and the bounds it sends it with.
+fn execute_order(run: u64, token: OpToken) -> (ExecuteRequest, ExecutionBounds) {
+    let mut bounds = corral_core::config::Settings::default().bounds;
+    bounds.max_wall_seconds = 2;
+    let request = ExecuteRequest {
+        language: corral_core::jail::Language::Python,
+        code: format!("print({run})"),
+        workspace: None,
+        bounds: corral_core::bounds::BoundOverrides::default(),
+        grant: None,
+        declared: Vec::new(),
+        dependencies: None,
+        kernel: None,
+        tools: None,
+        resources: None,
+        token,
+        traceparent: None,
+        stream_output: false,
+    };
+    (request, bounds)
+}
+
+/// The run an execute is for, as [`execute_order`] wrote it into the code (`u64::MAX`: none).
+fn run_of(order: &ExecuteRequest) -> u64 {
+    order
+        .code
+        .trim_start_matches("print(")
+        .trim_end_matches(')')
+        .parse()
+        .unwrap_or(u64::MAX)
+}
+
+/// A simulated worker's reply to an execute whose run is over: exit 0, warm.
+fn executed_reply() -> Vec<u8> {
+    serde_json::to_vec(&ExecuteReply {
+        exit_code: Some(0),
+        warm: true,
+        ..ExecuteReply::default()
+    })
+    .unwrap_or_default()
+}
+
+/// A simulated worker's reply to a reset order: clean evidence under its token; `None` when the
+/// order does not parse.
+fn reset_reply(body: &[u8]) -> Option<Vec<u8>> {
+    let order = serde_json::from_slice::<ResetRequest>(body).ok()?;
+    serde_json::to_vec(&ResetReply {
+        reset_evidence: EvidenceReport::judged(ResetEvidence::clean(order.token)),
+        diagnostics: Vec::new(),
+    })
+    .ok()
 }
 
 fn status(code: u16, body: Bytes) -> hyper::Response<Full<Bytes>> {
@@ -328,23 +379,7 @@ async fn execute(run: u64, client: &WorkerClient, leased: Option<u64>, truth: &S
     let Some(worker) = leased else {
         return Call::Lost;
     };
-    let mut bounds = corral_core::config::Settings::default().bounds;
-    bounds.max_wall_seconds = 2;
-    let request = ExecuteRequest {
-        language: corral_core::jail::Language::Python,
-        code: format!("print({run})"),
-        workspace: None,
-        bounds: corral_core::bounds::BoundOverrides::default(),
-        grant: None,
-        declared: Vec::new(),
-        dependencies: None,
-        kernel: None,
-        tools: None,
-        resources: None,
-        token: OpToken(run),
-        traceparent: None,
-        stream_output: false,
-    };
+    let (request, bounds) = execute_order(run, OpToken(run));
     let name = worker_id(worker).to_string();
     let call = match client.execute(worker_id(worker), &request, &bounds).await {
         Ok(_) => Call::Answered,
@@ -390,8 +425,18 @@ struct Outcome {
     trace: Vec<String>,
 }
 
-/// Runs the world of `seed` to its end (every run answered) or to its time limit.
+/// Both worlds of `seed`: the workers' world, then the deployment's ([`deploy`]).
 fn run_world(seed: u64) -> Outcome {
+    let mut outcome = run_workers_world(seed);
+    let deployed = deploy::run_world(seed);
+    outcome.checks.extend(deployed.checks);
+    outcome.violations.extend(deployed.violations);
+    outcome.trace.extend(deployed.trace);
+    outcome
+}
+
+/// Runs the workers' world of `seed` to its end (every run answered) or to its time limit.
+fn run_workers_world(seed: u64) -> Outcome {
     let plan = Plan::from_seed(seed);
     let truth: Shared = Arc::default();
     let mut sim = turmoil::Builder::new()
@@ -430,28 +475,36 @@ fn run_world(seed: u64) -> Outcome {
 /// Steps the simulation, applying and healing the plan's faults at their times. `Err` says why
 /// the world did not end with every client done.
 fn drive(sim: &mut turmoil::Sim<'_>, plan: &Plan, truth: &Shared) -> Result<(), String> {
-    let mut pending: Vec<(u64, bool, Fault)> = plan
-        .faults
-        .iter()
-        .map(|f| (f.at_ms, true, f.clone()))
+    let faults = plan.faults.iter().map(|f| (f.at_ms, f.heal_ms, f.clone()));
+    step_with_faults(sim, faults.collect(), |sim, fault, start| {
+        let name = worker_id(fault.worker).to_string();
+        apply(sim, fault, &name, start);
+        let what = if start { "fault" } else { "healed" };
+        note(truth, format!("{what} {:?} api~{name}", fault.kind));
+    })
+}
+
+/// Steps `sim` until every client is done, starting each fault (at, heal after, fault) at its time
+/// and healing it after its while: `on(sim, fault, true)`, then `on(sim, fault, false)`. `Err`
+/// says why the world did not end with every client done.
+fn step_with_faults<F>(
+    sim: &mut turmoil::Sim<'_>,
+    faults: Vec<(u64, u64, F)>,
+    mut on: impl FnMut(&mut turmoil::Sim<'_>, &F, bool),
+) -> Result<(), String> {
+    // (when, start or heal, the heal's delay, the fault)
+    let mut pending: Vec<(u64, bool, u64, F)> = faults
+        .into_iter()
+        .map(|(at, heal, fault)| (at, true, heal, fault))
         .collect();
     loop {
         let now = u64::try_from(sim.elapsed().as_millis()).unwrap_or(u64::MAX);
         let (due, later): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(at, ..)| *at <= now);
         pending = later;
-        for (_, start, fault) in due {
-            let name = worker_id(fault.worker).to_string();
-            apply(sim, &fault, &name, start);
-            note(
-                truth,
-                format!(
-                    "{} {:?} api~{name}",
-                    if start { "fault" } else { "healed" },
-                    fault.kind
-                ),
-            );
+        for (_, start, heal, fault) in due {
+            on(sim, &fault, start);
             if start {
-                pending.push((now + fault.heal_ms, false, fault));
+                pending.push((now + heal, false, heal, fault));
             }
         }
         match sim.step() {
@@ -534,8 +587,8 @@ enum Command {
     Trace(u64),
     /// One seed twice: the traces must be identical.
     Replay(u64),
-    /// The worker client's retry defect turned on: seeds until the first violation.
-    Mutation(u64),
+    /// A shell's defect turned on: seeds until the first violation.
+    Mutation(&'static Mutation, u64),
 }
 
 fn parse(args: &[String]) -> Result<Command, String> {
@@ -553,14 +606,18 @@ fn parse(args: &[String]) -> Result<Command, String> {
         },
         [flag, value] if flag == "--trace" => Ok(Command::Trace(number(flag, Some(value))?)),
         [flag, value] if flag == "--replay" => Ok(Command::Replay(number(flag, Some(value))?)),
-        [flag, name, seeds] if flag == "--mutation" && name == "retry-lost-execute" => Ok(
-            Command::Mutation(number("--mutation retry-lost-execute", Some(seeds))?),
-        ),
-        [flag, name, ..] if flag == "--mutation" => Err(format!(
-            "--mutation {name:?}: the one mutation is retry-lost-execute (then a number of seeds)"
-        )),
+        [flag, name, seeds] if flag == "--mutation" => {
+            let mutation = MUTATIONS.iter().find(|m| m.name == name).ok_or_else(|| {
+                let names: Vec<_> = MUTATIONS.iter().map(|m| m.name).collect();
+                format!("--mutation {name:?}: the mutations are {names:?} (then a number of seeds)")
+            })?;
+            Ok(Command::Mutation(
+                mutation,
+                number("--mutation", Some(seeds))?,
+            ))
+        }
         other => Err(format!(
-            "unknown arguments {other:?}; use --seeds N, --trace SEED, --replay SEED or --mutation retry-lost-execute N"
+            "unknown arguments {other:?}; use --seeds N, --trace SEED, --replay SEED or --mutation NAME N"
         )),
     }
 }
@@ -594,7 +651,7 @@ fn main() -> std::process::ExitCode {
             );
             first == second
         }
-        Command::Mutation(seeds) => mutation(seeds),
+        Command::Mutation(defect, seeds) => mutation(defect, seeds),
     };
     if passed {
         std::process::ExitCode::SUCCESS
@@ -644,25 +701,56 @@ fn many(seeds: u64) -> bool {
     failed == 0 && unexercised.is_empty()
 }
 
-/// With the worker client's retry defect on, the seeds until one run executes twice. Passes when
-/// `run_executed_twice` (its own invariant) catches it within `seeds`.
-fn mutation(seeds: u64) -> bool {
-    corral_contract::client::mutation::retry_lost_executes(true);
+/// A deliberate defect of a shell, and the invariant that must catch it.
+struct Mutation {
+    name: &'static str,
+    what: &'static str,
+    /// Turns the defect on or off.
+    switch: fn(bool),
+    /// The invariant it breaks.
+    caught_by: &'static str,
+}
+
+/// The shells' defects this world must catch (issue 28, item 6).
+const MUTATIONS: [Mutation; 2] = [
+    Mutation {
+        name: "retry-lost-execute",
+        what: "the worker client sends an execute whose answer was lost once more",
+        switch: corral_contract::client::mutation::retry_lost_executes,
+        caught_by: "run_executed_twice",
+    },
+    Mutation {
+        name: "keep-lost-lease",
+        what: "the API's lease holder driver reports a lease it found lost as still held",
+        switch: corral_api::run::lease::mutation::keep_lost_leases,
+        caught_by: "kept_after_lease_lost",
+    },
+];
+
+/// With `defect` on, the seeds until the first violation. Passes when the defect's own invariant
+/// is among the violations of that seed, within `seeds`.
+fn mutation(defect: &Mutation, seeds: u64) -> bool {
+    (defect.switch)(true);
+    let name = defect.name;
     for seed in 0..seeds {
         let outcome = run_world(seed);
-        if let Some((name, what)) = outcome.violations.first() {
+        if let Some((first, what)) = outcome.violations.first() {
             let own = outcome
                 .violations
                 .iter()
-                .any(|(n, _)| *n == "run_executed_twice");
+                .any(|(n, _)| *n == defect.caught_by);
             println!(
-                "mutation retry-lost-execute: first caught at seed {seed} ({} seeds) by {name}: {what}; by its own invariant: {own}",
-                seed + 1
+                "mutation {name} ({}): first caught at seed {seed} ({} seeds) by {first}: {what}; by its own invariant ({}): {own}",
+                defect.what,
+                seed + 1,
+                defect.caught_by
             );
+            (defect.switch)(false);
             return own;
         }
     }
-    println!("mutation retry-lost-execute: NOT caught within {seeds} seeds");
+    (defect.switch)(false);
+    println!("mutation {name}: NOT caught within {seeds} seeds");
     false
 }
 

@@ -1,5 +1,5 @@
 //! The shell world's command, as CI and the README run it: a failing seed replays, the worker
-//! client's retry defect is caught by its own invariant, and a schedule the world cannot honour is
+//! client's retry defect and the lease holder driver's are each caught by their own invariant, and a schedule the world cannot honour is
 //! refused at start. Each runs the built binary in a process of its own (the defect is a switch of
 //! the whole process).
 
@@ -19,8 +19,20 @@ fn world(args: &[&str]) -> (Option<i32>, String) {
 fn the_clients_retry_of_a_lost_execute_is_caught_by_run_executed_twice() {
     let (code, text) = world(&["--mutation", "retry-lost-execute", "300"]);
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.contains("by run_executed_twice"), "{text}");
-    assert!(text.contains("by its own invariant: true"), "{text}");
+    assert!(
+        text.contains("by its own invariant (run_executed_twice): true"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_holder_driver_that_keeps_a_lost_lease_is_caught_by_kept_after_lease_lost() {
+    let (code, text) = world(&["--mutation", "keep-lost-lease", "300"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("by its own invariant (kept_after_lease_lost): true"),
+        "{text}"
+    );
 }
 
 #[test]

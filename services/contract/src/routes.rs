@@ -53,3 +53,25 @@ pub const WORKER_ID_HEADER: &str = "x-corral-worker-id";
 pub fn names_its_worker(path: &str) -> bool {
     path.starts_with("/v1/")
 }
+
+/// Whether a request to `path` naming `named` in [`WORKER_ID_HEADER`] may be served by the worker
+/// `this`: a route that names its worker must name this one (an address outlives its worker, and a
+/// request delayed on the way may reach the next one there).
+#[must_use]
+pub fn meant_for(path: &str, named: Option<&[u8]>, this: &str) -> bool {
+    !names_its_worker(path) || named == Some(this.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_naming_another_worker_or_none_is_not_for_this_one() {
+        assert!(meant_for(EXECUTE, Some(b"w-1-2"), "w-1-2"));
+        assert!(!meant_for(EXECUTE, Some(b"w-1-3"), "w-1-2"));
+        assert!(!meant_for(RESET, None, "w-1-2"));
+        assert!(!meant_for(RESET, Some(b"w-1-22"), "w-1-2"));
+        assert!(meant_for(HEALTH, None, "w-1-2"));
+    }
+}

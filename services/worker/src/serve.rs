@@ -513,11 +513,14 @@ async fn authenticate(
         );
     }
     if let Some(id) = &state.worker_id
-        && routes::names_its_worker(request.uri().path())
-        && request
-            .headers()
-            .get(routes::WORKER_ID_HEADER)
-            .is_none_or(|named| named.as_bytes() != id.as_bytes())
+        && !routes::meant_for(
+            request.uri().path(),
+            request
+                .headers()
+                .get(routes::WORKER_ID_HEADER)
+                .map(|named| named.as_bytes()),
+            id,
+        )
     {
         // The request reached a worker it was not meant for; nothing ran.
         return error(

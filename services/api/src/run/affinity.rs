@@ -11,14 +11,30 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use corral_core::kernel::AFFINITY_IDLE_SECONDS;
 use corral_core::pool::Disposition;
 
+// Sessions' idleness is on tokio's clock: the real one in production, the world's under simulation.
+use tokio::time::Instant;
+
 use super::lease::Holder;
 use crate::AppState;
+
+/// A replica that holds kernels' sessions: the API's state in production, a replica of the shell
+/// world under simulation.
+pub trait HoldsSessions: Send + Sync + 'static {
+    /// Its sessions.
+    fn affinity(&self) -> &Sessions;
+}
+
+impl HoldsSessions for AppState {
+    fn affinity(&self) -> &Sessions {
+        &self.affinity
+    }
+}
 
 /// One kernel's held lease and retained workspace, between cells.
 pub struct Session {
@@ -106,7 +122,7 @@ impl Sessions {
     }
 
     /// Puts the claimed session back after its cell, idle from now.
-    pub fn put(&self, state: &Arc<AppState>, claim: &Claim, mut session: Session) {
+    pub fn put<P: HoldsSessions>(&self, state: &Arc<P>, claim: &Claim, mut session: Session) {
         session.idle_since = Instant::now();
         let mut slots = self.slots();
         if matches!(slots.get(&claim.key), Some(Slot::Busy(id)) if *id == claim.id) {
@@ -229,14 +245,14 @@ const IDLE: &str = "the kernel was idle for AFFINITY_IDLE_SECONDS (15 minutes); 
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Ends idle sessions until the API is gone.
-async fn sweep(state: Weak<AppState>) {
+async fn sweep<P: HoldsSessions>(state: Weak<P>) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         let Some(state) = state.upgrade() else {
             return;
         };
         state
-            .affinity
+            .affinity()
             .end_idle(Duration::from_secs(AFFINITY_IDLE_SECONDS));
     }
 }

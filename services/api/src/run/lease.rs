@@ -8,14 +8,44 @@ use std::time::{Duration, Instant};
 
 use corral_core::holder::{Grant, HolderConfig, HolderEvent, LeaseHolder};
 use corral_core::ids::{LeaseNamespace, LeaseScope, OpToken, TicketId, WorkerId};
+use corral_core::pool::PoolConfig;
 use corral_core::pool::{Applied, Command, Disposition, Effect};
 use corral_core::reset::ResetEvidence;
 use corral_core::run::admission::Admitted;
 use corral_core::time::MonoMillis;
-use corral_store::VersionWatch;
 use corral_store::lease::{self, AcquireError, Granted};
+use corral_store::{ValkeyStore, VersionWatch};
 
 use crate::AppState;
+
+/// What a lease holder's driver needs of the replica it runs in: the store its commands commit
+/// to, the pool's settings, the worker client its resets go through, and a count of what it left
+/// to others. The API's state in production; a replica of the shell world under simulation.
+pub trait HolderPorts: Send + Sync + 'static {
+    /// The coordination store.
+    fn store(&self) -> &ValkeyStore;
+    /// The pool's settings.
+    fn pool(&self) -> PoolConfig;
+    /// The worker client.
+    fn workers(&self) -> &corral_contract::WorkerClient;
+    /// Counts something the holder could not perform itself.
+    fn unperformed(&self, what: &'static str);
+}
+
+impl HolderPorts for AppState {
+    fn store(&self) -> &ValkeyStore {
+        &self.store
+    }
+    fn pool(&self) -> PoolConfig {
+        self.settings.pool()
+    }
+    fn workers(&self) -> &corral_contract::WorkerClient {
+        &self.workers
+    }
+    fn unperformed(&self, what: &'static str) {
+        self.metrics.unperformed(what);
+    }
+}
 
 /// Takes a FIFO ticket for `admitted` and waits for its grant until `deadline`: one wait for the
 /// whole request, so that trying another worker never starts the wait again. Returns the grant
@@ -93,16 +123,17 @@ pub struct Holder {
 impl Holder {
     /// Starts holding `granted`, whose acquire was first sent at `asked_at`.
     #[must_use]
-    pub fn start(state: Arc<AppState>, granted: Granted, asked_at: Instant) -> Self {
+    pub fn start<P: HolderPorts>(state: Arc<P>, granted: Granted, asked_at: Instant) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let (release, released) = tokio::sync::oneshot::channel();
-        let epoch = asked_at;
+        // The holder's clock is tokio's: the real one in production, the world's under simulation.
+        let epoch = tokio::time::Instant::from_std(asked_at);
         let grant = Grant {
             ticket: granted.ticket,
             worker: granted.worker,
             token: granted.token,
         };
-        let config = HolderConfig::from_pool(&state.settings.pool());
+        let config = HolderConfig::from_pool(&state.pool());
         let holder = LeaseHolder::granted(grant, MonoMillis(0), config, mono(epoch));
         tokio::spawn(drive(state, holder, epoch, released, lost.clone()));
         Self {
@@ -134,7 +165,7 @@ impl Holder {
 }
 
 /// Milliseconds since `epoch`, the holder's monotonic clock.
-fn mono(epoch: Instant) -> MonoMillis {
+fn mono(epoch: tokio::time::Instant) -> MonoMillis {
     MonoMillis(u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX))
 }
 
@@ -150,10 +181,10 @@ enum Answer {
 
 /// The holder's task: performs its commands and effects, feeds back their answers, and sleeps
 /// until its next timer, draining every output after every input (STYLE.md item 3).
-async fn drive(
-    state: Arc<AppState>,
+async fn drive<P: HolderPorts>(
+    state: Arc<P>,
     mut holder: LeaseHolder,
-    epoch: Instant,
+    epoch: tokio::time::Instant,
     released: tokio::sync::oneshot::Receiver<Disposition>,
     lost: Arc<AtomicBool>,
 ) {
@@ -166,7 +197,7 @@ async fn drive(
         }
         let wake = holder
             .poll_timeout()
-            .map(|at| tokio::time::Instant::from_std(epoch + Duration::from_millis(at.0)));
+            .map(|at| epoch + Duration::from_millis(at.0));
         tokio::select! {
             biased;
             Some(answered) = answers.recv() => match answered {
@@ -174,7 +205,7 @@ async fn drive(
                 Answer::Reset { worker, token, evidence } => {
                     if evidence.is_none() {
                         // No evidence is no proof: the pool's reset deadline discards the worker.
-                        state.metrics.unperformed("reset_unanswered");
+                        state.unperformed("reset_unanswered");
                     }
                     holder.handle_reset(worker, token, evidence, mono(epoch));
                 }
@@ -201,8 +232,8 @@ async fn drive(
 
 /// Drains every output of `holder`: each command committed and each reset asked for in a task of
 /// its own, whose answer comes back on `answer`; a lost lease raised in `lost`.
-fn perform_outputs(
-    state: &Arc<AppState>,
+fn perform_outputs<P: HolderPorts>(
+    state: &Arc<P>,
     holder: &mut LeaseHolder,
     answer: &tokio::sync::mpsc::UnboundedSender<Answer>,
     lost: &AtomicBool,
@@ -211,8 +242,8 @@ fn perform_outputs(
         let (state, answer) = (state.clone(), answer.clone());
         tokio::spawn(async move {
             let applied = state
-                .store
-                .commit(&command, &state.settings.pool(), lease::RETRIES)
+                .store()
+                .commit(&command, &state.pool(), lease::RETRIES)
                 .await;
             let _ = answer.send(Answer::Committed(applied));
         });
@@ -222,7 +253,7 @@ fn perform_outputs(
             Effect::Reset { worker, token } => {
                 let (state, answer) = (state.clone(), answer.clone());
                 tokio::spawn(async move {
-                    let evidence = state.workers.reset(worker, token).await.ok();
+                    let evidence = state.workers().reset(worker, token).await.ok();
                     let _ = answer.send(Answer::Reset {
                         worker,
                         token,
@@ -232,15 +263,20 @@ fn perform_outputs(
             }
             // The API holds no backend: the pool keeps these orders in the document and the
             // controller's reconciler performs them on its next pass.
-            Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
-            Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
+            Effect::Delete { .. } => state.unperformed("delete_left_to_controller"),
+            Effect::Create { .. } => state.unperformed("create_left_to_controller"),
         }
     }
     while let Some(event) = holder.poll_event() {
         match event {
             HolderEvent::Lost(_) => {
+                #[cfg(feature = "sim-mutations")]
+                if mutation::keeps_lost_leases() {
+                    // The defect: the run goes on as if it still held its worker.
+                    continue;
+                }
                 lost.store(true, Ordering::Relaxed);
-                state.metrics.unperformed("lease_lost");
+                state.unperformed("lease_lost");
             }
             HolderEvent::Ended(_) => {}
         }
@@ -249,13 +285,13 @@ fn perform_outputs(
 
 /// Performs, in the background, what the pool ordered when a ticket was withdrawn just as it was
 /// granted (the lease's release, hence the worker's reset).
-pub fn perform_orders(state: Arc<AppState>, orders: Vec<Effect>) {
+pub fn perform_orders<P: HolderPorts>(state: Arc<P>, orders: Vec<Effect>) {
     if orders.is_empty() {
         return;
     }
     tokio::spawn(async move {
         for effect in orders {
-            perform(&state, effect).await;
+            perform(&*state, effect).await;
         }
     });
 }
@@ -264,12 +300,12 @@ pub fn perform_orders(state: Arc<AppState>, orders: Vec<Effect>) {
 /// deleting workers are the controller's (the API holds no backend): the pool keeps such an order
 /// in the document and the reconciler performs it on its next pass, so it is counted here and
 /// left to it, never dropped unseen.
-async fn perform(state: &AppState, effect: Effect) {
+async fn perform<P: HolderPorts>(state: &P, effect: Effect) {
     match effect {
         Effect::Reset { worker, token } => {
             // No evidence is no proof: the pool's reset deadline discards the worker.
-            let Ok(reply) = state.workers.reset(worker, token).await else {
-                state.metrics.unperformed("reset_unanswered");
+            let Ok(reply) = state.workers().reset(worker, token).await else {
+                state.unperformed("reset_unanswered");
                 return;
             };
             let report = Command::ResetReported {
@@ -278,15 +314,34 @@ async fn perform(state: &AppState, effect: Effect) {
                 evidence: reply.reset_evidence.evidence,
             };
             let reported = state
-                .store
-                .commit(&report, &state.settings.pool(), lease::RETRIES)
+                .store()
+                .commit(&report, &state.pool(), lease::RETRIES)
                 .await;
             if reported.is_none() {
                 // The reset's deadline passes unreported and the worker is discarded.
-                state.metrics.unperformed("reset_unreported");
+                state.unperformed("reset_unreported");
             }
         }
-        Effect::Delete { .. } => state.metrics.unperformed("delete_left_to_controller"),
-        Effect::Create { .. } => state.metrics.unperformed("create_left_to_controller"),
+        Effect::Delete { .. } => state.unperformed("delete_left_to_controller"),
+        Effect::Create { .. } => state.unperformed("create_left_to_controller"),
+    }
+}
+
+/// The lease holder driver's deliberate defect, for the shell simulation to prove it catches it
+/// (issue 28). Compiled only with the `sim-mutations` feature, which no shipped build enables.
+#[cfg(feature = "sim-mutations")]
+pub mod mutation {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static KEEP_LOST_LEASES: AtomicBool = AtomicBool::new(false);
+
+    /// Turns on (or off) the defect: a lease the holder found lost is still reported held, so the
+    /// run goes on, vouches for its worker and releases it as if it had held it throughout.
+    pub fn keep_lost_leases(on: bool) {
+        KEEP_LOST_LEASES.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn keeps_lost_leases() -> bool {
+        KEEP_LOST_LEASES.load(Ordering::SeqCst)
     }
 }

@@ -656,7 +656,7 @@ impl<'a> Performer<'a> {
             let session = affinity::Session {
                 holder,
                 archive,
-                idle_since: Instant::now(),
+                idle_since: tokio::time::Instant::now(),
             };
             self.state.affinity.put(self.state, claim.claim(), session);
         }

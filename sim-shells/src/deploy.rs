@@ -1,0 +1,1005 @@
+//! The deployment world (issue 28, items 1 to 3): Valkey, three API replicas, the controller and
+//! workers as hosts on turmoil's network, each running the shells' own code.
+//!
+//! - `valkey`: the simulated Valkey ([`crate::valkey`]) running the store's own scripts; crashed
+//!   and restarted empty or from its last state.
+//! - `controller`: the controller's real reconciler (`corral_controller::Reconciler`) over the
+//!   store's link to `valkey`, with a backend that gives each created worker one of the world's
+//!   worker slots, and the real worker client for resets; crashed and restarted.
+//! - `api-1` to `api-3`: runs and persistent cells sequenced by corral-core's run machine, their
+//!   leases taken with the store's one acquire (`corral_store::lease::acquire`) and held by the
+//!   API's own lease holder driver (`corral_api::run::lease::Holder`), a kernel's lease kept
+//!   between its cells by the API's own sessions (`corral_api::run::affinity`, KER-4), their code
+//!   sent with the real worker client.
+//! - `slot-0`...: simulated workers (the contract's execute and reset routes over HTTP), which
+//!   judge every execute that reaches them against the pool document current at that instant.
+//!
+//! Faults from the seed: partitions between a replica or the controller and Valkey, or a replica
+//! and a worker (held and healed); messages held and released; Valkey crashed and restarted empty
+//! or from its last state; the controller and workers crashed and restarted.
+//!
+//! Invariants: code runs only on a worker the pool holds for that very lease
+//! (`executed_without_lease`); a run that finds its lease held after its code ran still holds it
+//! in the pool (`kept_after_lease_lost`: the lease holder's word against the pool's); every pool document written is sound, its ceiling and bounds
+//! included (`pool_doc_unsound`, corral-core's own checks); a run executes at most once
+//! (`deploy_run_executed_twice`); every refusal carries a stable code (`refusal_without_code`);
+//! every run is answered (`deploy_run_unanswered`); and after the faults stop the pool returns to
+//! its warm target with nothing quarantined (`pool_not_restored`).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_api::run::affinity::{self, ClaimGuard, HoldsSessions, Sessions};
+use corral_api::run::lease::{Holder, HolderPorts};
+use corral_contract::client::{Connection, Dial, Dialing, WorkerClient};
+use corral_contract::locate::{CONTROL_PORT, Locator};
+use corral_contract::messages::ExecuteRequest;
+use corral_controller::{Backend, Reconciler};
+use corral_core::ids::{
+    ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId,
+    WorkerId,
+};
+use corral_core::pool::{Command, Outcome as Done, PoolConfig, PoolDoc, WorkerState};
+use corral_core::run::sequence::{
+    Answer, Call, Effect, Event, Kept, Sequence, SessionEnded, Taken,
+};
+use corral_core::store::Unavailable;
+use corral_core::time::UnixMillis;
+use corral_store::lease::{self, AcquireError};
+use corral_store::{ValkeyStore, VersionWatch};
+use http_body_util::{BodyExt, Full};
+
+use crate::valkey::{self, Data};
+use crate::{
+    Outcome, Rng, execute_order, executed_reply, reset_reply, run_of, status, step_with_faults,
+};
+
+/// This world's invariants, each checked and counted.
+pub const INVARIANTS: [&str; 7] = [
+    "executed_without_lease",
+    "kept_after_lease_lost",
+    "pool_doc_unsound",
+    "deploy_run_executed_twice",
+    "refusal_without_code",
+    "deploy_run_unanswered",
+    "pool_not_restored",
+];
+
+const POOL: &str = "sim";
+const REPLICAS: u64 = 3;
+/// Worker slots: the ceiling, and room for workers still being deleted.
+const SLOTS: u64 = 6;
+/// Simulated time the world may take before its outstanding runs count as stuck.
+const WORLD_SECONDS: u64 = 900;
+/// How long after the last run and the last fault the pool has to be warm again.
+const SETTLE_SECONDS: u64 = 120;
+
+/// The pool's settings in this world: the test pool's bounds with leases, resets and creates on
+/// a scale of seconds, so that a partition outlasts a lease.
+fn pool_config() -> PoolConfig {
+    PoolConfig {
+        lease_heartbeat_ms: 1_000,
+        lease_ttl_ms: 4_000,
+        reset_timeout_ms: 4_000,
+        create_timeout_ms: 8_000,
+        delete_retry_ms: 2_000,
+        inventory_stale_ms: 6_000,
+        acquire_wait_ms: 30_000,
+        ..corral_store::harness::test_pool_config()
+    }
+}
+
+/// What happened, as the hosts saw it.
+#[derive(Default)]
+struct Truth {
+    /// Stores made so far (each draws its own entropy).
+    stores: u64,
+    /// Tickets drawn so far.
+    tickets: u64,
+    /// Each slot's current worker id, as the backend assigned it.
+    slots: BTreeMap<u64, Option<WorkerId>>,
+    /// The pool document current now (none after Valkey lost its data), with its version.
+    doc: Option<(String, PoolDoc)>,
+    /// Executions: run -> where.
+    executions: BTreeMap<u64, Vec<String>>,
+    answers: BTreeMap<u64, Answer>,
+    checks: BTreeMap<&'static str, u64>,
+    violations: Vec<(&'static str, String)>,
+    trace: Vec<String>,
+}
+
+impl Truth {
+    fn verify(&mut self, name: &'static str, holds: bool, what: impl FnOnce() -> String) {
+        *self.checks.entry(name).or_default() += 1;
+        if !holds {
+            let what = what();
+            self.note(format!("VIOLATION {name}: {what}"));
+            self.violations.push((name, what));
+        }
+    }
+
+    fn note(&mut self, line: String) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        self.note_at(at, line);
+    }
+
+    fn note_at(&mut self, at: Duration, line: String) {
+        self.trace.push(format!("{:>7} ms {line}", at.as_millis()));
+    }
+}
+
+type Shared = Arc<Mutex<Truth>>;
+
+fn lock(truth: &Shared) -> MutexGuard<'_, Truth> {
+    truth.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn slot_name(slot: u64) -> String {
+    format!("slot-{slot}")
+}
+
+fn replica_name(replica: u64) -> String {
+    format!("api-{}", replica + 1)
+}
+
+/// The world's shape, drawn from its seed.
+struct Plan {
+    runs_per_replica: u64,
+    run_ms: u64,
+    /// How long every fifth run takes: longer than a lease, so that a fault during it can cost
+    /// its holder the lease.
+    long_ms: u64,
+    stagger_ms: u64,
+    faults: Vec<Fault>,
+}
+
+#[derive(Clone, Debug)]
+struct Fault {
+    at_ms: u64,
+    heal_ms: u64,
+    kind: FaultKind,
+}
+
+#[derive(Clone, Debug)]
+enum FaultKind {
+    /// A replica (or the controller) and Valkey cannot reach each other.
+    PartitionValkey(String),
+    /// A replica and a worker slot cannot reach each other.
+    PartitionWorker(String, u64),
+    /// Messages between a replica and a worker slot are held, then released together.
+    HoldWorker(String, u64),
+    /// Valkey crashes; it restarts from its last state, or empty.
+    CrashValkey { keep: bool },
+    /// The controller crashes and restarts.
+    CrashController,
+    /// A worker slot's process crashes and restarts.
+    CrashWorker(u64),
+}
+
+impl Plan {
+    fn from_seed(seed: u64) -> Self {
+        let mut rng = Rng::new(seed ^ 0xDE_9107);
+        let runs_per_replica = 2 + rng.below(5);
+        let run_ms = 20 + rng.below(600);
+        let long_ms = pool_config().lease_ttl_ms + rng.below(5_000);
+        let stagger_ms = 50 + rng.below(400);
+        // The runs start after the pool's first warm workers (a few seconds).
+        let span = 5_000 + runs_per_replica * stagger_ms + run_ms;
+        let replica = |rng: &mut Rng| replica_name(rng.below(REPLICAS));
+        let faults = (0..rng.below(5))
+            .map(|_| Fault {
+                at_ms: rng.below(span),
+                heal_ms: 200 + rng.below(12_000),
+                kind: match rng.below(6) {
+                    0 => FaultKind::PartitionValkey(if rng.below(4) == 0 {
+                        "controller".to_owned()
+                    } else {
+                        replica(&mut rng)
+                    }),
+                    1 => FaultKind::PartitionWorker(replica(&mut rng), rng.below(SLOTS)),
+                    2 => FaultKind::HoldWorker(replica(&mut rng), rng.below(SLOTS)),
+                    3 => FaultKind::CrashValkey {
+                        keep: rng.below(2) == 0,
+                    },
+                    4 => FaultKind::CrashController,
+                    _ => FaultKind::CrashWorker(rng.below(SLOTS)),
+                },
+            })
+            .collect();
+        Self {
+            runs_per_replica,
+            run_ms,
+            long_ms,
+            stagger_ms,
+            faults,
+        }
+    }
+
+    fn runs(&self) -> u64 {
+        self.runs_per_replica * REPLICAS
+    }
+
+    fn lengths(&self) -> Lengths {
+        Lengths {
+            run_ms: self.run_ms,
+            long_ms: self.long_ms,
+        }
+    }
+}
+
+/// Dials a worker by its id: the slot the backend gave it, on turmoil's network.
+struct SlotDial(Shared);
+
+impl Dial for SlotDial {
+    fn dial<'a>(&'a self, host: &'a str, port: u16) -> Dialing<'a> {
+        Box::pin(async move {
+            let slot = lock(&self.0)
+                .slots
+                .iter()
+                .find(|(_, id)| id.is_some_and(|id| id.to_string() == host))
+                .map(|(slot, _)| slot_name(*slot));
+            let Some(slot) = slot else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no worker {host}"),
+                ));
+            };
+            let stream = turmoil::net::TcpStream::connect((slot.as_str(), port)).await?;
+            Ok(Box::new(stream) as Box<dyn Connection>)
+        })
+    }
+}
+
+fn worker_client(truth: &Shared) -> WorkerClient {
+    WorkerClient::with_dial(
+        Locator::Template(format!("http://{{id}}:{CONTROL_PORT}")),
+        "sim".to_owned(),
+        Arc::new(SlotDial(truth.clone())),
+    )
+}
+
+/// A store over the world's network to `valkey`, its entropy drawn from `seed` and from how many
+/// stores the world has made before (a restarted host draws epochs of its own, as a restarted
+/// process does from the wall clock).
+fn store(seed: u64, truth: &Shared) -> ValkeyStore {
+    let made = {
+        let mut truth = lock(truth);
+        truth.stores += 1;
+        truth.stores
+    };
+    let seed = seed ^ made.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ValkeyStore::over(Arc::new(valkey::TurmoilLink::new("valkey", seed)), POOL)
+}
+
+/// The backend: a created worker takes a free slot; a deleted one frees it.
+struct SlotBackend(Shared);
+
+impl Backend for SlotBackend {
+    fn image(&self) -> ImageId {
+        ImageId("sim-image".to_owned())
+    }
+
+    async fn create(
+        &self,
+        worker: WorkerId,
+        _image: &ImageId,
+        _claim_deadline: Option<UnixMillis>,
+    ) -> Done {
+        let mut truth = lock(&self.0);
+        if truth.slots.values().any(|id| *id == Some(worker)) {
+            return Done::Done;
+        }
+        let free = truth
+            .slots
+            .iter()
+            .find(|(_, id)| id.is_none())
+            .map(|(slot, _)| *slot);
+        match free {
+            Some(slot) => {
+                truth.slots.insert(slot, Some(worker));
+                truth.note(format!(
+                    "controller creates {worker} on {}",
+                    slot_name(slot)
+                ));
+                Done::Done
+            }
+            None => Done::Failed,
+        }
+    }
+
+    async fn delete(&self, worker: WorkerId) -> Done {
+        let mut truth = lock(&self.0);
+        let slots: Vec<u64> = truth
+            .slots
+            .iter()
+            .filter(|(_, id)| **id == Some(worker))
+            .map(|(slot, _)| *slot)
+            .collect();
+        for slot in slots {
+            truth.slots.insert(slot, None);
+            truth.note(format!(
+                "controller deletes {worker} from {}",
+                slot_name(slot)
+            ));
+        }
+        Done::Done
+    }
+
+    async fn list(&self) -> Result<BTreeSet<WorkerId>, Unavailable> {
+        Ok(lock(&self.0).slots.values().flatten().copied().collect())
+    }
+}
+
+async fn controller_host(seed: u64, truth: Shared) -> turmoil::Result {
+    let reconciler = Reconciler::new(
+        store(seed, &truth),
+        SlotBackend(truth.clone()),
+        worker_client(&truth),
+        pool_config(),
+    );
+    loop {
+        let pass = reconciler.pass().await;
+        if !pass.coordinated {
+            lock(&truth).note("controller: coordination unavailable".to_owned());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A simulated worker in slot `slot`: every execute is judged against the pool document current
+/// as it arrives, then takes `run_ms`; a reset answers clean evidence under its token.
+async fn worker_host(slot: u64, truth: Shared, lengths: Lengths) -> turmoil::Result {
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROL_PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let truth = truth.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                worker_answer(request, slot, truth.clone(), lengths)
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Judges an execute under token `token` reaching `slot` now: the document current now must hold
+/// the slot's worker leased under exactly that token. A worker of an epoch the document no longer
+/// has (Valkey lost its data) is an orphan whose lease ended with its epoch: not judged.
+fn judge_execute(truth: &mut Truth, slot: u64, token: OpToken, run: u64) {
+    let worker = truth.slots.get(&slot).copied().flatten();
+    let held = match (&truth.doc, worker) {
+        (_, None) => Err(format!(
+            "{} runs code with no worker assigned",
+            slot_name(slot)
+        )),
+        (Some((_, doc)), Some(worker)) if doc.epoch() == worker.epoch => {
+            match doc.workers().get(&worker) {
+                Some(w) if matches!(w.state, WorkerState::Leased(_)) && w.token == token => Ok(()),
+                Some(w) => Err(format!(
+                    "run {run} under token {} reached {worker}, which the pool holds as {:?} (token {})",
+                    token.0,
+                    w.state.kind(),
+                    w.token.0
+                )),
+                None => Err(format!(
+                    "run {run} under token {} reached {worker}, which the pool does not have",
+                    token.0
+                )),
+            }
+        }
+        _ => return,
+    };
+    truth.verify("executed_without_lease", held.is_ok(), || {
+        held.err().unwrap_or_default()
+    });
+}
+
+/// Judges a run whose holder says, after its code ran, that it still holds its lease: the document
+/// current now must agree (a worker of an epoch Valkey no longer has is an orphan: not judged).
+fn judge_kept(truth: &mut Truth, run: u64, granted: lease::Granted) {
+    let worker = granted.worker;
+    let held = match &truth.doc {
+        Some((_, doc)) if doc.epoch() == worker.epoch => match doc.workers().get(&worker) {
+            Some(w) if matches!(w.state, WorkerState::Leased(_)) && w.token == granted.token => {
+                Ok(())
+            }
+            other => Err(format!(
+                "run {run} holds {worker} under token {} by its holder's word; the pool has {:?}",
+                granted.token.0,
+                other.map(|w| (w.state.kind(), w.token.0))
+            )),
+        },
+        _ => return,
+    };
+    truth.verify("kept_after_lease_lost", held.is_ok(), || {
+        held.err().unwrap_or_default()
+    });
+}
+
+async fn worker_answer(
+    request: hyper::Request<hyper::body::Incoming>,
+    slot: u64,
+    truth: Shared,
+    lengths: Lengths,
+) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let path = request.uri().path().to_owned();
+    // The worker's own guard: a request that names another worker (a delayed one reaching the
+    // next worker at this address) is refused before anything runs.
+    let this = lock(&truth).slots.get(&slot).copied().flatten();
+    let named = request
+        .headers()
+        .get(corral_contract::routes::WORKER_ID_HEADER)
+        .map(|named| named.as_bytes().to_vec());
+    let this_text = this.map(|id| id.to_string()).unwrap_or_default();
+    if this.is_none() || !corral_contract::routes::meant_for(&path, named.as_deref(), &this_text) {
+        lock(&truth).note(format!(
+            "{} refuses a request for {:?}: wrong_worker",
+            slot_name(slot),
+            named.map(|n| String::from_utf8_lossy(&n).into_owned())
+        ));
+        let body = corral_contract::error::ErrorBody::new(
+            corral_contract::error::ErrorCode::WrongWorker,
+            corral_contract::error::ErrorDetail {
+                this_worker: this.map(|id| id.to_string()),
+                ..corral_contract::error::ErrorDetail::default()
+            },
+        );
+        return Ok(status(
+            421,
+            Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
+        ));
+    }
+    let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
+        return Ok(status(400, Bytes::new()));
+    };
+    let reply = if path == corral_contract::routes::EXECUTE {
+        let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
+            return Ok(status(400, Bytes::new()));
+        };
+        let run = run_of(&order);
+        {
+            let mut truth = lock(&truth);
+            truth.note(format!(
+                "{} executes run {run} under token {}",
+                slot_name(slot),
+                order.token.0
+            ));
+            judge_execute(&mut truth, slot, order.token, run);
+            truth
+                .executions
+                .entry(run)
+                .or_default()
+                .push(slot_name(slot));
+        }
+        tokio::time::sleep(lengths.of(run)).await;
+        executed_reply()
+    } else if path == corral_contract::routes::RESET {
+        let Some(reply) = reset_reply(&body) else {
+            return Ok(status(400, Bytes::new()));
+        };
+        reply
+    } else {
+        return Ok(status(404, Bytes::new()));
+    };
+    Ok(status(200, Bytes::from(reply)))
+}
+
+/// How long runs take: most `run_ms`, every fifth `long_ms`.
+#[derive(Clone, Copy)]
+struct Lengths {
+    run_ms: u64,
+    long_ms: u64,
+}
+
+impl Lengths {
+    fn of(self, run: u64) -> Duration {
+        Duration::from_millis(if run % 5 == 2 {
+            self.long_ms
+        } else {
+            self.run_ms
+        })
+    }
+}
+
+/// An API replica's ports for the lease holder driver, and the kernels' sessions it holds.
+struct Replica {
+    name: String,
+    store: ValkeyStore,
+    workers: WorkerClient,
+    affinity: Sessions,
+    truth: Shared,
+}
+
+impl HoldsSessions for Replica {
+    fn affinity(&self) -> &Sessions {
+        &self.affinity
+    }
+}
+
+impl HolderPorts for Replica {
+    fn store(&self) -> &ValkeyStore {
+        &self.store
+    }
+    fn pool(&self) -> PoolConfig {
+        pool_config()
+    }
+    fn workers(&self) -> &WorkerClient {
+        &self.workers
+    }
+    fn unperformed(&self, what: &'static str) {
+        lock(&self.truth).note(format!("{}: {what}", self.name));
+    }
+}
+
+async fn api_host(
+    replica: u64,
+    seed: u64,
+    plan_runs: u64,
+    stagger_ms: u64,
+    truth: Shared,
+) -> turmoil::Result {
+    let ports = Arc::new(Replica {
+        name: replica_name(replica),
+        store: store(seed, &truth),
+        workers: worker_client(&truth),
+        affinity: Sessions::default(),
+        truth: truth.clone(),
+    });
+    // The pool's first workers take a few seconds to be created and proven warm.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut tasks = Vec::new();
+    for n in 0..plan_runs {
+        let run = replica * plan_runs + n;
+        let ports = ports.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(n * stagger_ms)).await;
+            one_run(run, &ports).await;
+        }));
+    }
+    for task in tasks {
+        task.await?;
+    }
+    Ok(())
+}
+
+/// Whether run `run` is a persistent cell (KER-4, affinity mode), and of which kernel.
+fn kernel_of(run: u64) -> Option<String> {
+    (run % 3 == 1).then(|| format!("kernel-{}", run % 2))
+}
+
+/// One run or persistent cell: corral-core's sequence, performed by this replica's shells (the
+/// store's acquire, the API's lease holder and kernel sessions, the worker client).
+async fn one_run(run: u64, ports: &Arc<Replica>) {
+    let kernel = kernel_of(run);
+    let (mut sequence, first) = Sequence::start(kernel.is_some());
+    let mut queue = VecDeque::from(first);
+    let mut holder: Option<Holder> = None;
+    let mut watch: Option<VersionWatch> = None;
+    let mut claim: Option<ClaimGuard<'_>> = None;
+    while let Some(effect) = queue.pop_front() {
+        let event = match effect {
+            Effect::Scope => Event::Scoped(Some(kernel.is_some())),
+            Effect::TakeSession => {
+                let key = kernel.as_deref().unwrap_or_default();
+                let (taken, claimed) = ports.affinity.take(key);
+                claim = claimed.map(|c| ports.affinity.guard(c));
+                Event::SessionTaken(match taken {
+                    affinity::Taken::Busy => Taken::Busy,
+                    affinity::Taken::Session(session) => {
+                        let archive = session.archive.is_some();
+                        lock(&ports.truth).note(format!(
+                            "run {run} continues {key} on {}",
+                            session.holder.granted().worker
+                        ));
+                        holder = Some(session.holder);
+                        Taken::Session { archive }
+                    }
+                    affinity::Taken::Absent { .. } => Taken::Absent,
+                })
+            }
+            Effect::Acquire => acquire(run, ports, &mut holder, &mut watch).await,
+            Effect::ReadInputs => Event::InputsRead(true),
+            Effect::Project => Event::Projected(true),
+            Effect::Execute => Event::Executed(execute(run, ports, holder.as_ref()).await),
+            Effect::Keep => Event::Kept(Kept {
+                succeeded: true,
+                install_failed: false,
+                checkpoint_refused: false,
+                retained: kernel.is_some(),
+            }),
+            Effect::Link => Event::Linked,
+            Effect::CheckLease => {
+                let lost = holder.as_ref().is_none_or(Holder::lost);
+                if let (false, Some(holder)) = (lost, holder.as_ref()) {
+                    judge_kept(&mut lock(&ports.truth), run, holder.granted());
+                }
+                Event::LeaseChecked { lost }
+            }
+            Effect::Release(disposition) => {
+                if let Some(holder) = holder.take() {
+                    holder.release(disposition);
+                }
+                continue;
+            }
+            Effect::HoldSession => {
+                if let (Some(guard), Some(holder)) = (&claim, holder.take()) {
+                    let session = affinity::Session {
+                        holder,
+                        archive: Some(Bytes::new()),
+                        idle_since: tokio::time::Instant::now(),
+                    };
+                    ports.affinity.put(ports, guard.claim(), session);
+                }
+                continue;
+            }
+            Effect::EndSession(reason) => {
+                if let Some(guard) = &claim {
+                    ports
+                        .affinity
+                        .end(guard.claim(), reason.map(SessionEnded::message));
+                }
+                continue;
+            }
+            Effect::Answer(answer) => {
+                let mut truth = lock(&ports.truth);
+                truth.note(format!("run {run} answered {answer:?}"));
+                truth.answers.insert(run, answer);
+                return;
+            }
+        };
+        match sequence.on(event) {
+            Ok(next) => queue.extend(next),
+            Err(unexpected) => {
+                lock(&ports.truth).note(format!("run {run}: {unexpected:?}"));
+                return;
+            }
+        }
+    }
+}
+
+/// The store's one acquire; a grant is held by the API's lease holder driver.
+async fn acquire(
+    run: u64,
+    ports: &Arc<Replica>,
+    holder: &mut Option<Holder>,
+    watch: &mut Option<VersionWatch>,
+) -> Event {
+    let member = MemberId(format!("m{}", run % 4));
+    // A ticket of its own for every acquire, as the API draws one at random.
+    let ticket = {
+        let mut truth = lock(&ports.truth);
+        truth.tickets += 1;
+        TicketId(1_000 + truth.tickets)
+    };
+    let command = Command::Acquire {
+        ticket,
+        member: member.clone(),
+        scope: LeaseScope {
+            namespace: LeaseNamespace::Code,
+            actor: ActorId(format!("actor-{run}")),
+            conversation: ConversationId(format!("c-{run}")),
+        },
+        wait_ms: pool_config().acquire_wait_ms,
+    };
+    let asked_at = tokio::time::Instant::now().into_std();
+    let wait = Duration::from_millis(pool_config().acquire_wait_ms);
+    match lease::acquire(&ports.store, &pool_config(), &command, wait, watch).await {
+        Ok(granted) => {
+            lock(&ports.truth).note(format!(
+                "run {run} on {} leased {} (token {})",
+                ports.name, granted.worker, granted.token.0
+            ));
+            *holder = Some(Holder::start(ports.clone(), granted, asked_at));
+            Event::Acquired
+        }
+        Err(error) => {
+            let code = error.code();
+            {
+                let mut truth = lock(&ports.truth);
+                truth.note(format!("run {run} on {} refused {code}", ports.name));
+                truth.verify("refusal_without_code", !code.is_empty(), || {
+                    format!("run {run} refused without a code")
+                });
+            }
+            if let AcquireError::WaitTimeout { orders } = error {
+                corral_api::run::lease::perform_orders(ports.clone(), orders);
+            }
+            Event::AcquireRefused
+        }
+    }
+}
+
+async fn execute(run: u64, ports: &Replica, holder: Option<&Holder>) -> Call {
+    let Some(granted) = holder.map(Holder::granted) else {
+        return Call::Lost;
+    };
+    let (request, bounds) = execute_order(run, granted.token);
+    let call = match ports
+        .workers
+        .execute(granted.worker, &request, &bounds)
+        .await
+    {
+        Ok(_) => Call::Answered,
+        Err(error) => error.as_call(),
+    };
+    lock(&ports.truth).note(format!("run {run} on {}: {call:?}", granted.worker));
+    call
+}
+
+/// Records every pool document Valkey writes, and judges it with corral-core's own checks.
+fn observer(truth: Shared) -> valkey::Observer {
+    let key = format!("corral:pool:{POOL}");
+    Arc::new(move |data: &Data, written: &str| {
+        if written != key {
+            return;
+        }
+        let mut truth = lock(&truth);
+        let Some(hash) = data.hash(&key) else {
+            truth.doc = None;
+            return;
+        };
+        let (Some(version), Some(text)) = (hash.get("version"), hash.get("doc")) else {
+            return;
+        };
+        if truth.doc.as_ref().is_some_and(|(v, _)| v == version) {
+            return;
+        }
+        let Ok(doc) = serde_json::from_str::<PoolDoc>(text) else {
+            truth.verify("pool_doc_unsound", false, || {
+                format!("version {version} does not parse")
+            });
+            return;
+        };
+        let problems = doc.check(&pool_config());
+        truth.verify("pool_doc_unsound", problems.is_empty(), || {
+            format!("version {version}: {problems:?}")
+        });
+        truth.doc = Some((version.clone(), doc));
+    })
+}
+
+/// Runs the world of `seed`.
+pub fn run_world(seed: u64) -> Outcome {
+    let plan = Plan::from_seed(seed);
+    let truth: Shared = Arc::default();
+    {
+        let mut t = lock(&truth);
+        t.slots = (0..SLOTS).map(|slot| (slot, None)).collect();
+        for name in INVARIANTS {
+            t.checks.insert(name, 0);
+        }
+    }
+    let data: Arc<Mutex<Data>> = Arc::default();
+    let mut sim = turmoil::Builder::new()
+        .rng_seed(seed)
+        .tick_duration(Duration::from_millis(10))
+        .simulation_duration(Duration::from_secs(WORLD_SECONDS))
+        .min_message_latency(Duration::from_millis(1))
+        .max_message_latency(Duration::from_millis(1 + seed % 10))
+        .build();
+    let starts = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let (data, observe, starts) = (data.clone(), observer(truth.clone()), starts.clone());
+        sim.host("valkey", move || {
+            let n = starts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            valkey::host(data.clone(), format!("{seed:x}r{n}"), observe.clone())
+        });
+    }
+    {
+        let truth = truth.clone();
+        sim.host("controller", move || controller_host(seed, truth.clone()));
+    }
+    for slot in 0..SLOTS {
+        let (truth, lengths) = (truth.clone(), plan.lengths());
+        sim.host(slot_name(slot).as_str(), move || {
+            worker_host(slot, truth.clone(), lengths)
+        });
+    }
+    for replica in 0..REPLICAS {
+        sim.client(
+            replica_name(replica).as_str(),
+            api_host(
+                replica,
+                seed,
+                plan.runs_per_replica,
+                plan.stagger_ms,
+                truth.clone(),
+            ),
+        );
+    }
+    let quiet_ms = plan
+        .faults
+        .iter()
+        .map(|f| f.at_ms + f.heal_ms)
+        .max()
+        .unwrap_or(0);
+    sim.client("observer", settle(plan.runs(), quiet_ms, truth.clone()));
+    lock(&truth).note(format!(
+        "deploy seed {seed}: {} runs of {} ms (every fifth {} ms), faults {:?}",
+        plan.runs(),
+        plan.run_ms,
+        plan.long_ms,
+        plan.faults
+    ));
+    let ended = drive(&mut sim, &plan, &truth, &data);
+    drop(sim);
+    let mut truth = Arc::try_unwrap(truth)
+        .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
+        .unwrap_or_default();
+    for run in 0..plan.runs() {
+        let at = truth.executions.get(&run).cloned().unwrap_or_default();
+        truth.verify("deploy_run_executed_twice", at.len() <= 1, || {
+            format!("run {run} executed on {at:?}")
+        });
+        let answered = truth.answers.contains_key(&run);
+        truth.verify("deploy_run_unanswered", answered, || {
+            format!("run {run} never answered ({ended:?})")
+        });
+    }
+    Outcome {
+        checks: truth.checks,
+        violations: truth.violations,
+        trace: truth.trace,
+    }
+}
+
+/// Waits for every run's answer and the last fault's healing, then gives the pool at most
+/// [`SETTLE_SECONDS`] to be warm again with nothing quarantined, resetting or leased.
+async fn settle(runs: u64, quiet_ms: u64, truth: Shared) -> turmoil::Result {
+    loop {
+        let answered = lock(&truth).answers.len() as u64;
+        let now = turmoil::sim_elapsed().unwrap_or_default().as_millis();
+        if answered >= runs && now >= u128::from(quiet_ms) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let config = pool_config();
+    let restored = |truth: &Truth| {
+        let state = truth.doc.as_ref().map(|(_, doc)| doc.counts());
+        // Leases may remain: kernels' sessions held idle between cells (KER-4).
+        let done = state
+            .is_some_and(|c| c.warm >= config.warm_min && c.quarantined == 0 && c.resetting == 0);
+        (done, state)
+    };
+    for _ in 0..SETTLE_SECONDS * 2 {
+        if restored(&lock(&truth)).0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let mut truth = lock(&truth);
+    let (done, state) = restored(&truth);
+    truth.verify("pool_not_restored", done, || {
+        format!("{SETTLE_SECONDS} s after the last run and fault the pool is {state:?}")
+    });
+    Ok(())
+}
+
+fn drive(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    truth: &Shared,
+    data: &Arc<Mutex<Data>>,
+) -> Result<(), String> {
+    let faults = plan
+        .faults
+        .iter()
+        .map(|f| (f.at_ms, f.heal_ms, f.kind.clone()));
+    step_with_faults(sim, faults.collect(), |sim, kind, start| {
+        apply(sim, kind, start, truth, data);
+        let what = if start { "fault" } else { "healed" };
+        lock(truth).note_at(sim.elapsed(), format!("{what} {kind:?}"));
+    })
+}
+
+fn apply(
+    sim: &mut turmoil::Sim<'_>,
+    kind: &FaultKind,
+    start: bool,
+    truth: &Shared,
+    data: &Arc<Mutex<Data>>,
+) {
+    match (kind, start) {
+        (FaultKind::PartitionValkey(host), true) => sim.partition(host.as_str(), "valkey"),
+        (FaultKind::PartitionValkey(host), false) => sim.repair(host.as_str(), "valkey"),
+        (FaultKind::PartitionWorker(host, slot), true) => {
+            sim.partition(host.as_str(), slot_name(*slot).as_str());
+        }
+        (FaultKind::PartitionWorker(host, slot), false) => {
+            sim.repair(host.as_str(), slot_name(*slot).as_str());
+        }
+        (FaultKind::HoldWorker(host, slot), true) => {
+            sim.hold(host.as_str(), slot_name(*slot).as_str())
+        }
+        (FaultKind::HoldWorker(host, slot), false) => {
+            sim.release(host.as_str(), slot_name(*slot).as_str());
+        }
+        (FaultKind::CrashValkey { .. }, true) => sim.crash("valkey"),
+        (FaultKind::CrashValkey { keep }, false) => {
+            if !keep {
+                data.lock().unwrap_or_else(PoisonError::into_inner).clear();
+                lock(truth).doc = None;
+            }
+            sim.bounce("valkey");
+        }
+        (FaultKind::CrashController, true) => sim.crash("controller"),
+        (FaultKind::CrashController, false) => sim.bounce("controller"),
+        (FaultKind::CrashWorker(slot), true) => sim.crash(slot_name(*slot).as_str()),
+        (FaultKind::CrashWorker(slot), false) => sim.bounce(slot_name(*slot).as_str()),
+    }
+}
+
+/// The first seed from `from` whose world cuts a replica off from Valkey while its runs start (a
+/// partition during the burst).
+#[cfg(test)]
+fn valkey_partition_seed(from: u64) -> u64 {
+    (from..)
+        .find(|seed| {
+            let plan = Plan::from_seed(*seed);
+            let burst = 5_000..5_000 + plan.runs_per_replica * plan.stagger_ms;
+            plan.faults.iter().any(|f| {
+                matches!(&f.kind, FaultKind::PartitionValkey(host) if host.starts_with("api"))
+                    && f.at_ms < burst.end
+                    && f.at_ms + f.heal_ms > burst.start
+            })
+        })
+        .unwrap_or(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deployment_seed_replays_exactly_with_every_run_answered() {
+        let (first, second) = (run_world(3), run_world(3));
+        assert_eq!(first.trace, second.trace);
+        assert!(first.violations.is_empty(), "{:?}", first.violations);
+        assert!(first.checks["executed_without_lease"] >= 1);
+        assert!(first.checks["deploy_run_unanswered"] >= 6);
+        assert_eq!(first.checks["pool_not_restored"], 1);
+    }
+
+    #[test]
+    fn pool_11_a_valkey_partition_during_a_burst_replays_identically_and_breaks_nothing() {
+        let seed = valkey_partition_seed(0);
+        println!("the first seed with a Valkey partition during the burst: {seed}");
+        let (first, second) = (run_world(seed), run_world(seed));
+        assert!(
+            first
+                .trace
+                .iter()
+                .any(|l| l.contains("fault PartitionValkey(\"api-")),
+            "seed {seed} has no partition of a replica from Valkey"
+        );
+        assert_eq!(first.trace, second.trace, "seed {seed}");
+        assert!(
+            first.violations.is_empty(),
+            "seed {seed}: {:?}",
+            first.violations
+        );
+    }
+
+    #[test]
+    fn a_worker_reached_under_a_token_the_pool_does_not_hold_is_a_violation() {
+        let mut truth = Truth::default();
+        let worker = WorkerId { epoch: 7, seq: 0 };
+        truth.slots.insert(0, Some(worker));
+        // A pool of the worker's epoch that does not hold it: judged, and broken.
+        let doc = PoolDoc::new(7, UnixMillis(valkey::WORLD_EPOCH_MS));
+        truth.doc = Some(("1".to_owned(), doc));
+        judge_execute(&mut truth, 0, OpToken(99), 1);
+        assert_eq!(truth.checks["executed_without_lease"], 1);
+        assert_eq!(truth.violations.len(), 1, "{:?}", truth.violations);
+        // A pool of a later epoch (Valkey lost its data): the worker is an orphan, not judged.
+        truth.doc = Some(("1".to_owned(), PoolDoc::new(8, UnixMillis(0))));
+        judge_execute(&mut truth, 0, OpToken(99), 2);
+        assert_eq!(truth.checks["executed_without_lease"], 1);
+    }
+}
