@@ -23,7 +23,8 @@
 //! in the pool (`kept_after_lease_lost`: the lease holder's word against the pool's); every pool document written is sound, its ceiling and bounds
 //! included (`pool_doc_unsound`, corral-core's own checks); a run executes at most once
 //! (`deploy_run_executed_twice`); every refusal carries a stable code (`refusal_without_code`);
-//! every run is answered (`deploy_run_unanswered`); and after the faults stop the pool returns to
+//! every run is answered (`deploy_run_unanswered`); no worker is deleted while the pool holds it
+//! under a live lease (`deleted_while_leased`); and after the faults stop the pool returns to
 //! its warm target with nothing quarantined (`pool_not_restored`).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -58,9 +59,10 @@ use crate::{
 };
 
 /// This world's invariants, each checked and counted.
-pub const INVARIANTS: [&str; 7] = [
+pub const INVARIANTS: [&str; 8] = [
     "executed_without_lease",
     "kept_after_lease_lost",
+    "deleted_while_leased",
     "pool_doc_unsound",
     "deploy_run_executed_twice",
     "refusal_without_code",
@@ -312,6 +314,7 @@ impl Backend for SlotBackend {
 
     async fn delete(&self, worker: WorkerId) -> Done {
         let mut truth = lock(&self.0);
+        judge_delete(&mut truth, worker);
         let slots: Vec<u64> = truth
             .slots
             .iter()
@@ -396,6 +399,29 @@ fn judge_execute(truth: &mut Truth, slot: u64, token: OpToken, run: u64) {
     };
     truth.verify("executed_without_lease", held.is_ok(), || {
         held.err().unwrap_or_default()
+    });
+}
+
+/// Judges a delete of `worker` as the backend performs it: the pool must not hold it under a lease
+/// that is still live (POOL-6: ownership ends only at expiry). A worker of an epoch the document no
+/// longer has is an orphan: not judged.
+fn judge_delete(truth: &mut Truth, worker: WorkerId) {
+    let now = UnixMillis(valkey::deployment_ms());
+    let live = match &truth.doc {
+        Some((_, doc)) if doc.epoch() == worker.epoch => match doc.workers().get(&worker) {
+            Some(w) => match &w.state {
+                WorkerState::Leased(lease) if lease.expires_at > now => Some(lease.expires_at),
+                _ => None,
+            },
+            None => None,
+        },
+        _ => return,
+    };
+    truth.verify("deleted_while_leased", live.is_none(), || {
+        format!(
+            "{worker} deleted while its lease runs {} ms more",
+            live.map_or(0, |at| at.0.saturating_sub(now.0))
+        )
     });
 }
 

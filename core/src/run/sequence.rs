@@ -248,6 +248,13 @@ impl Sequence {
         self.holding
     }
 
+    /// Whether the cell runs on its kernel's session (KER-4): from a taken session until its
+    /// worker proves unreachable (the session goes with it; the cell starts empty elsewhere).
+    #[must_use]
+    pub fn on_session(&self) -> bool {
+        self.on_session
+    }
+
     /// The next effects after `event`.
     ///
     /// # Errors
@@ -609,6 +616,29 @@ mod tests {
         assert_eq!(
             &effects[effects.len() - 2..],
             [Effect::HoldSession, Effect::Answer(Answer::Decided)]
+        );
+    }
+
+    #[test]
+    fn ker_4_a_cell_leaves_its_session_when_the_sessions_worker_is_unreachable() {
+        let (mut sequence, _) = Sequence::start(true);
+        assert!(!sequence.on_session());
+        let mut next = sequence.on(Event::Scoped(Some(false))).expect("scoped");
+        assert_eq!(next, [Effect::TakeSession]);
+        next = sequence
+            .on(Event::SessionTaken(Taken::Session { archive: true }))
+            .expect("taken");
+        assert!(sequence.on_session());
+        assert_eq!(next, [Effect::ReadInputs]);
+        next = sequence.on(Event::InputsRead(true)).expect("inputs");
+        assert_eq!(next, [Effect::Execute]);
+        next = sequence
+            .on(Event::Executed(Call::Unreachable))
+            .expect("executed");
+        assert!(!sequence.on_session(), "the session went with its worker");
+        assert_eq!(
+            next,
+            [Effect::Release(Disposition::Discard), Effect::Acquire]
         );
     }
 

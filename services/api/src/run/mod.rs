@@ -169,8 +169,14 @@ async fn attempt(
             return performer.answer(answer);
         }
         if let Some(event) = performer.perform(effect).await {
+            let was_on_session = sequence.on_session();
             match sequence.on(event) {
-                Ok(next) => queue.extend(next),
+                Ok(next) => {
+                    if was_on_session && !sequence.on_session() {
+                        performer.left_session();
+                    }
+                    queue.extend(next);
+                }
                 Err(unexpected) => return performer.defect(&format!("{unexpected:?}")),
             }
         }
@@ -320,9 +326,8 @@ struct Performer<'a> {
     cell: Cell,
     /// The kernel slot this cell claimed (KER-4); ends the slot if the run fails in here.
     claim: Option<affinity::ClaimGuard<'a>>,
-    /// The lease held, and whether it is a session's.
+    /// The lease held (a session's too).
     holder: Option<lease::Holder>,
-    on_session: bool,
     /// The request's one wait for a lease, however many workers are tried, from the first try.
     deadline: Option<Instant>,
     watch: Option<corral_store::VersionWatch>,
@@ -359,7 +364,6 @@ impl<'a> Performer<'a> {
             cell,
             claim: None,
             holder: None,
-            on_session: false,
             deadline: None,
             watch: None,
             unreachable: String::new(),
@@ -423,7 +427,6 @@ impl<'a> Performer<'a> {
                 let archive = session.archive.is_some();
                 self.cell.retained = session.archive;
                 self.holder = Some(session.holder);
-                self.on_session = true;
                 sequence::Taken::Session { archive }
             }
             affinity::Taken::Absent { ended } => {
@@ -574,18 +577,19 @@ impl<'a> Performer<'a> {
         })
     }
 
+    /// The sequence left the kernel's session (its worker was unreachable): the cell starts empty
+    /// elsewhere, and says why.
+    fn left_session(&mut self) {
+        self.cell.retained = None;
+        self.cell.mode = KernelMode::Affinity {
+            ended: Some(SessionEnded::Unreachable.message()),
+        };
+    }
+
     /// A worker call that failed, as the sequence reads it.
     fn call_failed(&mut self, error: CallError) -> Call {
         if let CallError::Unreachable(message) = &error {
             self.unreachable.clone_from(message);
-            if self.on_session {
-                // The session went with its worker: the cell starts empty elsewhere.
-                self.on_session = false;
-                self.cell.retained = None;
-                self.cell.mode = KernelMode::Affinity {
-                    ended: Some(SessionEnded::Unreachable.message()),
-                };
-            }
         }
         let call = error.as_call();
         self.call_error = Some(error);
