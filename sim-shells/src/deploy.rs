@@ -16,7 +16,8 @@
 //!
 //! Faults from the seed: partitions between a replica or the controller and Valkey, or a replica
 //! and a worker (held and healed); messages held and released; Valkey crashed and restarted empty
-//! or from its last state; the controller and workers crashed and restarted.
+//! or from its last state; the controller, an API replica (mid-run) and workers crashed and
+//! restarted.
 //!
 //! Invariants: code runs only on a worker the pool holds for that very lease
 //! (`executed_without_lease`); a run that finds its lease held after its code ran still holds it
@@ -101,6 +102,10 @@ struct Truth {
     stores: u64,
     /// Tickets drawn so far.
     tickets: u64,
+    /// Runs a replica started.
+    started: BTreeSet<u64>,
+    /// Runs that died with their replica, unanswered.
+    died: BTreeSet<u64>,
     /// Each slot's current worker id, as the backend assigned it.
     slots: BTreeMap<u64, Option<WorkerId>>,
     /// The pool document current now (none after Valkey lost its data), with its version.
@@ -177,6 +182,8 @@ enum FaultKind {
     CrashValkey { keep: bool },
     /// The controller crashes and restarts.
     CrashController,
+    /// An API replica crashes mid-run and restarts.
+    CrashReplica(String),
     /// A worker slot's process crashes and restarts.
     CrashWorker(u64),
 }
@@ -195,7 +202,7 @@ impl Plan {
             .map(|_| Fault {
                 at_ms: rng.below(span),
                 heal_ms: 200 + rng.below(12_000),
-                kind: match rng.below(6) {
+                kind: match rng.below(7) {
                     0 => FaultKind::PartitionValkey(if rng.below(4) == 0 {
                         "controller".to_owned()
                     } else {
@@ -207,6 +214,7 @@ impl Plan {
                         keep: rng.below(2) == 0,
                     },
                     4 => FaultKind::CrashController,
+                    5 => FaultKind::CrashReplica(replica(&mut rng)),
                     _ => FaultKind::CrashWorker(rng.below(SLOTS)),
                 },
             })
@@ -562,6 +570,9 @@ impl HolderPorts for Replica {
     }
 }
 
+/// An API replica: performs its share of the runs, each from its scheduled time. A replica that
+/// crashed and restarted starts the runs it had not started; those it had started and not
+/// answered died with it (their leases expire and the pool takes the workers over).
 async fn api_host(
     replica: u64,
     seed: u64,
@@ -576,20 +587,41 @@ async fn api_host(
         affinity: Sessions::default(),
         truth: truth.clone(),
     });
-    // The pool's first workers take a few seconds to be created and proven warm.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mine: Vec<u64> = (0..plan_runs).map(|n| replica * plan_runs + n).collect();
+    {
+        let mut truth = lock(&truth);
+        let died: Vec<u64> = mine
+            .iter()
+            .filter(|run| truth.started.contains(run) && !truth.answers.contains_key(run))
+            .copied()
+            .filter(|run| !truth.died.contains(run))
+            .collect();
+        for run in died {
+            truth.note(format!("run {run} died with {}", replica_name(replica)));
+            truth.died.insert(run);
+        }
+    }
     let mut tasks = Vec::new();
-    for n in 0..plan_runs {
-        let run = replica * plan_runs + n;
+    for (n, run) in mine.into_iter().enumerate() {
+        if lock(&truth).started.contains(&run) {
+            continue;
+        }
         let ports = ports.clone();
+        let truth = truth.clone();
+        // The pool's first workers take a few seconds to be created and proven warm.
+        let at = Duration::from_millis(5_000 + n as u64 * stagger_ms);
         tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(n * stagger_ms)).await;
+            let now = turmoil::sim_elapsed().unwrap_or_default();
+            tokio::time::sleep(at.saturating_sub(now)).await;
+            lock(&truth).started.insert(run);
             one_run(run, &ports).await;
         }));
     }
     for task in tasks {
         task.await?;
     }
+    // A replica serves on; the world ends when its observer has judged it.
+    std::future::pending::<()>().await;
     Ok(())
 }
 
@@ -827,16 +859,10 @@ pub fn run_world(seed: u64) -> Outcome {
         });
     }
     for replica in 0..REPLICAS {
-        sim.client(
-            replica_name(replica).as_str(),
-            api_host(
-                replica,
-                seed,
-                plan.runs_per_replica,
-                plan.stagger_ms,
-                truth.clone(),
-            ),
-        );
+        let (truth, runs, stagger) = (truth.clone(), plan.runs_per_replica, plan.stagger_ms);
+        sim.host(replica_name(replica).as_str(), move || {
+            api_host(replica, seed, runs, stagger, truth.clone())
+        });
     }
     let quiet_ms = plan
         .faults
@@ -862,7 +888,7 @@ pub fn run_world(seed: u64) -> Outcome {
         truth.verify("deploy_run_executed_twice", at.len() <= 1, || {
             format!("run {run} executed on {at:?}")
         });
-        let answered = truth.answers.contains_key(&run);
+        let answered = truth.answers.contains_key(&run) || truth.died.contains(&run);
         truth.verify("deploy_run_unanswered", answered, || {
             format!("run {run} never answered ({ended:?})")
         });
@@ -878,19 +904,28 @@ pub fn run_world(seed: u64) -> Outcome {
 /// [`SETTLE_SECONDS`] to be warm again with nothing quarantined, resetting or leased.
 async fn settle(runs: u64, quiet_ms: u64, truth: Shared) -> turmoil::Result {
     loop {
-        let answered = lock(&truth).answers.len() as u64;
+        let ended = {
+            let truth = lock(&truth);
+            (truth.answers.len() + truth.died.len()) as u64
+        };
         let now = turmoil::sim_elapsed().unwrap_or_default().as_millis();
-        if answered >= runs && now >= u128::from(quiet_ms) {
+        if ended >= runs && now >= u128::from(quiet_ms) {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let config = pool_config();
+    // Restored: as many workers usable as the pool itself wants (corral-core's `desired`: the
+    // warm minimum, or the held leases and the idle target, within the ceiling), with nothing
+    // quarantined or resetting.
     let restored = |truth: &Truth| {
-        let state = truth.doc.as_ref().map(|(_, doc)| doc.counts());
-        // Leases may remain: kernels' sessions held idle between cells (KER-4).
-        let done = state
-            .is_some_and(|c| c.warm >= config.warm_min && c.quarantined == 0 && c.resetting == 0);
+        let state = truth
+            .doc
+            .as_ref()
+            .map(|(_, doc)| (doc.counts(), doc.desired(&config)));
+        let done = state.is_some_and(|(c, desired)| {
+            c.warm + c.leased >= desired && c.quarantined == 0 && c.resetting == 0
+        });
         (done, state)
     };
     for _ in 0..SETTLE_SECONDS * 2 {
@@ -954,6 +989,8 @@ fn apply(
             }
             sim.bounce("valkey");
         }
+        (FaultKind::CrashReplica(host), true) => sim.crash(host.as_str()),
+        (FaultKind::CrashReplica(host), false) => sim.bounce(host.as_str()),
         (FaultKind::CrashController, true) => sim.crash("controller"),
         (FaultKind::CrashController, false) => sim.bounce("controller"),
         (FaultKind::CrashWorker(slot), true) => sim.crash(slot_name(*slot).as_str()),
