@@ -38,7 +38,6 @@ use corral_api::run::affinity::{self, ClaimGuard, HoldsSessions, Sessions};
 use corral_api::run::lease::{Holder, HolderPorts};
 use corral_contract::client::{Connection, Dial, Dialing, WorkerClient};
 use corral_contract::locate::{CONTROL_PORT, Locator};
-use corral_contract::messages::ExecuteRequest;
 use corral_controller::{Backend, Reconciler};
 use corral_core::ids::{
     ActorId, ConversationId, ImageId, LeaseNamespace, LeaseScope, MemberId, OpToken, TicketId,
@@ -52,11 +51,11 @@ use corral_core::store::Unavailable;
 use corral_core::time::UnixMillis;
 use corral_store::lease::{self, AcquireError};
 use corral_store::{ValkeyStore, VersionWatch};
-use http_body_util::{BodyExt, Full};
 
 use crate::valkey::{self, Data};
 use crate::{
-    Outcome, Rng, execute_order, executed_reply, reset_reply, run_of, status, step_with_faults,
+    Outcome, Response, Rng, execute_order, run_of, serve_worker, status, step_with_faults,
+    worker_routes,
 };
 
 /// This world's invariants, each checked and counted.
@@ -363,19 +362,7 @@ async fn controller_host(seed: u64, truth: Shared) -> turmoil::Result {
 /// A simulated worker in slot `slot`: every execute is judged against the pool document current
 /// as it arrives, then takes `run_ms`; a reset answers clean evidence under its token.
 async fn worker_host(slot: u64, truth: Shared, lengths: Lengths) -> turmoil::Result {
-    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROL_PORT)).await?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let truth = truth.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                worker_answer(request, slot, truth.clone(), lengths)
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    serve_worker(move |request| worker_answer(request, slot, truth.clone(), lengths)).await
 }
 
 /// Judges an execute under token `token` reaching `slot` now: the document current now must hold
@@ -460,7 +447,7 @@ async fn worker_answer(
     slot: u64,
     truth: Shared,
     lengths: Lengths,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+) -> Result<Response, Infallible> {
     let path = request.uri().path().to_owned();
     // The worker's own guard: a request that names another worker (a delayed one reaching the
     // next worker at this address) is refused before anything runs.
@@ -488,13 +475,7 @@ async fn worker_answer(
             Bytes::from(serde_json::to_vec(&body).unwrap_or_default()),
         ));
     }
-    let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
-        return Ok(status(400, Bytes::new()));
-    };
-    let reply = if path == corral_contract::routes::EXECUTE {
-        let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
-            return Ok(status(400, Bytes::new()));
-        };
+    Ok(worker_routes(request, |order| async move {
         let run = run_of(&order);
         {
             let mut truth = lock(&truth);
@@ -511,16 +492,8 @@ async fn worker_answer(
                 .push(slot_name(slot));
         }
         tokio::time::sleep(lengths.of(run)).await;
-        executed_reply()
-    } else if path == corral_contract::routes::RESET {
-        let Some(reply) = reset_reply(&body) else {
-            return Ok(status(400, Bytes::new()));
-        };
-        reply
-    } else {
-        return Ok(status(404, Bytes::new()));
-    };
-    Ok(status(200, Bytes::from(reply)))
+    })
+    .await)
 }
 
 /// How long runs take: most `run_ms`, every fifth `long_ms`.

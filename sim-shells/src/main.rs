@@ -189,19 +189,7 @@ fn worker_id(index: u64) -> WorkerId {
 /// A simulated worker: the contract's execute and reset routes over HTTP. A run takes `run_ms`
 /// and answers exit 0; a reset answers clean evidence under its token.
 async fn worker_host(name: String, truth: Shared, run_ms: u64) -> turmoil::Result {
-    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROL_PORT)).await?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let (name, truth) = (name.clone(), truth.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                answer(request, name.clone(), truth.clone(), run_ms)
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    serve_worker(move |request| answer(request, name.clone(), truth.clone(), run_ms)).await
 }
 
 /// A worker's answer to one request.
@@ -210,30 +198,67 @@ async fn answer(
     name: String,
     truth: Shared,
     run_ms: u64,
-) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
-    let path = request.uri().path().to_owned();
-    let body = match request.into_body().collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(_) => return Ok(status(400, Bytes::new())),
-    };
-    let reply = if path == corral_contract::routes::EXECUTE {
-        let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
-            return Ok(status(400, Bytes::new()));
-        };
+) -> Result<Response, Infallible> {
+    Ok(worker_routes(request, |order| async move {
         let run = run_of(&order);
         lock(&truth).executions.push((now_ms(), name.clone(), run));
         note(&truth, format!("{name} executes run {run}"));
         tokio::time::sleep(Duration::from_millis(run_ms)).await;
+    })
+    .await)
+}
+
+/// A simulated worker's HTTP answer.
+type Response = hyper::Response<Full<Bytes>>;
+
+/// Serves a simulated worker's control port on turmoil's network until its host crashes, each
+/// request answered by `answer`.
+async fn serve_worker<F, A>(answer: F) -> turmoil::Result
+where
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> A + Clone + Send + 'static,
+    A: std::future::Future<Output = Result<Response, Infallible>> + Send + 'static,
+{
+    let listener = turmoil::net::TcpListener::bind(("0.0.0.0", CONTROL_PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(answer);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// The contract's execute and reset routes as a simulated worker serves them: an execute is
+/// performed by `execute` (which records it and takes the run's time), then answered exit 0; a
+/// reset answers clean evidence under its token; anything unreadable is a 400, any other route a
+/// 404.
+async fn worker_routes<E, X>(request: hyper::Request<hyper::body::Incoming>, execute: E) -> Response
+where
+    E: FnOnce(ExecuteRequest) -> X,
+    X: std::future::Future<Output = ()>,
+{
+    let path = request.uri().path().to_owned();
+    let Ok(body) = request.into_body().collect().await.map(|b| b.to_bytes()) else {
+        return status(400, Bytes::new());
+    };
+    let reply = if path == corral_contract::routes::EXECUTE {
+        let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
+            return status(400, Bytes::new());
+        };
+        execute(order).await;
         executed_reply()
     } else if path == corral_contract::routes::RESET {
         let Some(reply) = reset_reply(&body) else {
-            return Ok(status(400, Bytes::new()));
+            return status(400, Bytes::new());
         };
         reply
     } else {
-        return Ok(status(404, Bytes::new()));
+        return status(404, Bytes::new());
     };
-    Ok(status(200, Bytes::from(reply)))
+    status(200, Bytes::from(reply))
 }
 
 /// The execute a simulated API sends for run `run` under `token`, and the bounds it sends it with.
@@ -289,7 +314,7 @@ fn reset_reply(body: &[u8]) -> Option<Vec<u8>> {
     .ok()
 }
 
-fn status(code: u16, body: Bytes) -> hyper::Response<Full<Bytes>> {
+fn status(code: u16, body: Bytes) -> Response {
     let mut response = hyper::Response::new(Full::new(body));
     *response.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or_default();
     response

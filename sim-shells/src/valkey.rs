@@ -534,24 +534,27 @@ impl TurmoilLink {
         }
     }
 
+    /// Opens a connection to the host, sends `request`, and reads the first line answered: the
+    /// lines that follow, for a subscription's messages.
+    async fn open(&self, request: &Json) -> Result<(Json, Lines), Lost> {
+        let stream = turmoil::net::TcpStream::connect((self.host.as_str(), PORT))
+            .await
+            .map_err(|_| Lost)?;
+        let (read, mut write) = tokio::io::split(stream);
+        write
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .map_err(|_| Lost)?;
+        let mut lines = BufReader::new(read).lines();
+        let line = lines.next_line().await.ok().flatten().ok_or(Lost)?;
+        let answer = serde_json::from_str(&line).map_err(|_| Lost)?;
+        Ok((answer, lines))
+    }
+
+    /// One request and its answer, within the store's timeout.
     async fn call(&self, request: Json) -> Result<Reply, Lost> {
         let exchange = async {
-            let stream = turmoil::net::TcpStream::connect((self.host.as_str(), PORT))
-                .await
-                .map_err(|_| Lost)?;
-            let (read, mut write) = tokio::io::split(stream);
-            write
-                .write_all(format!("{request}\n").as_bytes())
-                .await
-                .map_err(|_| Lost)?;
-            let line = BufReader::new(read)
-                .lines()
-                .next_line()
-                .await
-                .ok()
-                .flatten()
-                .ok_or(Lost)?;
-            let answer: Json = serde_json::from_str(&line).map_err(|_| Lost)?;
+            let (answer, _) = self.open(&request).await?;
             answer.get("ok").map(json_reply).ok_or(Lost)
         };
         tokio::time::timeout(CALL_TIMEOUT, exchange)
@@ -559,6 +562,9 @@ impl TurmoilLink {
             .unwrap_or(Err(Lost))
     }
 }
+
+/// A connection's answer lines.
+type Lines = tokio::io::Lines<BufReader<tokio::io::ReadHalf<turmoil::net::TcpStream>>>;
 
 impl Link for TurmoilLink {
     fn eval<'a>(
@@ -577,16 +583,7 @@ impl Link for TurmoilLink {
     fn subscribe<'a>(&'a self, channel: String) -> Pending<'a, Subscription> {
         Box::pin(async move {
             let open = async {
-                let stream = turmoil::net::TcpStream::connect((self.host.as_str(), PORT))
-                    .await
-                    .map_err(|_| Lost)?;
-                let (read, mut write) = tokio::io::split(stream);
-                write
-                    .write_all(format!("{}\n", json!({ "subscribe": channel })).as_bytes())
-                    .await
-                    .map_err(|_| Lost)?;
-                let mut lines = BufReader::new(read).lines();
-                lines.next_line().await.ok().flatten().ok_or(Lost)?;
+                let (_, lines) = self.open(&json!({ "subscribe": channel })).await?;
                 Ok(Subscription::new(Box::new(Heard_ { lines })))
             };
             tokio::time::timeout(CALL_TIMEOUT, open)
@@ -606,7 +603,7 @@ impl Link for TurmoilLink {
 
 /// A subscription's messages, a line each.
 struct Heard_ {
-    lines: tokio::io::Lines<BufReader<tokio::io::ReadHalf<turmoil::net::TcpStream>>>,
+    lines: Lines,
 }
 
 impl Messages for Heard_ {

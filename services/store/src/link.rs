@@ -155,13 +155,29 @@ pub trait Link: Send + Sync {
 /// The production link: fred's client on tokio's sockets.
 pub struct FredLink {
     client: Client,
+    /// Each script as fred sends it (its SHA-1 computed once), by the address of its source: the
+    /// store's scripts are constants, so a hot path never hashes one again.
+    scripts: std::sync::Mutex<std::collections::HashMap<usize, Script>>,
 }
 
 impl FredLink {
     /// A link over `client`, already initialised.
     #[must_use]
     pub fn new(client: Client) -> Self {
-        Self { client }
+        Self {
+            client,
+            scripts: std::sync::Mutex::default(),
+        }
+    }
+
+    /// `source` as fred sends it.
+    fn script(&self, source: &'static str) -> Script {
+        self.scripts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(source.as_ptr() as usize)
+            .or_insert_with(|| Script::from_lua(source))
+            .clone()
     }
 }
 
@@ -195,8 +211,9 @@ impl Link for FredLink {
         keys: Vec<String>,
         args: Vec<String>,
     ) -> Pending<'a, Reply> {
+        let script = self.script(script);
         Box::pin(async move {
-            Script::from_lua(script)
+            script
                 .evalsha_with_reload::<Value, _, _>(&self.client, keys, args)
                 .await
                 .map(reply_of)
