@@ -23,6 +23,8 @@ sim-shells seeds="1000":
     cargo run --locked -p corral-sim-shells -- --seeds {{seeds}}
     cargo run --locked -p corral-sim-shells -- --mutation retry-lost-execute 300
     cargo run --locked -p corral-sim-shells -- --mutation keep-lost-lease 300
+    cargo run --locked -p corral-sim-shells -- --mutation answer-before-save 300
+    cargo run --locked -p corral-sim-shells -- --mutation reap-stale-leases 300
 
 # Every mutation must be caught: the simulator exits 1 on a violation, 0 when the mutation survived.
 mutations:

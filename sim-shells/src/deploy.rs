@@ -10,21 +10,27 @@
 //!   leases taken with the store's one acquire (`corral_store::lease::acquire`) and held by the
 //!   API's own lease holder driver (`corral_api::run::lease::Holder`), a kernel's lease kept
 //!   between its cells by the API's own sessions (`corral_api::run::affinity`, KER-4), their code
-//!   sent with the real worker client.
+//!   sent with the real worker client, their workspaces read and kept with the API's own workspace
+//!   store and keeping (`corral_api::workspaces`, `corral_api::run::keep`).
+//! - `objects`: the simulated object store ([`crate::objects`]); its objects outlive its crashes.
 //! - `slot-0`...: simulated workers (the contract's execute and reset routes over HTTP), which
 //!   judge every execute that reaches them against the pool document current at that instant.
 //!
 //! Faults from the seed: partitions between a replica or the controller and Valkey, or a replica
 //! and a worker (held and healed); messages held and released; Valkey crashed and restarted empty
 //! or from its last state; the controller, an API replica (mid-run) and workers crashed and
-//! restarted.
+//! restarted; a replica cut off from the object store, and the object store crashed; lookups of
+//! a host's name (Valkey's, the object store's, a worker's) failing at once or after the
+//! resolver's timeout ([`crate::dns`]).
 //!
 //! Invariants: code runs only on a worker the pool holds for that very lease
 //! (`executed_without_lease`); a run that finds its lease held after its code ran still holds it
 //! in the pool (`kept_after_lease_lost`: the lease holder's word against the pool's); every pool document written is sound, its ceiling and bounds
 //! included (`pool_doc_unsound`, corral-core's own checks); a run executes at most once
 //! (`deploy_run_executed_twice`); every refusal carries a stable code (`refusal_without_code`);
-//! every run is answered (`deploy_run_unanswered`); no worker is deleted while the pool holds it
+//! every run is answered (`deploy_run_unanswered`); a run answered `succeeded` has its workspace
+//! stored as the generation it names, holding what the run left, and any other outcome reports
+//! its failure (`answered_without_save`); no worker is deleted while the pool holds it
 //! under a live lease (`deleted_while_leased`); and after the faults stop the pool returns to
 //! its warm target with nothing quarantined (`pool_not_restored`).
 
@@ -35,7 +41,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_api::run::affinity::{self, ClaimGuard, HoldsSessions, Sessions};
+use corral_api::run::keep::{self, Keeping};
 use corral_api::run::lease::{Holder, HolderPorts};
+use corral_api::workspaces::{Snapshot, Workspaces};
+use corral_contract::ExecuteReply;
 use corral_contract::client::{Connection, Dial, Dialing, WorkerClient};
 use corral_contract::locate::{CONTROL_PORT, Locator};
 use corral_controller::{Backend, Reconciler};
@@ -44,6 +53,7 @@ use corral_core::ids::{
     WorkerId,
 };
 use corral_core::pool::{Command, Outcome as Done, PoolConfig, PoolDoc, WorkerState};
+use corral_core::run::outcome::{Decided, Kept as Stored, Outcome as RunOutcome};
 use corral_core::run::sequence::{
     Answer, Call, Effect, Event, Kept, Sequence, SessionEnded, Taken,
 };
@@ -51,7 +61,10 @@ use corral_core::store::Unavailable;
 use corral_core::time::UnixMillis;
 use corral_store::lease::{self, AcquireError};
 use corral_store::{ValkeyStore, VersionWatch};
+use object_store::memory::InMemory;
 
+use crate::dns::{self, Dns};
+use crate::objects::{self, TurmoilObjects};
 use crate::valkey::{self, Data};
 use crate::{
     Outcome, Response, Rng, execute_order, run_of, serve_worker, status, step_with_faults,
@@ -59,7 +72,7 @@ use crate::{
 };
 
 /// This world's invariants, each checked and counted.
-pub const INVARIANTS: [&str; 8] = [
+pub const INVARIANTS: [&str; 9] = [
     "executed_without_lease",
     "kept_after_lease_lost",
     "deleted_while_leased",
@@ -67,6 +80,7 @@ pub const INVARIANTS: [&str; 8] = [
     "deploy_run_executed_twice",
     "refusal_without_code",
     "deploy_run_unanswered",
+    "answered_without_save",
     "pool_not_restored",
 ];
 
@@ -105,6 +119,10 @@ struct Truth {
     started: BTreeSet<u64>,
     /// Runs that died with their replica, unanswered.
     died: BTreeSet<u64>,
+    /// The world's name service.
+    dns: Dns,
+    /// The object store host's objects (they outlive its crashes).
+    objects: Arc<InMemory>,
     /// Each slot's current worker id, as the backend assigned it.
     slots: BTreeMap<u64, Option<WorkerId>>,
     /// The pool document current now (none after Valkey lost its data), with its version.
@@ -185,6 +203,12 @@ enum FaultKind {
     CrashReplica(String),
     /// A worker slot's process crashes and restarts.
     CrashWorker(u64),
+    /// A replica and the object store cannot reach each other.
+    PartitionObjects(String),
+    /// The object store host crashes and restarts (its objects are durable).
+    CrashObjects,
+    /// Lookups of a host's name fail, at once or after the resolver's timeout.
+    Dns(String, dns::Failure),
 }
 
 impl Plan {
@@ -195,14 +219,19 @@ impl Plan {
         let long_ms = pool_config().lease_ttl_ms + rng.below(5_000);
         let stagger_ms = 50 + rng.below(400);
         // The runs start after the pool's first warm workers (a few seconds).
-        let span = 5_000 + runs_per_replica * stagger_ms + run_ms;
+        let span = start_ms(runs_per_replica, stagger_ms) + run_ms;
         let replica = |rng: &mut Rng| replica_name(rng.below(REPLICAS));
         let faults = (0..rng.below(5))
             .map(|_| Fault {
-                at_ms: rng.below(span),
+                // Half the faults strike while the runs go on.
+                at_ms: if rng.below(2) == 0 {
+                    rng.below(span)
+                } else {
+                    5_000 + rng.below(span - 5_000)
+                },
                 heal_ms: 200 + rng.below(12_000),
-                kind: match rng.below(7) {
-                    0 => FaultKind::PartitionValkey(if rng.below(4) == 0 {
+                kind: match rng.below(10) {
+                    0 => FaultKind::PartitionValkey(if rng.below(2) == 0 {
                         "controller".to_owned()
                     } else {
                         replica(&mut rng)
@@ -214,7 +243,22 @@ impl Plan {
                     },
                     4 => FaultKind::CrashController,
                     5 => FaultKind::CrashReplica(replica(&mut rng)),
-                    _ => FaultKind::CrashWorker(rng.below(SLOTS)),
+                    6 => FaultKind::CrashWorker(rng.below(SLOTS)),
+                    7 => FaultKind::PartitionObjects(replica(&mut rng)),
+                    8 => FaultKind::CrashObjects,
+                    _ => {
+                        let name = match rng.below(3) {
+                            0 => "valkey".to_owned(),
+                            1 => "objects".to_owned(),
+                            _ => slot_name(rng.below(SLOTS)),
+                        };
+                        let failure = if rng.below(2) == 0 {
+                            dns::Failure::NotFound
+                        } else {
+                            dns::Failure::Timeout
+                        };
+                        FaultKind::Dns(name, failure)
+                    }
                 },
             })
             .collect();
@@ -256,7 +300,8 @@ impl Dial for SlotDial {
                     format!("no worker {host}"),
                 ));
             };
-            let stream = turmoil::net::TcpStream::connect((slot.as_str(), port)).await?;
+            let dns = lock(&self.0).dns.clone();
+            let stream = dns.connect(&slot, port).await?;
             Ok(Box::new(stream) as Box<dyn Connection>)
         })
     }
@@ -274,13 +319,16 @@ fn worker_client(truth: &Shared) -> WorkerClient {
 /// stores the world has made before (a restarted host draws epochs of its own, as a restarted
 /// process does from the wall clock).
 fn store(seed: u64, truth: &Shared) -> ValkeyStore {
-    let made = {
+    let (made, dns) = {
         let mut truth = lock(truth);
         truth.stores += 1;
-        truth.stores
+        (truth.stores, truth.dns.clone())
     };
     let seed = seed ^ made.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    ValkeyStore::over(Arc::new(valkey::TurmoilLink::new("valkey", seed)), POOL)
+    ValkeyStore::over(
+        Arc::new(valkey::TurmoilLink::new("valkey", seed, dns)),
+        POOL,
+    )
 }
 
 /// The backend: a created worker takes a free slot; a deleted one frees it.
@@ -492,6 +540,11 @@ async fn worker_answer(
                 .push(slot_name(slot));
         }
         tokio::time::sleep(lengths.of(run)).await;
+        // A worker deleted while its code ran took the run with it: its process is gone, and
+        // the run's connection never answers.
+        if lock(&truth).slots.get(&slot).copied().flatten() != this {
+            std::future::pending::<()>().await;
+        }
     })
     .await)
 }
@@ -518,6 +571,8 @@ struct Replica {
     name: String,
     store: ValkeyStore,
     workers: WorkerClient,
+    /// The API's own workspace store, over the world's object store host.
+    workspaces: Workspaces,
     affinity: Sessions,
     truth: Shared,
 }
@@ -557,6 +612,10 @@ async fn api_host(
         name: replica_name(replica),
         store: store(seed, &truth),
         workers: worker_client(&truth),
+        workspaces: Workspaces::new(
+            Arc::new(TurmoilObjects::new("objects", lock(&truth).dns.clone())),
+            "",
+        ),
         affinity: Sessions::default(),
         truth: truth.clone(),
     });
@@ -581,13 +640,12 @@ async fn api_host(
         }
         let ports = ports.clone();
         let truth = truth.clone();
-        // The pool's first workers take a few seconds to be created and proven warm.
-        let at = Duration::from_millis(5_000 + n as u64 * stagger_ms);
+        let at = Duration::from_millis(start_ms(n as u64, stagger_ms));
         tasks.push(tokio::spawn(async move {
             let now = turmoil::sim_elapsed().unwrap_or_default();
             tokio::time::sleep(at.saturating_sub(now)).await;
             lock(&truth).started.insert(run);
-            one_run(run, &ports).await;
+            one_run(run, kernel_of(run, plan_runs), &ports).await;
         }));
     }
     for task in tasks {
@@ -598,90 +656,75 @@ async fn api_host(
     Ok(())
 }
 
-/// Whether run `run` is a persistent cell (KER-4, affinity mode), and of which kernel.
-fn kernel_of(run: u64) -> Option<String> {
-    (run % 3 == 1).then(|| format!("kernel-{}", run % 2))
+/// How far apart a replica's waves of runs are: longer than a lease, so that a fault between
+/// two cells of one kernel can cost the session its lease.
+const WAVE_MS: u64 = 6_000;
+
+/// When a replica's `n`-th run starts: after the pool's first workers are warm (a few seconds),
+/// in waves of two (a run and a kernel's cell) [`WAVE_MS`] apart, each `stagger_ms` after the one
+/// before.
+fn start_ms(n: u64, stagger_ms: u64) -> u64 {
+    5_000 + n * stagger_ms + (n / 2) * WAVE_MS
+}
+
+/// Whether run `run` of a replica running `per_replica` runs is a persistent cell (KER-4,
+/// affinity mode), and of which kernel: every second run is a cell of its replica's one kernel,
+/// so a kernel's session is held between waves and continued by the next cell.
+fn kernel_of(run: u64, per_replica: u64) -> Option<String> {
+    (run % 2 == 1).then(|| format!("kernel-{}", run / per_replica.max(1)))
+}
+
+/// The workspace run `run` reads and saves: four workspaces shared by the world's runs, so that
+/// two runs of one workspace race to save (WS-5).
+fn workspace_of(run: u64) -> String {
+    corral_core::workspace::storage_key(&format!("actor-{}", run % 4), "conversation")
+}
+
+/// One run or persistent cell as it goes: what its steps have produced so far.
+struct Cell<'a> {
+    run: u64,
+    kernel: Option<String>,
+    ports: &'a Arc<Replica>,
+    holder: Option<Holder>,
+    watch: Option<VersionWatch>,
+    claim: Option<ClaimGuard<'a>>,
+    /// The snapshot the run started from.
+    restored: Option<Snapshot>,
+    /// The worker's reply.
+    reply: Option<ExecuteReply>,
+    /// What keeping did and the outcome it decided.
+    kept: Option<(Keeping, Decided)>,
 }
 
 /// One run or persistent cell: corral-core's sequence, performed by this replica's shells (the
-/// store's acquire, the API's lease holder and kernel sessions, the worker client).
-async fn one_run(run: u64, ports: &Arc<Replica>) {
-    let kernel = kernel_of(run);
+/// store's acquire, the API's lease holder and kernel sessions, the worker client, the API's
+/// workspace store and its keeping).
+async fn one_run(run: u64, kernel: Option<String>, ports: &Arc<Replica>) {
     let (mut sequence, first) = Sequence::start(kernel.is_some());
     let mut queue = VecDeque::from(first);
-    let mut holder: Option<Holder> = None;
-    let mut watch: Option<VersionWatch> = None;
-    let mut claim: Option<ClaimGuard<'_>> = None;
+    let mut cell = Cell {
+        run,
+        kernel,
+        ports,
+        holder: None,
+        watch: None,
+        claim: None,
+        restored: None,
+        reply: None,
+        kept: None,
+    };
     while let Some(effect) = queue.pop_front() {
-        let event = match effect {
-            Effect::Scope => Event::Scoped(Some(kernel.is_some())),
-            Effect::TakeSession => {
-                let key = kernel.as_deref().unwrap_or_default();
-                let (taken, claimed) = ports.affinity.take(key);
-                claim = claimed.map(|c| ports.affinity.guard(c));
-                Event::SessionTaken(match taken {
-                    affinity::Taken::Busy => Taken::Busy,
-                    affinity::Taken::Session(session) => {
-                        let archive = session.archive.is_some();
-                        lock(&ports.truth).note(format!(
-                            "run {run} continues {key} on {}",
-                            session.holder.granted().worker
-                        ));
-                        holder = Some(session.holder);
-                        Taken::Session { archive }
-                    }
-                    affinity::Taken::Absent { .. } => Taken::Absent,
-                })
-            }
-            Effect::Acquire => acquire(run, ports, &mut holder, &mut watch).await,
-            Effect::ReadInputs => Event::InputsRead(true),
-            Effect::Project => Event::Projected(true),
-            Effect::Execute => Event::Executed(execute(run, ports, holder.as_ref()).await),
-            Effect::Keep => Event::Kept(Kept {
-                succeeded: true,
-                install_failed: false,
-                checkpoint_refused: false,
-                retained: kernel.is_some(),
-            }),
-            Effect::Link => Event::Linked,
-            Effect::CheckLease => {
-                let lost = holder.as_ref().is_none_or(Holder::lost);
-                if let (false, Some(holder)) = (lost, holder.as_ref()) {
-                    judge_kept(&mut lock(&ports.truth), run, holder.granted());
-                }
-                Event::LeaseChecked { lost }
-            }
-            Effect::Release(disposition) => {
-                if let Some(holder) = holder.take() {
-                    holder.release(disposition);
-                }
-                continue;
-            }
-            Effect::HoldSession => {
-                if let (Some(guard), Some(holder)) = (&claim, holder.take()) {
-                    let session = affinity::Session {
-                        holder,
-                        archive: Some(Bytes::new()),
-                        idle_since: tokio::time::Instant::now(),
-                    };
-                    ports.affinity.put(ports, guard.claim(), session);
-                }
-                continue;
-            }
-            Effect::EndSession(reason) => {
-                if let Some(guard) = &claim {
-                    ports
-                        .affinity
-                        .end(guard.claim(), reason.map(SessionEnded::message));
-                }
-                continue;
-            }
-            Effect::Answer(answer) => {
-                let mut truth = lock(&ports.truth);
-                truth.note(format!("run {run} answered {answer:?}"));
-                truth.answers.insert(run, answer);
-                return;
-            }
+        if let Effect::Answer(answer) = effect {
+            let kept = cell.kept.as_ref().map(|(keeping, decided)| Judged {
+                keeping,
+                decided,
+                left: cell.reply.as_ref().and_then(|r| r.workspace.archive()),
+            });
+            answered(run, ports, answer, kept).await;
+            return;
+        }
+        let Some(event) = cell.perform(effect).await else {
+            continue;
         };
         match sequence.on(event) {
             Ok(next) => queue.extend(next),
@@ -690,6 +733,208 @@ async fn one_run(run: u64, ports: &Arc<Replica>) {
                 return;
             }
         }
+    }
+}
+
+impl<'a> Cell<'a> {
+    /// Performs one effect; the event that answers it, if it asks one.
+    async fn perform(&mut self, effect: Effect) -> Option<Event> {
+        let (run, ports) = (self.run, self.ports);
+        Some(match effect {
+            Effect::Scope => Event::Scoped(Some(self.kernel.is_some())),
+            Effect::TakeSession => self.take_session(),
+            Effect::Acquire => acquire(run, ports, &mut self.holder, &mut self.watch).await,
+            Effect::ReadInputs => self.read_inputs().await,
+            Effect::Project => Event::Projected(true),
+            Effect::Execute => {
+                let (call, reply) = execute(run, ports, self.holder.as_ref()).await;
+                self.reply = reply;
+                Event::Executed(call)
+            }
+            Effect::Keep => self.keep().await,
+            Effect::Link => Event::Linked,
+            Effect::CheckLease => {
+                let lost = self.holder.as_ref().is_none_or(Holder::lost);
+                if let (false, Some(holder)) = (lost, self.holder.as_ref()) {
+                    judge_kept(&mut lock(&ports.truth), run, holder.granted());
+                }
+                Event::LeaseChecked { lost }
+            }
+            Effect::Release(disposition) => {
+                if let Some(holder) = self.holder.take() {
+                    holder.release(disposition);
+                }
+                return None;
+            }
+            Effect::HoldSession => {
+                if let (Some(guard), Some(holder)) = (&self.claim, self.holder.take()) {
+                    let archive = self
+                        .kept
+                        .as_ref()
+                        .and_then(|(keeping, _)| keeping.retained.clone());
+                    let session = affinity::Session {
+                        holder,
+                        archive: Some(archive.unwrap_or_default()),
+                        idle_since: tokio::time::Instant::now(),
+                    };
+                    ports.affinity.put(ports, guard.claim(), session);
+                }
+                return None;
+            }
+            Effect::EndSession(reason) => {
+                if let Some(guard) = &self.claim {
+                    ports
+                        .affinity
+                        .end(guard.claim(), reason.map(SessionEnded::message));
+                }
+                return None;
+            }
+            Effect::Answer(_) => return None,
+        })
+    }
+
+    fn take_session(&mut self) -> Event {
+        let (run, ports) = (self.run, self.ports);
+        let key = self.kernel.as_deref().unwrap_or_default();
+        let (taken, claimed) = ports.affinity.take(key);
+        self.claim = claimed.map(|c| ports.affinity.guard(c));
+        Event::SessionTaken(match taken {
+            affinity::Taken::Busy => Taken::Busy,
+            affinity::Taken::Session(session) => {
+                let archive = session.archive.is_some();
+                lock(&ports.truth).note(format!(
+                    "run {run} continues {key} on {}",
+                    session.holder.granted().worker
+                ));
+                self.holder = Some(session.holder);
+                Taken::Session { archive }
+            }
+            affinity::Taken::Absent { .. } => Taken::Absent,
+        })
+    }
+
+    /// The workspace's newest snapshot, read through the API's workspace store (WS-1).
+    async fn read_inputs(&mut self) -> Event {
+        match self.ports.workspaces.latest(&workspace_of(self.run)).await {
+            Ok(restored) => {
+                self.restored = restored;
+                Event::InputsRead(true)
+            }
+            Err(error) => {
+                let (run, code) = (self.run, error.code());
+                let mut truth = lock(&self.ports.truth);
+                truth.note(format!("run {run} cannot read its workspace: {code}"));
+                truth.verify("refusal_without_code", !code.is_empty(), || {
+                    format!("run {run}'s workspace read refused without a code")
+                });
+                Event::InputsRead(false)
+            }
+        }
+    }
+
+    /// Keeps what the worker's reply says the run left, with the API's own keeping (WS-2, WS-5).
+    async fn keep(&mut self) -> Event {
+        let Some(reply) = &self.reply else {
+            return Event::Executed(Call::Lost);
+        };
+        let key = workspace_of(self.run);
+        let run_id = format!("run-{}", self.run);
+        let storage = keep::Storage {
+            workspaces: &self.ports.workspaces,
+            persist: true,
+            max_artifact_bytes: u64::MAX,
+        };
+        let run = keep::Run {
+            key: &key,
+            run_id: &run_id,
+            restored: self.restored.as_ref(),
+            declared: &[],
+        };
+        let how = keep::How {
+            retain: self.kernel.is_some(),
+            publish: None,
+        };
+        let (keeping, decided) = keep::kept(storage, run, reply, how).await;
+        let kept = Kept {
+            succeeded: decided.outcome == RunOutcome::Succeeded,
+            install_failed: false,
+            checkpoint_refused: false,
+            retained: keeping.retained.is_some(),
+        };
+        lock(&self.ports.truth).note(format!(
+            "run {} kept {:?} ({:?})",
+            self.run, keeping.kept, decided.outcome
+        ));
+        self.kept = Some((keeping, decided));
+        Event::Kept(kept)
+    }
+}
+
+/// What a run kept and decided, with the workspace its worker returned.
+struct Judged<'a> {
+    keeping: &'a Keeping,
+    decided: &'a Decided,
+    left: Option<Vec<u8>>,
+}
+
+/// Answers run `run`, judging what it answers: a `succeeded` run's workspace is stored as the
+/// generation it names, holding what the run left, or retained beside its kernel's lease; any
+/// other decided outcome reports its failure with a stable code.
+async fn answered(run: u64, ports: &Replica, answer: Answer, kept: Option<Judged<'_>>) {
+    let judged = match (&answer, kept) {
+        (Answer::Decided, Some(kept)) => Some(judge_kept_workspace(run, ports, kept).await),
+        _ => None,
+    };
+    let mut truth = lock(&ports.truth);
+    truth.note(format!("run {run} answered {answer:?}"));
+    if let Some(judged) = judged {
+        let holds = judged.is_ok();
+        truth.verify("answered_without_save", holds, || {
+            judged.err().unwrap_or_default()
+        });
+    }
+    truth.answers.insert(run, answer);
+}
+
+async fn judge_kept_workspace(run: u64, ports: &Replica, kept: Judged<'_>) -> Result<(), String> {
+    let Judged {
+        keeping,
+        decided,
+        left,
+    } = kept;
+    if decided.outcome != RunOutcome::Succeeded {
+        return match &decided.error {
+            Some(_) => Ok(()),
+            None => Err(format!(
+                "run {run} answered {:?} without a reported failure",
+                decided.outcome
+            )),
+        };
+    }
+    if keeping.retained.is_some() || keeping.unchanged {
+        return Ok(());
+    }
+    let Stored::Stored {
+        generation: Some(generation),
+    } = keeping.kept
+    else {
+        return Err(format!(
+            "run {run} answered succeeded having stored {:?}",
+            keeping.kept
+        ));
+    };
+    // What the object store holds now, read straight from its objects (not over the network).
+    let stored = lock(&ports.truth).objects.clone();
+    let held = Workspaces::new(stored, "")
+        .generation(&workspace_of(run), generation)
+        .await;
+    match held {
+        Ok(Some(snapshot)) if Some(snapshot.archive.to_vec()) == left => Ok(()),
+        other => Err(format!(
+            "run {run} answered succeeded with generation {generation} of its workspace, \
+             which the object store holds as {:?} bytes",
+            other.map(|s| s.map(|s| s.archive.len()))
+        )),
     }
 }
 
@@ -717,7 +962,7 @@ async fn acquire(
         },
         wait_ms: pool_config().acquire_wait_ms,
     };
-    let asked_at = tokio::time::Instant::now().into_std();
+    lock(&ports.truth).note(format!("run {run} on {} asks for a lease", ports.name));
     let wait = Duration::from_millis(pool_config().acquire_wait_ms);
     match lease::acquire(&ports.store, &pool_config(), &command, wait, watch).await {
         Ok(granted) => {
@@ -725,7 +970,11 @@ async fn acquire(
                 "run {run} on {} leased {} (token {})",
                 ports.name, granted.worker, granted.token.0
             ));
-            *holder = Some(Holder::start(ports.clone(), granted, asked_at));
+            *holder = Some(Holder::start(
+                ports.clone(),
+                granted,
+                granted.since.into_std(),
+            ));
             Event::Acquired
         }
         Err(error) => {
@@ -745,21 +994,25 @@ async fn acquire(
     }
 }
 
-async fn execute(run: u64, ports: &Replica, holder: Option<&Holder>) -> Call {
+async fn execute(
+    run: u64,
+    ports: &Replica,
+    holder: Option<&Holder>,
+) -> (Call, Option<ExecuteReply>) {
     let Some(granted) = holder.map(Holder::granted) else {
-        return Call::Lost;
+        return (Call::Lost, None);
     };
     let (request, bounds) = execute_order(run, granted.token);
-    let call = match ports
+    let (call, reply) = match ports
         .workers
         .execute(granted.worker, &request, &bounds)
         .await
     {
-        Ok(_) => Call::Answered,
-        Err(error) => error.as_call(),
+        Ok(reply) => (Call::Answered, Some(reply)),
+        Err(error) => (error.as_call(), None),
     };
     lock(&ports.truth).note(format!("run {run} on {}: {call:?}", granted.worker));
-    call
+    (call, reply)
 }
 
 /// Records every pool document Valkey writes, and judges it with corral-core's own checks.
@@ -806,6 +1059,7 @@ pub fn run_world(seed: u64) -> Outcome {
         }
     }
     let data: Arc<Mutex<Data>> = Arc::default();
+
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .tick_duration(Duration::from_millis(10))
@@ -813,6 +1067,8 @@ pub fn run_world(seed: u64) -> Outcome {
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(1 + seed % 10))
         .build();
+    let objects = lock(&truth).objects.clone();
+    sim.host("objects", move || objects::host(objects.clone()));
     let starts = Arc::new(std::sync::atomic::AtomicU64::new(0));
     {
         let (data, observe, starts) = (data.clone(), observer(truth.clone()), starts.clone());
@@ -968,6 +1224,12 @@ fn apply(
         (FaultKind::CrashController, false) => sim.bounce("controller"),
         (FaultKind::CrashWorker(slot), true) => sim.crash(slot_name(*slot).as_str()),
         (FaultKind::CrashWorker(slot), false) => sim.bounce(slot_name(*slot).as_str()),
+        (FaultKind::PartitionObjects(host), true) => sim.partition(host.as_str(), "objects"),
+        (FaultKind::PartitionObjects(host), false) => sim.repair(host.as_str(), "objects"),
+        (FaultKind::CrashObjects, true) => sim.crash("objects"),
+        (FaultKind::CrashObjects, false) => sim.bounce("objects"),
+        (FaultKind::Dns(name, failure), true) => lock(truth).dns.fail(name, *failure),
+        (FaultKind::Dns(name, _), false) => lock(truth).dns.heal(name),
     }
 }
 
@@ -978,7 +1240,7 @@ fn valkey_partition_seed(from: u64) -> u64 {
     (from..)
         .find(|seed| {
             let plan = Plan::from_seed(*seed);
-            let burst = 5_000..5_000 + plan.runs_per_replica * plan.stagger_ms;
+            let burst = 5_000..start_ms(plan.runs_per_replica, plan.stagger_ms);
             plan.faults.iter().any(|f| {
                 matches!(&f.kind, FaultKind::PartitionValkey(host) if host.starts_with("api"))
                     && f.at_ms < burst.end
@@ -1020,6 +1282,85 @@ mod tests {
             "seed {seed}: {:?}",
             first.violations
         );
+    }
+
+    /// When each line of `trace` happened (ms), and what it says.
+    fn timed(trace: &[String]) -> Vec<(u64, &str)> {
+        trace
+            .iter()
+            .filter_map(|line| {
+                let (at, what) = line.trim_start().split_once(" ms ")?;
+                Some((at.parse().ok()?, what))
+            })
+            .collect()
+    }
+
+    /// A run of `seed` granted its lease more than a lease's TTL after asking, on a replica the
+    /// world never cuts off from Valkey: (run, replica, the line index of its grant).
+    fn queued_past_ttl(seed: u64, trace: &[(u64, &str)]) -> Option<(u64, String, usize)> {
+        let plan = Plan::from_seed(seed);
+        let cut_off = |replica: &str| {
+            plan.faults.iter().any(|f| match &f.kind {
+                FaultKind::PartitionValkey(host) => host == replica,
+                FaultKind::CrashValkey { .. } => true,
+                FaultKind::Dns(name, _) => name == "valkey",
+                _ => false,
+            })
+        };
+        let mut asked = BTreeMap::new();
+        for (index, (at, what)) in trace.iter().enumerate() {
+            let words: Vec<&str> = what.split(' ').collect();
+            let [first, run, on, replica, verb, ..] = words[..] else {
+                continue;
+            };
+            let (Ok(run), "run", "on") = (run.parse::<u64>(), first, on) else {
+                continue;
+            };
+            match verb {
+                "asks" => {
+                    asked.insert(run, *at);
+                }
+                "leased"
+                    if asked
+                        .get(&run)
+                        .is_some_and(|asked| at - asked > pool_config().lease_ttl_ms)
+                        && !cut_off(replica) =>
+                {
+                    return Some((run, replica.to_owned(), index));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn pool_06_a_lease_granted_after_queueing_longer_than_its_ttl_is_held_not_lost() {
+        let (seed, run, replica, outcome, granted) = (0..50)
+            .find_map(|seed| {
+                let outcome = run_world(seed);
+                let found = queued_past_ttl(seed, &timed(&outcome.trace));
+                found.map(|(run, replica, at)| (seed, run, replica, outcome, at))
+            })
+            .expect("a seed within 50 queues a run longer than a lease's TTL");
+        println!("seed {seed}: run {run} on {replica} queued longer than a lease's TTL");
+        let trace = timed(&outcome.trace);
+        let answered = format!("run {run} answered ");
+        let end = trace[granted..]
+            .iter()
+            .position(|(_, what)| what.starts_with(&answered))
+            .expect("the run is answered");
+        let lost = format!("{replica}: lease_lost");
+        let lost_meanwhile: Vec<_> = trace[granted..granted + end]
+            .iter()
+            .filter(|(_, what)| *what == lost)
+            .collect();
+        assert!(
+            lost_meanwhile.is_empty(),
+            "seed {seed}: {replica}, never cut off from Valkey, lost a lease while run {run} ran \
+             on the lease it queued for: {lost_meanwhile:?}"
+        );
+        assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
     }
 
     #[test]

@@ -43,6 +43,8 @@ use corral_core::run::sequence::{Answer, Call, Effect, Event, Kept, Sequence};
 use http_body_util::{BodyExt, Full};
 
 mod deploy;
+mod dns;
+mod objects;
 mod valkey;
 
 /// The invariants, each checked and counted.
@@ -248,8 +250,9 @@ where
         let Ok(order) = serde_json::from_slice::<ExecuteRequest>(&body) else {
             return status(400, Bytes::new());
         };
+        let run = run_of(&order);
         execute(order).await;
-        executed_reply()
+        executed_reply(run)
     } else if path == corral_contract::routes::RESET {
         let Some(reply) = reset_reply(&body) else {
             return status(400, Bytes::new());
@@ -293,11 +296,25 @@ fn run_of(order: &ExecuteRequest) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// A simulated worker's reply to an execute whose run is over: exit 0, warm.
-fn executed_reply() -> Vec<u8> {
+/// The workspace run `run` leaves: a tar holding `run-<run>.txt`.
+fn workspace_left(run: u64) -> Vec<u8> {
+    let text = format!("run {run}\n");
+    let mut header = tar::Header::new_gnu();
+    header.set_size(text.len() as u64);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut archive = tar::Builder::new(Vec::new());
+    let _ = archive.append_data(&mut header, format!("run-{run}.txt"), text.as_bytes());
+    archive.into_inner().unwrap_or_default()
+}
+
+/// A simulated worker's reply to an execute whose run is over: exit 0, warm, and the workspace
+/// it left.
+fn executed_reply(run: u64) -> Vec<u8> {
     serde_json::to_vec(&ExecuteReply {
         exit_code: Some(0),
         warm: true,
+        workspace: corral_contract::messages::WorkspaceReturn::of_archive(&workspace_left(run)),
         ..ExecuteReply::default()
     })
     .unwrap_or_default()
@@ -737,7 +754,7 @@ struct Mutation {
 }
 
 /// The shells' defects this world must catch (issue 28, item 6).
-const MUTATIONS: [Mutation; 2] = [
+const MUTATIONS: [Mutation; 4] = [
     Mutation {
         name: "retry-lost-execute",
         what: "the worker client sends an execute whose answer was lost once more",
@@ -749,6 +766,20 @@ const MUTATIONS: [Mutation; 2] = [
         what: "the API's lease holder driver reports a lease it found lost as still held",
         switch: corral_api::run::lease::mutation::keep_lost_leases,
         caught_by: "kept_after_lease_lost",
+    },
+    Mutation {
+        name: "answer-before-save",
+        what: "the API's keeping counts a workspace saved (and the run succeeded) before the \
+               object store acknowledged the save",
+        switch: corral_api::run::keep::mutation::answer_before_save,
+        caught_by: "answered_without_save",
+    },
+    Mutation {
+        name: "reap-stale-leases",
+        what: "the controller's reconciler driver, back in touch with Valkey after a partition, \
+               deletes the workers whose leases had run out in the pool it read before it",
+        switch: corral_controller::mutation::reap_stale_leases,
+        caught_by: "deleted_while_leased",
     },
 ];
 

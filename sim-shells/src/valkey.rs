@@ -21,6 +21,8 @@ use mlua::{Lua, Value as Lua_};
 use serde_json::{Value as Json, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
+use crate::dns::Dns;
+
 /// The port the simulated Valkey listens on.
 pub const PORT: u16 = 6379;
 
@@ -522,24 +524,24 @@ fn json_reply(value: &Json) -> Reply {
 pub struct TurmoilLink {
     host: String,
     entropy: Mutex<u64>,
+    dns: Dns,
 }
 
 impl TurmoilLink {
-    /// A link to `host`, its entropy drawn from `seed`.
+    /// A link to `host`, its name resolved through `dns`, its entropy drawn from `seed`.
     #[must_use]
-    pub fn new(host: &str, seed: u64) -> Self {
+    pub fn new(host: &str, seed: u64, dns: Dns) -> Self {
         Self {
             host: host.to_owned(),
             entropy: Mutex::new(seed | 1),
+            dns,
         }
     }
 
     /// Opens a connection to the host, sends `request`, and reads the first line answered: the
     /// lines that follow, for a subscription's messages.
     async fn open(&self, request: &Json) -> Result<(Json, Lines), Lost> {
-        let stream = turmoil::net::TcpStream::connect((self.host.as_str(), PORT))
-            .await
-            .map_err(|_| Lost)?;
+        let stream = self.dns.connect(&self.host, PORT).await.map_err(|_| Lost)?;
         let (read, mut write) = tokio::io::split(stream);
         write
             .write_all(format!("{request}\n").as_bytes())

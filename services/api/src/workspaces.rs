@@ -157,6 +157,26 @@ impl Workspaces {
         self.newest(SNAPSHOTS, key).await
     }
 
+    /// Generation `generation` of `key`, if it is stored (it may have been pruned since a newer
+    /// one was saved on top of it).
+    ///
+    /// # Errors
+    /// [`StorageError::Unavailable`] when it cannot be read.
+    pub async fn generation(
+        &self,
+        key: &str,
+        generation: u64,
+    ) -> Result<Option<Snapshot>, StorageError> {
+        match self.store.get(&self.path(SNAPSHOTS, key, generation)).await {
+            Ok(found) => Ok(Some(Snapshot {
+                generation,
+                archive: found.bytes().await.map_err(|e| unavailable(&e))?,
+            })),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(unavailable(&e)),
+        }
+    }
+
     /// Saves `archive` as the generation after `base` (0 when the run started from no snapshot),
     /// only if nobody has; returns the new generation.
     ///

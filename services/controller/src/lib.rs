@@ -134,6 +134,8 @@ pub struct Reconciler<B, C> {
     core: tokio::sync::Mutex<CoreReconciler>,
     core_config: ReconcilerConfig,
     epoch: Instant,
+    #[cfg(feature = "sim-mutations")]
+    seen: std::sync::Mutex<mutation::Seen>,
 }
 
 impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
@@ -149,6 +151,8 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
             core: tokio::sync::Mutex::new(core),
             core_config,
             epoch: Instant::now(),
+            #[cfg(feature = "sim-mutations")]
+            seen: std::sync::Mutex::default(),
         }
     }
 
@@ -265,13 +269,53 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
     async fn store_call(&self, call: StoreCall) -> Answered {
         match call {
             StoreCall::ReadImage => Answered::Image(match self.store.load().await {
+                #[cfg(feature = "sim-mutations")]
+                Ok(Loaded::Found { doc, .. }) if mutation::reaps_stale_leases() => {
+                    self.reap_stale(&doc).await;
+                    Ok(doc.image().cloned())
+                }
                 Ok(Loaded::Found { doc, .. }) => Ok(doc.image().cloned()),
+                #[cfg(feature = "sim-mutations")]
+                Err(Unavailable) if mutation::reaps_stale_leases() => {
+                    self.seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .cut_off = true;
+                    Err(Unavailable)
+                }
                 // A document from before Valkey restarted is not trusted: nothing is published.
                 Ok(Loaded::Absent | Loaded::Outlived { .. }) => Ok(None),
                 Err(Unavailable) => Err(Unavailable),
             }),
             StoreCall::Commit(command) => {
                 Answered::Committed(self.store.commit(&command, &self.config, RETRIES).await)
+            }
+        }
+    }
+
+    /// The defect: back in touch with the store after an outage, delete the workers whose leases
+    /// ran out, by the store's clock, in the document last read before the outage, without
+    /// asking the pool (which heard their holders' heartbeats meanwhile).
+    #[cfg(feature = "sim-mutations")]
+    async fn reap_stale(&self, doc: &corral_core::pool::PoolDoc) {
+        let stale = {
+            let mut seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let stale = if seen.cut_off { seen.doc.take() } else { None };
+            seen.cut_off = false;
+            seen.doc = Some(doc.clone());
+            stale
+        };
+        let (Some(stale), Ok(now)) = (stale, self.store.now().await) else {
+            return;
+        };
+        for (worker, held) in stale.workers() {
+            if let corral_core::pool::WorkerState::Leased(lease) = &held.state
+                && lease.expires_at <= now
+            {
+                let _ = self.backend.delete(*worker).await;
             }
         }
     }
@@ -318,5 +362,32 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
                 Answered::Reset(worker, token, evidence)
             }
         }
+    }
+}
+
+/// The reconciler driver's deliberate defect, for the shell simulation to prove it catches it
+/// (issue 28). Compiled only with the `sim-mutations` feature, which no shipped build enables.
+#[cfg(feature = "sim-mutations")]
+pub mod mutation {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static REAP_STALE_LEASES: AtomicBool = AtomicBool::new(false);
+
+    /// What the defective driver remembers: the document it last read, and whether the store
+    /// has been out of reach since.
+    #[derive(Default)]
+    pub(crate) struct Seen {
+        pub(crate) doc: Option<corral_core::pool::PoolDoc>,
+        pub(crate) cut_off: bool,
+    }
+
+    /// Turns on (or off) the defect: back in touch with the store after an outage, the driver
+    /// deletes the workers whose leases had run out in the document it read before the outage.
+    pub fn reap_stale_leases(on: bool) {
+        REAP_STALE_LEASES.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn reaps_stale_leases() -> bool {
+        REAP_STALE_LEASES.load(Ordering::SeqCst)
     }
 }

@@ -31,6 +31,13 @@ pub struct Granted {
     pub token: OpToken,
     /// When the lease expires unless renewed, on the deployment clock.
     pub expires_at: UnixMillis,
+    /// The latest instant of this process's clock the grant cannot have preceded: when the
+    /// request that made it was first sent, or, for a grant made to the queued ticket by someone
+    /// else, when the last read that still found it queued was sent. The lease's TTL runs from
+    /// no earlier than this, so a holder counting from it never outlives the lease; counting from
+    /// the first request instead would take a ticket that queued longer than the TTL for lost the
+    /// moment it is granted.
+    pub since: Instant,
 }
 
 /// Why no lease was granted. Codes are stable.
@@ -94,6 +101,7 @@ pub async fn acquire(
         return Err(AcquireError::Refused("not_an_acquire"));
     };
     let ticket = *ticket;
+    let asked = Instant::now();
     let applied = store
         .commit(acquire, config, RETRIES)
         .await
@@ -110,6 +118,7 @@ pub async fn acquire(
                 worker: *worker,
                 token: *token,
                 expires_at: *expires_at,
+                since: asked,
             });
         }
         Some(Event::Refused { reason, .. }) => return Err(AcquireError::Refused(reason.code())),
@@ -120,7 +129,10 @@ pub async fn acquire(
     }
     let started = Instant::now();
     let deadline = started + wait + Duration::from_secs(1);
+    // The ticket was queued when the acquire's answer was written: no grant precedes that.
+    let mut queued_at = asked;
     while Instant::now() < deadline {
+        let sent = Instant::now();
         match store.load().await {
             Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
                 TicketStatus::Granted {
@@ -133,10 +145,11 @@ pub async fn acquire(
                         worker,
                         token,
                         expires_at,
+                        since: queued_at,
                     });
                 }
                 TicketStatus::Gone => return Err(gone(started.elapsed(), wait)),
-                TicketStatus::Queued { .. } => {}
+                TicketStatus::Queued { .. } => queued_at = sent,
             },
             Ok(Loaded::Absent | Loaded::Outlived { .. }) | Err(_) => {
                 return Err(AcquireError::CoordinationUnavailable);

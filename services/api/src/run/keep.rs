@@ -5,10 +5,87 @@
 
 use bytes::Bytes;
 use corral_contract::ExecuteReply;
-use corral_core::run::outcome::Kept;
+use corral_core::run::outcome::{Decided, Kept, Packed, Plan, Reported, decide, plan};
 
 use crate::AppState;
-use crate::workspaces::{Snapshot, StorageError, files};
+use crate::workspaces::{Snapshot, StorageError, Workspaces, files};
+
+/// Where keeping writes, and the settings it obeys: the API's own, or a simulated world's.
+#[derive(Clone, Copy)]
+pub struct Storage<'a> {
+    /// The workspace store.
+    pub workspaces: &'a Workspaces,
+    /// Whether workspaces persist across runs (`CORRAL_WORKSPACE_PERSIST`).
+    pub persist: bool,
+    /// The largest output kept (`CORRAL_MAX_ARTIFACT_BYTES`).
+    pub max_artifact_bytes: u64,
+}
+
+impl<'a> Storage<'a> {
+    /// The API's storage and settings.
+    #[must_use]
+    pub fn of(state: &'a AppState) -> Self {
+        Self {
+            workspaces: &state.workspaces,
+            persist: state.settings.workspace_persist,
+            max_artifact_bytes: state.settings.bounds.max_artifact_bytes,
+        }
+    }
+}
+
+/// The run a reply is kept for: its workspace, its id and the snapshot it was restored from.
+#[derive(Clone, Copy)]
+pub struct Run<'a> {
+    /// The workspace's storage key.
+    pub key: &'a str,
+    /// The run's id.
+    pub run_id: &'a str,
+    /// The snapshot the run started from.
+    pub restored: Option<&'a Snapshot>,
+    /// The run's declared outputs (OUT-1).
+    pub declared: &'a [String],
+}
+
+/// Keeps what `reply` says the run left, as corral-core's plan says, and decides the run's one
+/// outcome from the reply and what was kept (corral-core's `decide`).
+pub async fn kept(
+    storage: Storage<'_>,
+    run: Run<'_>,
+    reply: &ExecuteReply,
+    how: How<'_>,
+) -> (Keeping, Decided) {
+    let archive = reply.workspace.archive();
+    let packed = match (reply.workspace.packed(), &archive) {
+        // A packed workspace that does not decode was not returned.
+        (Packed::Archive, None) => Packed::Missing,
+        (packed, _) => packed,
+    };
+    let reported = Reported {
+        exit_code: reply.exit_code,
+        not_run: reply.not_run,
+        bound: reply.bound,
+        downloads: &reply.downloads,
+        rejected: &reply.rejected,
+        packed: &packed,
+    };
+    let keeping = match (plan(&reported), archive) {
+        (Plan::Keep, Some(archive)) => {
+            keep(
+                storage,
+                run.key,
+                run.run_id,
+                run.restored,
+                reply,
+                archive,
+                how,
+            )
+            .await
+        }
+        (Plan::Keep, None) | (Plan::KeepNothing, _) => Keeping::kept(Kept::Nothing),
+    };
+    let decided = decide(&reported, &keeping.kept, run.declared, run.run_id);
+    (keeping, decided)
+}
 
 /// An output stored under its digest, to be linked into the run's room (OUT-1).
 pub struct Published {
@@ -74,7 +151,7 @@ pub struct How<'a> {
 /// run returns is also stored under its digest, where the resource authority's link will point
 /// (OUT-1): the declared ones when it declared any, otherwise every validated download.
 pub async fn keep(
-    state: &AppState,
+    storage: Storage<'_>,
     key: &str,
     run_id: &str,
     restored: Option<&Snapshot>,
@@ -83,7 +160,7 @@ pub async fn keep(
     how: How<'_>,
 ) -> Keeping {
     let How { retain, publish } = how;
-    let published = match outputs(state, key, run_id, reply, &archive, publish).await {
+    let published = match outputs(storage, key, run_id, reply, &archive, publish).await {
         Ok(published) => published,
         Err(kept) => return Keeping::kept(kept),
     };
@@ -94,7 +171,7 @@ pub async fn keep(
             ..Keeping::kept(Kept::Stored { generation: None })
         };
     }
-    if !state.settings.workspace_persist {
+    if !storage.persist {
         return Keeping {
             published,
             ..Keeping::kept(Kept::Stored { generation: None })
@@ -112,7 +189,26 @@ pub async fn keep(
             published,
         };
     }
-    match state.workspaces.save(key, base, Bytes::from(archive)).await {
+    #[cfg(feature = "sim-mutations")]
+    if mutation::answers_before_save() {
+        // The defect: the save is started and its acknowledgement not awaited.
+        let (workspaces, key, archive) = (storage.workspaces.clone(), key.to_owned(), archive);
+        tokio::spawn(async move { workspaces.save(&key, base, Bytes::from(archive)).await });
+        return Keeping {
+            kept: Kept::Stored {
+                generation: Some(base + 1),
+            },
+            saved: true,
+            unchanged: false,
+            retained: None,
+            published,
+        };
+    }
+    match storage
+        .workspaces
+        .save(key, base, Bytes::from(archive))
+        .await
+    {
         Ok(generation) => Keeping {
             kept: Kept::Stored {
                 generation: Some(generation),
@@ -130,7 +226,7 @@ pub async fn keep(
 /// declared ones (every one when none is declared) under their digest: what was published, or
 /// why nothing can be kept.
 async fn outputs(
-    state: &AppState,
+    storage: Storage<'_>,
     key: &str,
     run_id: &str,
     reply: &ExecuteReply,
@@ -138,7 +234,7 @@ async fn outputs(
     publish: Option<&[String]>,
 ) -> Result<Vec<Published>, Kept> {
     let paths: Vec<&str> = reply.downloads.iter().map(|d| d.path.as_str()).collect();
-    let found = match files(archive, &paths, state.settings.bounds.max_artifact_bytes) {
+    let found = match files(archive, &paths, storage.max_artifact_bytes) {
         Ok(found) if found.len() == paths.len() => found,
         Ok(_) => {
             return Err(Kept::Unavailable {
@@ -154,7 +250,7 @@ async fn outputs(
     let mut published = Vec::new();
     for (path, bytes) in found {
         let bytes = Bytes::from(bytes);
-        state
+        storage
             .workspaces
             .retain_output(key, run_id, &path, bytes.clone())
             .await
@@ -163,7 +259,7 @@ async fn outputs(
             && (declared.is_empty() || declared.contains(&path))
         {
             let digest = corral_core::ids::sha256_hex(&bytes);
-            state
+            storage
                 .workspaces
                 .put_resource(&digest, bytes.clone())
                 .await
@@ -192,5 +288,24 @@ fn unchanged(restored: Option<&Bytes>, archive: &[u8]) -> bool {
         None => tar::Archive::new(archive)
             .entries()
             .is_ok_and(|mut entries| entries.next().is_none()),
+    }
+}
+
+/// Keeping's deliberate defect, for the shell simulation to prove it catches it (issue 28).
+/// Compiled only with the `sim-mutations` feature, which no shipped build enables.
+#[cfg(feature = "sim-mutations")]
+pub mod mutation {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ANSWER_BEFORE_SAVE: AtomicBool = AtomicBool::new(false);
+
+    /// Turns on (or off) the defect: a workspace save is started and the run counts it stored
+    /// (and answers `succeeded`) without waiting for the store's acknowledgement.
+    pub fn answer_before_save(on: bool) {
+        ANSWER_BEFORE_SAVE.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn answers_before_save() -> bool {
+        ANSWER_BEFORE_SAVE.load(Ordering::SeqCst)
     }
 }

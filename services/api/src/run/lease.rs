@@ -107,7 +107,7 @@ pub async fn acquire_in(
     )
     .await?;
     state.metrics.acquired(started.elapsed());
-    Ok((granted, started))
+    Ok((granted, granted.since.into_std()))
 }
 
 /// A held lease, driven by corral-core's [`LeaseHolder`] in a task of its own: renewed while the

@@ -27,7 +27,6 @@ use corral_core::jail::NotRun;
 use corral_core::kernel::Kernel;
 use corral_core::pool::Disposition;
 use corral_core::run::admission::{Admission, Admitted, RunCodeRequest, admit};
-use corral_core::run::outcome::{Kept, Packed, Plan, Reported, decide, plan};
 use corral_core::run::sequence::{self, Answer, Call, Effect, Event, Sequence, SessionEnded};
 use corral_store::lease::AcquireError;
 use serde_json::{Value, json};
@@ -610,7 +609,25 @@ impl<'a> Performer<'a> {
             granted: &leased.granted,
             snapshot: leased.snapshot.as_ref(),
         };
-        let (keeping, decided) = kept(self.state, self.admitted, &self.cell, &order, reply).await;
+        let (keeping, decided) = keep::kept(
+            keep::Storage::of(self.state),
+            keep::Run {
+                key: order.key,
+                run_id: order.run_id,
+                restored: order.snapshot,
+                declared: &self.admitted.declared,
+            },
+            reply,
+            keep::How {
+                retain: matches!(self.cell.mode, KernelMode::Affinity { .. }),
+                publish: self
+                    .cell
+                    .turn
+                    .is_some()
+                    .then_some(self.admitted.declared.as_slice()),
+            },
+        )
+        .await;
         leased.phases.lap("keep_us");
         self.state.metrics.run(decided.outcome.as_str());
         let install_failed = decided.not_run.is_some()
@@ -927,57 +944,6 @@ async fn execute(
             ExecuteFrame::Reply(_) | ExecuteFrame::Refused(_) => {}
         })
         .await
-}
-
-/// What may be kept of `reply`, kept, and the outcome it decides.
-async fn kept(
-    state: &AppState,
-    admitted: &Admitted,
-    cell: &Cell,
-    order: &Order<'_>,
-    reply: &corral_contract::ExecuteReply,
-) -> (keep::Keeping, corral_core::run::outcome::Decided) {
-    let archive = reply.workspace.archive();
-    let packed = match (reply.workspace.packed(), &archive) {
-        // A packed workspace that does not decode was not returned.
-        (Packed::Archive, None) => Packed::Missing,
-        (packed, _) => packed,
-    };
-    let reported = Reported {
-        exit_code: reply.exit_code,
-        not_run: reply.not_run,
-        bound: reply.bound,
-        downloads: &reply.downloads,
-        rejected: &reply.rejected,
-        packed: &packed,
-    };
-    let affinity = matches!(cell.mode, KernelMode::Affinity { .. });
-    let keeping = match (plan(&reported), archive) {
-        (Plan::Keep, Some(archive)) => {
-            keep::keep(
-                state,
-                order.key,
-                order.run_id,
-                order.snapshot,
-                reply,
-                archive,
-                keep::How {
-                    retain: affinity,
-                    publish: cell.turn.is_some().then_some(admitted.declared.as_slice()),
-                },
-            )
-            .await
-        }
-        (Plan::Keep, None) | (Plan::KeepNothing, _) => keep::Keeping {
-            kept: Kept::Nothing,
-            saved: false,
-            unchanged: false,
-            retained: None,
-            published: Vec::new(),
-        },
-    };
-    let decided = decide(&reported, &keeping.kept, &admitted.declared, order.run_id);
-    (keeping, decided)
 }
 
 /// What the model reads of a cell's kernel (KER-1 to KER-4): the mode and where its state lives,
