@@ -13,6 +13,11 @@
 //!   sent with the real worker client, their workspaces read and kept with the API's own workspace
 //!   store and keeping (`corral_api::workspaces`, `corral_api::run::keep`).
 //! - `objects`: the simulated object store ([`crate::objects`]); its objects outlive its crashes.
+//! - `api-4`: the API itself ([`crate::api_http`]): `corral_api`'s own state and router served on
+//!   the world's network, its runs sent over HTTP by the world's `client`, every step of them the
+//!   API's own (admission, the lease, `run/mod.rs` performing corral-core's run machine, keeping,
+//!   the answer). A crash of `api-4` kills the requests it holds; the client waits while it is
+//!   down.
 //! - `slot-0`...: simulated workers (the contract's execute and reset routes over HTTP), which
 //!   judge every execute that reaches them against the pool document current at that instant.
 //!
@@ -63,6 +68,7 @@ use corral_store::lease::{self, AcquireError};
 use corral_store::{ValkeyStore, VersionWatch};
 use object_store::memory::InMemory;
 
+use crate::api_http;
 use crate::dns::{self, Dns};
 use crate::objects::{self, TurmoilObjects};
 use crate::valkey::{self, Data};
@@ -85,7 +91,12 @@ pub const INVARIANTS: [&str; 9] = [
 ];
 
 const POOL: &str = "sim";
+/// Replicas whose runs the world sequences with corral-core's machine and the API's parts.
 const REPLICAS: u64 = 3;
+/// The replica that is the API itself, its runs sent by the world's client over HTTP.
+const API: &str = "api-4";
+/// Every replica, the API's own among them: the hosts faults may strike.
+const API_HOSTS: u64 = REPLICAS + 1;
 /// Worker slots: the ceiling, and room for workers still being deleted.
 const SLOTS: u64 = 6;
 /// Simulated time the world may take before its outstanding runs count as stuck.
@@ -119,6 +130,10 @@ struct Truth {
     started: BTreeSet<u64>,
     /// Runs that died with their replica, unanswered.
     died: BTreeSet<u64>,
+    /// The API's runs whose requests are out, unanswered.
+    in_flight: BTreeSet<u64>,
+    /// Hosts crashed and not yet restarted.
+    down: BTreeSet<String>,
     /// The world's name service.
     dns: Dns,
     /// The object store host's objects (they outlive its crashes).
@@ -220,7 +235,7 @@ impl Plan {
         let stagger_ms = 50 + rng.below(400);
         // The runs start after the pool's first warm workers (a few seconds).
         let span = start_ms(runs_per_replica, stagger_ms) + run_ms;
-        let replica = |rng: &mut Rng| replica_name(rng.below(REPLICAS));
+        let replica = |rng: &mut Rng| replica_name(rng.below(API_HOSTS));
         let faults = (0..rng.below(5))
             .map(|_| Fault {
                 // Half the faults strike while the runs go on.
@@ -272,7 +287,7 @@ impl Plan {
     }
 
     fn runs(&self) -> u64 {
-        self.runs_per_replica * REPLICAS
+        self.runs_per_replica * API_HOSTS
     }
 
     fn lengths(&self) -> Lengths {
@@ -656,6 +671,137 @@ async fn api_host(
     Ok(())
 }
 
+/// The API itself: its own state over the world's store, object store and workers, its own
+/// router served on the world's network.
+async fn api_http_host(seed: u64, truth: Shared) -> turmoil::Result {
+    let dns = lock(&truth).dns.clone();
+    let workspaces = Workspaces::new(Arc::new(TurmoilObjects::new("objects", dns)), "");
+    let state = api_http::state(
+        &pool_config(),
+        store(seed, &truth),
+        workspaces,
+        worker_client(&truth),
+    )?;
+    api_http::serve(state).await
+}
+
+/// The world's agent platform: sends the API's share of the runs to it over HTTP, each at its
+/// time, waiting while the API is down.
+async fn http_client(per_replica: u64, stagger_ms: u64, truth: Shared) -> turmoil::Result {
+    let mut tasks = Vec::new();
+    for n in 0..per_replica {
+        let run = REPLICAS * per_replica + n;
+        let truth = truth.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(start_ms(n, stagger_ms))).await;
+            while lock(&truth).down.contains(API) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            http_run(run, &truth).await;
+        }));
+    }
+    for task in tasks {
+        task.await?;
+    }
+    Ok(())
+}
+
+/// One run through the API's `run_code`, its answer judged as it is read.
+async fn http_run(run: u64, truth: &Shared) {
+    let actor = format!("actor-{}", run % 4);
+    let body = api_http::run_code(run, &actor, WORKSPACE_CONVERSATION);
+    {
+        let mut truth = lock(truth);
+        truth.note(format!("run {run} sent to {API}"));
+        truth.started.insert(run);
+        truth.in_flight.insert(run);
+    }
+    let answered = api_http::call(API, &body).await;
+    let judged = match &answered {
+        Ok((_, body)) => Some(judge_http_answer(run, body, truth).await),
+        Err(_) => None,
+    };
+    let mut truth = lock(truth);
+    truth.in_flight.remove(&run);
+    match answered {
+        Err(why) => truth.note(format!("run {run} on {API}: no answer ({why})")),
+        Ok((status, body)) => {
+            let outcome = body["outcome"].as_str().unwrap_or_default().to_owned();
+            let code = body["error"]["code"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            truth.note(format!(
+                "run {run} on {API} answered {status} {outcome} {code} workspace {}",
+                body["model"]["workspace"]
+            ));
+            if outcome != "succeeded" {
+                truth.verify("refusal_without_code", !code.is_empty(), || {
+                    format!("run {run} answered {status} {outcome} without a code: {body}")
+                });
+            }
+            if let Some(judged) = judged {
+                let holds = judged.is_ok();
+                truth.verify("answered_without_save", holds, || {
+                    judged.err().unwrap_or_default()
+                });
+            }
+            let answer = if outcome == "refused" {
+                Answer::Refusal
+            } else {
+                Answer::Decided
+            };
+            truth.answers.insert(run, answer);
+        }
+    }
+}
+
+/// Judges the API's answer to run `run`: `succeeded` with its workspace saved means the object
+/// store holds that generation with exactly what the run left; any other outcome carries a code.
+async fn judge_http_answer(
+    run: u64,
+    body: &serde_json::Value,
+    truth: &Shared,
+) -> Result<(), String> {
+    let outcome = body["outcome"].as_str().unwrap_or_default();
+    if outcome != "succeeded" {
+        return match body["error"]["code"].as_str() {
+            Some(code) if !code.is_empty() => Ok(()),
+            _ => Err(format!(
+                "run {run} answered {outcome} without a reported failure"
+            )),
+        };
+    }
+    let workspace = &body["model"]["workspace"];
+    if workspace["unchanged"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    let (Some(true), Some(generation)) = (
+        workspace["saved"].as_bool(),
+        workspace["generation"].as_u64(),
+    ) else {
+        return Err(format!(
+            "run {run} answered succeeded with its workspace {workspace}"
+        ));
+    };
+    let stored = lock(truth).objects.clone();
+    let held = Workspaces::new(stored, "")
+        .generation(&workspace_of(run), generation)
+        .await;
+    match held {
+        Ok(Some(snapshot))
+            if snapshot.archive.as_ref() == crate::workspace_left(run).as_slice() =>
+        {
+            Ok(())
+        }
+        other => Err(format!(
+            "run {run} answered succeeded with generation {generation} of its workspace, \
+             which the object store holds as {:?} bytes",
+            other.map(|s| s.map(|s| s.archive.len()))
+        )),
+    }
+}
+
 /// How far apart a replica's waves of runs are: longer than a lease, so that a fault between
 /// two cells of one kernel can cost the session its lease.
 const WAVE_MS: u64 = 6_000;
@@ -677,8 +823,11 @@ fn kernel_of(run: u64, per_replica: u64) -> Option<String> {
 /// The workspace run `run` reads and saves: four workspaces shared by the world's runs, so that
 /// two runs of one workspace race to save (WS-5).
 fn workspace_of(run: u64) -> String {
-    corral_core::workspace::storage_key(&format!("actor-{}", run % 4), "conversation")
+    corral_core::workspace::storage_key(&format!("actor-{}", run % 4), WORKSPACE_CONVERSATION)
 }
+
+/// The conversation every run's workspace belongs to.
+const WORKSPACE_CONVERSATION: &str = "conversation";
 
 /// One run or persistent cell as it goes: what its steps have produced so far.
 struct Cell<'a> {
@@ -970,11 +1119,7 @@ async fn acquire(
                 "run {run} on {} leased {} (token {})",
                 ports.name, granted.worker, granted.token.0
             ));
-            *holder = Some(Holder::start(
-                ports.clone(),
-                granted,
-                granted.since.into_std(),
-            ));
+            *holder = Some(Holder::start(ports.clone(), granted, granted.since));
             Event::Acquired
         }
         Err(error) => {
@@ -1050,6 +1195,8 @@ fn observer(truth: Shared) -> valkey::Observer {
 /// Runs the world of `seed`.
 pub fn run_world(seed: u64) -> Outcome {
     let plan = Plan::from_seed(seed);
+    // The API draws its ids (tickets, runs) from the world's seed.
+    corral_contract::credential::simulated::seed(Some(seed ^ 0xA9_1D));
     let truth: Shared = Arc::default();
     {
         let mut t = lock(&truth);
@@ -1093,6 +1240,12 @@ pub fn run_world(seed: u64) -> Outcome {
             api_host(replica, seed, runs, stagger, truth.clone())
         });
     }
+    {
+        let host_truth = truth.clone();
+        sim.host(API, move || api_http_host(seed, host_truth.clone()));
+        let (truth, runs, stagger) = (truth.clone(), plan.runs_per_replica, plan.stagger_ms);
+        sim.client("client", http_client(runs, stagger, truth));
+    }
     let quiet_ms = plan
         .faults
         .iter()
@@ -1109,6 +1262,7 @@ pub fn run_world(seed: u64) -> Outcome {
     ));
     let ended = drive(&mut sim, &plan, &truth, &data);
     drop(sim);
+    corral_contract::credential::simulated::seed(None);
     let mut truth = Arc::try_unwrap(truth)
         .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
         .unwrap_or_default();
@@ -1218,8 +1372,20 @@ fn apply(
             }
             sim.bounce("valkey");
         }
-        (FaultKind::CrashReplica(host), true) => sim.crash(host.as_str()),
-        (FaultKind::CrashReplica(host), false) => sim.bounce(host.as_str()),
+        (FaultKind::CrashReplica(host), true) => {
+            sim.crash(host.as_str());
+            let mut truth = lock(truth);
+            truth.down.insert(host.clone());
+            if host == API {
+                // The API's runs out now die with it (the client's requests get no answer).
+                let lost = std::mem::take(&mut truth.in_flight);
+                truth.died.extend(lost);
+            }
+        }
+        (FaultKind::CrashReplica(host), false) => {
+            sim.bounce(host.as_str());
+            lock(truth).down.remove(host);
+        }
         (FaultKind::CrashController, true) => sim.crash("controller"),
         (FaultKind::CrashController, false) => sim.bounce("controller"),
         (FaultKind::CrashWorker(slot), true) => sim.crash(slot_name(*slot).as_str()),

@@ -42,6 +42,7 @@ use corral_core::reset::ResetEvidence;
 use corral_core::run::sequence::{Answer, Call, Effect, Event, Kept, Sequence};
 use http_body_util::{BodyExt, Full};
 
+mod api_http;
 mod deploy;
 mod dns;
 mod objects;
@@ -297,7 +298,7 @@ fn run_of(order: &ExecuteRequest) -> u64 {
 }
 
 /// The workspace run `run` leaves: a tar holding `run-<run>.txt`.
-fn workspace_left(run: u64) -> Vec<u8> {
+pub(crate) fn workspace_left(run: u64) -> Vec<u8> {
     let text = format!("run {run}\n");
     let mut header = tar::Header::new_gnu();
     header.set_size(text.len() as u64);

@@ -26,7 +26,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -311,14 +311,14 @@ async fn live_view_credential(
 async fn acquire_session_lease(
     state: &Arc<AppState>,
     request: &OpenRequest,
-) -> Result<(corral_store::lease::Granted, Instant), Box<Response>> {
+) -> Result<(corral_store::lease::Granted, tokio::time::Instant), Box<Response>> {
     let wait_ms = request
         .wait_seconds
         .map_or(state.settings.pool().acquire_wait_ms, |s| {
             s.saturating_mul(1_000)
                 .min(state.settings.pool().acquire_wait_ms)
         });
-    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
     let scope = LeaseScope {
         namespace: LeaseNamespace::Browser,
         actor: ActorId(request.actor.clone()),

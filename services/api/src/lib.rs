@@ -82,7 +82,53 @@ pub struct AppState {
     pub browser: browser::Sessions,
 }
 
+/// What every API holds: its settings, the stores it speaks to and its credentials.
+pub struct Core {
+    /// The deployment's settings.
+    pub settings: Settings,
+    /// The pool's coordination store.
+    pub store: ValkeyStore,
+    /// Workspace snapshots.
+    pub workspaces: workspaces::Workspaces,
+    /// The workers' control APIs.
+    pub workers: corral_contract::WorkerClient,
+    /// The field key, which signs egress grants (and seals kernels' state), if there is one.
+    pub field_key: Option<Vec<u8>>,
+    /// The caller credential.
+    pub caller_credential: String,
+    /// The admin credential.
+    pub admin_credential: String,
+}
+
 impl AppState {
+    /// An API of `core` alone: its egress from the settings and the field key, fresh counters and
+    /// sessions, and no broker, resource authority or sample tools (a deployment adds those).
+    #[must_use]
+    pub fn of(core: Core) -> Self {
+        let egress = egress::Egress::new(core.settings.egress.clone(), core.field_key.as_deref());
+        let kernel_seal_root = core
+            .field_key
+            .as_deref()
+            .and_then(corral_core::kernel::seal_root);
+        Self {
+            settings: core.settings,
+            store: core.store,
+            workspaces: core.workspaces,
+            workers: core.workers,
+            egress,
+            metrics: metrics::Metrics::default(),
+            caller_credential: core.caller_credential,
+            admin_credential: core.admin_credential,
+            broker: None,
+            kernel_seal_root,
+            affinity: run::affinity::Sessions::default(),
+            tool_runs: tools::ToolRuns::default(),
+            sample_tools: false,
+            resources: None,
+            browser: browser::Sessions::default(),
+        }
+    }
+
     /// The registries runs may install from through the broker (PKG-3, PKG-7).
     #[must_use]
     pub fn packages(&self) -> corral_core::packages::resolve::Available {

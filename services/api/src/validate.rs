@@ -285,7 +285,7 @@ async fn acquire(
     actor: &str,
     conversation: &str,
     member: &str,
-) -> Result<(corral_store::lease::Granted, Instant), Box<Response>> {
+) -> Result<(corral_store::lease::Granted, tokio::time::Instant), Box<Response>> {
     // The same queue, ceiling and fairness as a run.
     let scope = LeaseScope {
         namespace: LeaseNamespace::Code,
@@ -298,7 +298,7 @@ async fn acquire(
         state,
         &MemberId(member.to_owned()),
         scope,
-        Instant::now() + wait,
+        tokio::time::Instant::now() + wait,
         &mut watch,
     )
     .await;

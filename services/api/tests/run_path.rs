@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corral_api::AppState;
-use corral_api::egress::Egress;
-use corral_api::metrics::Metrics;
 use corral_api::workspaces::Workspaces;
 use corral_contract::locate::LocalRecord;
 use corral_contract::{Locator, WorkerClient};
@@ -87,23 +85,15 @@ impl Fixture {
             String::from("worker-credential-0123456789"),
         )
         .expect("client");
-        let state = Arc::new(AppState {
-            egress: Egress::new(settings.egress.clone(), None),
+        let state = Arc::new(AppState::of(corral_api::Core {
             settings,
             store: store.clone(),
             workspaces,
             workers,
-            metrics: Metrics::default(),
+            field_key: None,
             caller_credential: String::from("caller-credential-0123456789"),
             admin_credential: String::from("admin-credential-0123456789"),
-            broker: None,
-            kernel_seal_root: None,
-            affinity: corral_api::run::affinity::Sessions::default(),
-            tool_runs: corral_api::tools::ToolRuns::default(),
-            sample_tools: false,
-            resources: None,
-            browser: corral_api::browser::Sessions::default(),
-        });
+        }));
         Some((
             Fixture {
                 _server: server,

@@ -54,6 +54,10 @@ pub fn from_env(
 /// nothing falls back to something guessable.
 #[must_use]
 pub fn random_bytes() -> [u8; 16] {
+    #[cfg(feature = "sim-mutations")]
+    if let Some(bytes) = simulated::draw() {
+        return bytes;
+    }
     let mut bytes = [0u8; 16];
     if let Err(e) = getrandom::fill(&mut bytes) {
         panic!("the system has no randomness: {e}");
@@ -131,5 +135,60 @@ mod tests {
         assert!(matches(a.as_bytes(), a.as_bytes()));
         assert!(!matches(a.as_bytes(), b.as_bytes()));
         assert!(!matches(b"", a.as_bytes()));
+    }
+}
+
+/// The shell simulation's randomness (issue 28): a world that seeds it on its thread draws every
+/// id and secret from its seed, so that one seed replays exactly. Compiled only with the
+/// `sim-mutations` feature, which no shipped build enables.
+#[cfg(feature = "sim-mutations")]
+pub mod simulated {
+    use std::cell::Cell;
+
+    thread_local! {
+        static STATE: Cell<Option<u64>> = const { Cell::new(None) };
+    }
+
+    /// Draws this thread's randomness from `seed` from now on (`None`: the system's again).
+    pub fn seed(seed: Option<u64>) {
+        STATE.with(|state| state.set(seed.map(|s| s | 1)));
+    }
+
+    /// 16 bytes from this thread's seeded generator (xorshift64*), if it is seeded.
+    pub(crate) fn draw() -> Option<[u8; 16]> {
+        STATE.with(|state| {
+            let mut x = state.get()?;
+            let mut bytes = [0u8; 16];
+            for half in bytes.chunks_mut(8) {
+                x ^= x >> 12;
+                x ^= x << 25;
+                x ^= x >> 27;
+                half.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+            }
+            state.set(Some(x));
+            Some(bytes)
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn a_seeded_thread_draws_the_same_bytes_again_and_the_system_after() {
+            super::seed(Some(7));
+            let first = [
+                crate::credential::random_bytes(),
+                crate::credential::random_bytes(),
+            ];
+            super::seed(Some(7));
+            let again = [
+                crate::credential::random_bytes(),
+                crate::credential::random_bytes(),
+            ];
+            assert_eq!(first, again);
+            assert_ne!(first[0], first[1]);
+            super::seed(None);
+            assert_ne!(crate::credential::random_bytes(), first[0]);
+            assert!(super::draw().is_none());
+        }
     }
 }

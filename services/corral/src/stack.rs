@@ -74,8 +74,6 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         .map_err(|e| e.to_string())?;
     let workspaces = Workspaces::open(&parts.workspace_url)?;
     let workers = WorkerClient::new(parts.locator, parts.worker)?;
-    let egress =
-        corral_api::egress::Egress::new(settings.egress.clone(), parts.field_key.as_deref());
     let settings_packages = settings.packages.clone();
     let resources = settings
         .resource_authority_url
@@ -83,33 +81,20 @@ pub async fn build(settings: Settings, parts: ApiParts) -> Result<Arc<AppState>,
         .map(corral_api::resources::Authority::open)
         .transpose()
         .map_err(|e| format!("CORRAL_RESOURCE_AUTHORITY_URL: {e}"))?;
-    let kernel_seal_root = parts
-        .field_key
-        .as_deref()
-        .and_then(corral_core::kernel::seal_root);
-    Ok(Arc::new(AppState {
+    let broker = corral_api::broker::Broker::new(&settings_packages, parts.field_key.as_deref())?;
+    let mut state = AppState::of(corral_api::Core {
         settings,
         store,
         workspaces,
         workers,
-        egress,
-        metrics: corral_api::metrics::Metrics::default(),
+        field_key: parts.field_key,
         caller_credential: parts.caller,
         admin_credential: parts.admin,
-        broker: match corral_api::broker::Broker::new(
-            &settings_packages,
-            parts.field_key.as_deref(),
-        ) {
-            Ok(broker) => Some(Arc::new(broker)),
-            Err(why) => return Err(why),
-        },
-        kernel_seal_root,
-        affinity: corral_api::run::affinity::Sessions::default(),
-        tool_runs: corral_api::tools::ToolRuns::default(),
-        sample_tools: parts.sample_tools,
-        resources,
-        browser: corral_api::browser::Sessions::default(),
-    }))
+    });
+    state.broker = Some(Arc::new(broker));
+    state.resources = resources;
+    state.sample_tools = parts.sample_tools;
+    Ok(Arc::new(state))
 }
 
 /// Completes on SIGINT or SIGTERM.

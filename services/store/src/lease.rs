@@ -127,40 +127,8 @@ pub async fn acquire(
     if watch.is_none() {
         *watch = store.subscribe().await.ok();
     }
-    let started = Instant::now();
-    let deadline = started + wait + Duration::from_secs(1);
-    // The ticket was queued when the acquire's answer was written: no grant precedes that.
-    let mut queued_at = asked;
-    while Instant::now() < deadline {
-        let sent = Instant::now();
-        match store.load().await {
-            Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
-                TicketStatus::Granted {
-                    worker,
-                    token,
-                    expires_at,
-                } => {
-                    return Ok(Granted {
-                        ticket,
-                        worker,
-                        token,
-                        expires_at,
-                        since: queued_at,
-                    });
-                }
-                TicketStatus::Gone => return Err(gone(started.elapsed(), wait)),
-                TicketStatus::Queued { .. } => queued_at = sent,
-            },
-            Ok(Loaded::Absent | Loaded::Outlived { .. }) | Err(_) => {
-                return Err(AcquireError::CoordinationUnavailable);
-            }
-        }
-        match watch.as_mut() {
-            Some(watch) => {
-                let _ = watch.changed(POLL).await;
-            }
-            None => tokio::time::sleep(POLL / 5).await,
-        }
+    if let Some(answer) = queued(store, ticket, asked, wait, watch).await {
+        return answer;
     }
     // Withdraw it, so that a grant arriving now goes back to the pool rather than to nobody. A
     // withdrawal that cannot be written leaves the ticket to the pool's own deadline; a grant made
@@ -171,6 +139,53 @@ pub async fn acquire(
     Err(AcquireError::WaitTimeout {
         orders: withdrawn.map(|applied| applied.effects).unwrap_or_default(),
     })
+}
+
+/// Waits for queued `ticket`'s grant, reading the pool at every announcement (or poll) until
+/// `wait` (plus a second) has passed: its answer, or `None` when the wait ran out. The ticket was
+/// queued when the acquire's answer, sent at `asked`, was written: no grant precedes that.
+async fn queued(
+    store: &ValkeyStore,
+    ticket: TicketId,
+    asked: Instant,
+    wait: Duration,
+    watch: &mut Option<VersionWatch>,
+) -> Option<Result<Granted, AcquireError>> {
+    let started = Instant::now();
+    let deadline = started + wait + Duration::from_secs(1);
+    let mut queued_at = asked;
+    while Instant::now() < deadline {
+        let sent = Instant::now();
+        match store.load().await {
+            Ok(Loaded::Found { doc, .. }) => match doc.ticket_status(ticket) {
+                TicketStatus::Granted {
+                    worker,
+                    token,
+                    expires_at,
+                } => {
+                    return Some(Ok(Granted {
+                        ticket,
+                        worker,
+                        token,
+                        expires_at,
+                        since: queued_at,
+                    }));
+                }
+                TicketStatus::Gone => return Some(Err(gone(started.elapsed(), wait))),
+                TicketStatus::Queued { .. } => queued_at = sent,
+            },
+            Ok(Loaded::Absent | Loaded::Outlived { .. }) | Err(_) => {
+                return Some(Err(AcquireError::CoordinationUnavailable));
+            }
+        }
+        match watch.as_mut() {
+            Some(watch) => {
+                let _ = watch.changed(POLL).await;
+            }
+            None => tokio::time::sleep(POLL / 5).await,
+        }
+    }
+    None
 }
 
 #[cfg(test)]

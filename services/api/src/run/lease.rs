@@ -4,7 +4,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Deadlines and the holder's clock are tokio's: the real one in production, the world's under
+// simulation.
+use tokio::time::Instant;
 
 use corral_core::holder::{Grant, HolderConfig, HolderEvent, LeaseHolder};
 use corral_core::ids::{LeaseNamespace, LeaseScope, OpToken, TicketId, WorkerId};
@@ -107,7 +111,7 @@ pub async fn acquire_in(
     )
     .await?;
     state.metrics.acquired(started.elapsed());
-    Ok((granted, granted.since.into_std()))
+    Ok((granted, granted.since))
 }
 
 /// A held lease, driven by corral-core's [`LeaseHolder`] in a task of its own: renewed while the
@@ -127,7 +131,7 @@ impl Holder {
         let lost = Arc::new(AtomicBool::new(false));
         let (release, released) = tokio::sync::oneshot::channel();
         // The holder's clock is tokio's: the real one in production, the world's under simulation.
-        let epoch = tokio::time::Instant::from_std(asked_at);
+        let epoch = asked_at;
         let grant = Grant {
             ticket: granted.ticket,
             worker: granted.worker,

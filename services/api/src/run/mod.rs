@@ -16,7 +16,10 @@
 //! worker: no step falls back to running it here (ISO-1).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The run's clock is tokio's: the real one in production, the world's under simulation.
+use tokio::time::Instant;
 
 use axum::http::StatusCode;
 use corral_contract::messages::ExecuteFrame;
