@@ -685,23 +685,20 @@ async fn api_http_host(seed: u64, truth: Shared) -> turmoil::Result {
     api_http::serve(state).await
 }
 
-/// The world's agent platform: sends the API's share of the runs to it over HTTP, each at its
-/// time, waiting while the API is down.
+/// The world's agent platform: sends the API's share of the runs to it over HTTP, one at a
+/// time, each at its time or once the one before is answered, waiting while the API is down.
+/// (One at a time: two answers the API writes in the same instant could reach the client in
+/// either order from one process to the next, and a seed must replay exactly.)
 async fn http_client(per_replica: u64, stagger_ms: u64, truth: Shared) -> turmoil::Result {
-    let mut tasks = Vec::new();
     for n in 0..per_replica {
         let run = REPLICAS * per_replica + n;
-        let truth = truth.clone();
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(start_ms(n, stagger_ms))).await;
-            while lock(&truth).down.contains(API) {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            http_run(run, &truth).await;
-        }));
-    }
-    for task in tasks {
-        task.await?;
+        let at = Duration::from_millis(start_ms(n, stagger_ms));
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        tokio::time::sleep(at.saturating_sub(now)).await;
+        while lock(&truth).down.contains(API) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        http_run(run, &truth).await;
     }
     Ok(())
 }
@@ -1214,7 +1211,53 @@ pub fn run_world(seed: u64) -> Outcome {
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(1 + seed % 10))
         .build();
-    let objects = lock(&truth).objects.clone();
+    hosts(&mut sim, &plan, seed, &truth, &data);
+    let quiet_ms = plan
+        .faults
+        .iter()
+        .map(|f| f.at_ms + f.heal_ms)
+        .max()
+        .unwrap_or(0);
+    sim.client("observer", settle(plan.runs(), quiet_ms, truth.clone()));
+    lock(&truth).note(format!(
+        "deploy seed {seed}: {} runs of {} ms (every fifth {} ms), faults {:?}",
+        plan.runs(),
+        plan.run_ms,
+        plan.long_ms,
+        plan.faults
+    ));
+    let ended = drive(&mut sim, &plan, &truth, &data);
+    drop(sim);
+    corral_contract::credential::simulated::seed(None);
+    // What the hosts saw, taken whole (a task of a host could still hold the world's truth).
+    let mut truth = std::mem::take(&mut *lock(&truth));
+    for run in 0..plan.runs() {
+        let at = truth.executions.get(&run).cloned().unwrap_or_default();
+        truth.verify("deploy_run_executed_twice", at.len() <= 1, || {
+            format!("run {run} executed on {at:?}")
+        });
+        let answered = truth.answers.contains_key(&run) || truth.died.contains(&run);
+        truth.verify("deploy_run_unanswered", answered, || {
+            format!("run {run} never answered ({ended:?})")
+        });
+    }
+    Outcome {
+        checks: truth.checks,
+        violations: truth.violations,
+        trace: truth.trace,
+    }
+}
+
+/// The world's hosts: the object store, Valkey, the controller, the worker slots, the replicas
+/// the world sequences, the API itself and its client.
+fn hosts(
+    sim: &mut turmoil::Sim<'_>,
+    plan: &Plan,
+    seed: u64,
+    truth: &Shared,
+    data: &Arc<Mutex<Data>>,
+) {
+    let objects = lock(truth).objects.clone();
     sim.host("objects", move || objects::host(objects.clone()));
     let starts = Arc::new(std::sync::atomic::AtomicU64::new(0));
     {
@@ -1245,41 +1288,6 @@ pub fn run_world(seed: u64) -> Outcome {
         sim.host(API, move || api_http_host(seed, host_truth.clone()));
         let (truth, runs, stagger) = (truth.clone(), plan.runs_per_replica, plan.stagger_ms);
         sim.client("client", http_client(runs, stagger, truth));
-    }
-    let quiet_ms = plan
-        .faults
-        .iter()
-        .map(|f| f.at_ms + f.heal_ms)
-        .max()
-        .unwrap_or(0);
-    sim.client("observer", settle(plan.runs(), quiet_ms, truth.clone()));
-    lock(&truth).note(format!(
-        "deploy seed {seed}: {} runs of {} ms (every fifth {} ms), faults {:?}",
-        plan.runs(),
-        plan.run_ms,
-        plan.long_ms,
-        plan.faults
-    ));
-    let ended = drive(&mut sim, &plan, &truth, &data);
-    drop(sim);
-    corral_contract::credential::simulated::seed(None);
-    let mut truth = Arc::try_unwrap(truth)
-        .map(|m| m.into_inner().unwrap_or_else(PoisonError::into_inner))
-        .unwrap_or_default();
-    for run in 0..plan.runs() {
-        let at = truth.executions.get(&run).cloned().unwrap_or_default();
-        truth.verify("deploy_run_executed_twice", at.len() <= 1, || {
-            format!("run {run} executed on {at:?}")
-        });
-        let answered = truth.answers.contains_key(&run) || truth.died.contains(&run);
-        truth.verify("deploy_run_unanswered", answered, || {
-            format!("run {run} never answered ({ended:?})")
-        });
-    }
-    Outcome {
-        checks: truth.checks,
-        violations: truth.violations,
-        trace: truth.trace,
     }
 }
 
