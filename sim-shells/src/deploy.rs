@@ -627,10 +627,7 @@ async fn api_host(
         name: replica_name(replica),
         store: store(seed, &truth),
         workers: worker_client(&truth),
-        workspaces: Workspaces::new(
-            Arc::new(TurmoilObjects::new("objects", lock(&truth).dns.clone())),
-            "",
-        ),
+        workspaces: workspaces(&truth),
         affinity: Sessions::default(),
         truth: truth.clone(),
     });
@@ -674,12 +671,10 @@ async fn api_host(
 /// The API itself: its own state over the world's store, object store and workers, its own
 /// router served on the world's network.
 async fn api_http_host(seed: u64, truth: Shared) -> turmoil::Result {
-    let dns = lock(&truth).dns.clone();
-    let workspaces = Workspaces::new(Arc::new(TurmoilObjects::new("objects", dns)), "");
     let state = api_http::state(
         &pool_config(),
         store(seed, &truth),
-        workspaces,
+        workspaces(&truth),
         worker_client(&truth),
     )?;
     api_http::serve(state).await
@@ -781,22 +776,7 @@ async fn judge_http_answer(
             "run {run} answered succeeded with its workspace {workspace}"
         ));
     };
-    let stored = lock(truth).objects.clone();
-    let held = Workspaces::new(stored, "")
-        .generation(&workspace_of(run), generation)
-        .await;
-    match held {
-        Ok(Some(snapshot))
-            if snapshot.archive.as_ref() == crate::workspace_left(run).as_slice() =>
-        {
-            Ok(())
-        }
-        other => Err(format!(
-            "run {run} answered succeeded with generation {generation} of its workspace, \
-             which the object store holds as {:?} bytes",
-            other.map(|s| s.map(|s| s.archive.len()))
-        )),
-    }
+    stored_as(run, generation, &crate::workspace_left(run), truth).await
 }
 
 /// How far apart a replica's waves of runs are: longer than a lease, so that a fault between
@@ -1069,19 +1049,30 @@ async fn judge_kept_workspace(run: u64, ports: &Replica, kept: Judged<'_>) -> Re
             keeping.kept
         ));
     };
-    // What the object store holds now, read straight from its objects (not over the network).
-    let stored = lock(&ports.truth).objects.clone();
-    let held = Workspaces::new(stored, "")
+    stored_as(run, generation, &left.unwrap_or_default(), &ports.truth).await
+}
+
+/// Whether the object store holds generation `generation` of run `run`'s workspace with exactly
+/// `left`, read straight from its objects (not over the network), as the run's answer says.
+async fn stored_as(run: u64, generation: u64, left: &[u8], truth: &Shared) -> Result<(), String> {
+    let objects = lock(truth).objects.clone();
+    let held = Workspaces::new(objects, "")
         .generation(&workspace_of(run), generation)
         .await;
     match held {
-        Ok(Some(snapshot)) if Some(snapshot.archive.to_vec()) == left => Ok(()),
+        Ok(Some(snapshot)) if snapshot.archive.as_ref() == left => Ok(()),
         other => Err(format!(
             "run {run} answered succeeded with generation {generation} of its workspace, \
              which the object store holds as {:?} bytes",
             other.map(|s| s.map(|s| s.archive.len()))
         )),
     }
+}
+
+/// A replica's workspace store: the API's own, over the world's object store host.
+fn workspaces(truth: &Shared) -> Workspaces {
+    let dns = lock(truth).dns.clone();
+    Workspaces::new(Arc::new(TurmoilObjects::new("objects", dns)), "")
 }
 
 /// The store's one acquire; a grant is held by the API's lease holder driver.
