@@ -20,7 +20,7 @@ use crate::deploy::Proc;
 pub const LINK: &str = "corralchaos0";
 
 /// The other end of the veth pair.
-const PEER: &str = "corralchaos1";
+pub(crate) const PEER: &str = "corralchaos1";
 
 /// The name a run fetches.
 pub const NAME: &str = "target.chaos.corral";

@@ -59,6 +59,9 @@ pub async fn run(plan: Plan) -> Result<History, String> {
     crate::hygiene::become_subreaper()?;
     // What an earlier run (or a stack an earlier test stopped) left may still be exiting: a
     // killed jail at a low priority on a busy machine takes a moment to leave its group.
+    for line in crate::hygiene::clear_stale(&plan.dir) {
+        eprintln!("corral-chaos: cleared what a run no longer alive left: {line}");
+    }
     let settled = Instant::now() + LEFTOVERS_SETTLE;
     let mut left = crate::hygiene::leftovers(&plan.dir, false);
     while !left.is_empty() && Instant::now() < settled {

@@ -64,7 +64,18 @@ pub fn remount(path: &Path, read_only: bool) -> Result<(), String> {
 
 /// Processes carrying `dir` as their [`MARKER`].
 fn marked(dir: &Path) -> BTreeSet<i32> {
-    let wanted = format!("{MARKER}={}", dir.display());
+    marked_where(&format!("{MARKER}={}", dir.display()))
+}
+
+/// Processes of any chaos run, whatever its directory.
+fn any_marked() -> BTreeSet<i32> {
+    marked_where(&format!("{MARKER}="))
+}
+
+/// Processes with an environment variable that starts with `wanted` (`NAME=VALUE` matches
+/// exactly; `NAME=` matches every value).
+fn marked_where(wanted: &str) -> BTreeSet<i32> {
+    let exact = !wanted.ends_with('=');
     let mut found = BTreeSet::new();
     let Ok(entries) = fs::read_dir("/proc") else {
         return found;
@@ -78,9 +89,13 @@ fn marked(dir: &Path) -> BTreeSet<i32> {
             continue;
         };
         if let Ok(environ) = fs::read(entry.path().join("environ"))
-            && environ
-                .split(|b| *b == 0)
-                .any(|var| var == wanted.as_bytes())
+            && environ.split(|b| *b == 0).any(|var| {
+                if exact {
+                    var == wanted.as_bytes()
+                } else {
+                    var.starts_with(wanted.as_bytes())
+                }
+            })
         {
             found.insert(pid);
         }
@@ -153,6 +168,35 @@ pub fn remove_stale_groups() {
     }
 }
 
+/// Clears what a run that is no longer alive left (its machine's network link, the mounts under
+/// `dir`) when no process of any chaos run is alive, and says what it cleared, each as a line.
+/// A run killed whole (its processes, say, by a timeout that stopped a test binary) leaves
+/// those, which nothing else removes; while any run is alive they may be its, and stay for
+/// [`leftovers`] to refuse.
+#[must_use]
+pub fn clear_stale(dir: &Path) -> Vec<String> {
+    if !any_marked().is_empty() {
+        return Vec::new();
+    }
+    let mut cleared = Vec::new();
+    if crate::egress::link_exists() {
+        crate::egress::remove_link();
+        cleared.push(format!("network link {}", crate::egress::LINK));
+    }
+    for point in unmount_under(dir) {
+        cleared.push(format!("mount {}", point.display()));
+    }
+    cleared
+}
+
+/// Unmounts (lazily) every mount at or under `dir`, deepest first; returns those it unmounted.
+fn unmount_under(dir: &Path) -> Vec<PathBuf> {
+    let mut points = mounts_under(dir);
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.retain(|point| nix::mount::umount2(point, MntFlags::MNT_DETACH).is_ok());
+    points
+}
+
 /// What is left of a run in `dir`, each as a line; empty when nothing is. Before a run, only
 /// what carries the run's marker counts as its process (`descendants` false: a test process may
 /// have other children); after one, every descendant of the harness is its too.
@@ -209,12 +253,7 @@ pub fn clean(dir: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     crate::egress::remove_link();
-    let mut points = mounts_under(dir);
-    // Deepest first.
-    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    for point in points {
-        let _ = nix::mount::umount2(&point, MntFlags::MNT_DETACH);
-    }
+    unmount_under(dir);
     // The run's jail groups, once the processes in them have finished exiting (a killed process
     // at a low priority on a busy machine takes a while to free its memory and leave its group).
     // Every process of the run is gone now, so each group that is empty is removed whatever its
@@ -235,4 +274,63 @@ pub fn clean(dir: &Path) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(50));
     }
     leftovers(dir, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run killed whole leaves its link and its directory's mounts; with no chaos run alive the
+    /// next run clears both, and then finds nothing left.
+    #[test]
+    fn what_a_run_no_longer_alive_left_is_cleared_before_the_next() {
+        let test = "what_a_run_no_longer_alive_left_is_cleared_before_the_next";
+        if !corral_testkit::is_root() {
+            corral_testkit::skip(test, corral_testkit::Need::Root, "makes a link and a mount");
+            return;
+        }
+        assert!(
+            any_marked().is_empty(),
+            "a chaos run is alive on this machine; this test clears only a dead run's leftovers"
+        );
+        let dir = PathBuf::from(format!(
+            "/var/tmp/corral-chaos-hygiene-{}",
+            std::process::id()
+        ));
+        let store = dir.join("store");
+        fs::create_dir_all(&store).expect("a directory");
+        mount_tmpfs(&store, 1 << 20).expect("a tmpfs");
+        corral_testkit::dns::ip(&[
+            "link",
+            "add",
+            crate::egress::LINK,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            crate::egress::PEER,
+        ])
+        .expect("a veth pair");
+        let before = leftovers(&dir, false);
+        assert!(
+            before.iter().any(|l| l.starts_with("mount ")),
+            "the mount counts as left behind: {before:?}"
+        );
+        let cleared = clear_stale(&dir);
+        let after = leftovers(&dir, false);
+        let _ = fs::remove_dir_all(&dir);
+        assert!(
+            cleared.contains(&format!("network link {}", crate::egress::LINK)),
+            "{cleared:?}"
+        );
+        assert!(
+            cleared.contains(&format!("mount {}", store.display())),
+            "{cleared:?}"
+        );
+        assert!(
+            after.is_empty(),
+            "nothing is left after clearing: {after:?}"
+        );
+        assert!(!crate::egress::link_exists());
+    }
 }
