@@ -297,6 +297,9 @@ fn tunnel(proxy: SocketAddr, target: &str, grant: &str) -> Result<TcpStream, Str
     Ok(stream)
 }
 
+/// One setup measured: connect (and tunnel) and echo a byte.
+type Probe<'a> = dyn Fn() -> Result<(), String> + 'a;
+
 fn ping(mut stream: TcpStream) -> Result<(), String> {
     stream.write_all(b"e").map_err(|e| e.to_string())?;
     let mut echo = [0u8; 1];
@@ -416,35 +419,45 @@ fn bench(options: &Options) -> Result<(), String> {
         grant.len()
     );
 
-    // Setup latency.
-    let measure = |label: &str, f: &dyn Fn() -> Result<(), String>| -> Result<Duration, String> {
-        for _ in 0..options.iterations / 10 {
-            f()?;
-        }
-        let mut samples = Vec::with_capacity(options.iterations);
-        for _ in 0..options.iterations {
+    // Setup latency: the three kinds interleaved, each iteration in a rotating order, so that
+    // every kind meets the same machine (the TIME_WAIT sockets that thousands of connections to
+    // one address leave make every later connect's port search longer: measured one kind after
+    // another, the last kind paid for the first's).
+    let kinds: [(&str, &Probe); 3] = [
+        ("direct connect+echo", &|| {
+            ping(TcpStream::connect(sink_addr).map_err(|e| e.to_string())?)
+        }),
+        ("CONNECT literal+echo", &|| {
+            ping(tunnel(proxy, &literal, &grant)?)
+        }),
+        ("CONNECT name (DNS)+echo", &|| {
+            ping(tunnel(proxy, &named, &grant)?)
+        }),
+    ];
+    let mut samples: [Vec<Duration>; 3] = Default::default();
+    for iteration in 0..options.iterations + options.iterations / 10 {
+        for turn in 0..kinds.len() {
+            let kind = (iteration + turn) % kinds.len();
             let started = Instant::now();
-            f()?;
-            samples.push(started.elapsed());
+            (kinds[kind].1)()?;
+            if iteration >= options.iterations / 10 {
+                samples[kind].push(started.elapsed());
+            }
         }
-        let [p50, p90, p99] = percentiles(samples);
+    }
+    let mut medians = [Duration::ZERO; 3];
+    for (kind, taken) in samples.into_iter().enumerate() {
+        let [p50, p90, p99] = percentiles(taken);
         println!(
-            "latency {label:<28} p50 {:>7.1} us  p90 {:>7.1} us  p99 {:>7.1} us",
+            "latency {:<28} p50 {:>7.1} us  p90 {:>7.1} us  p99 {:>7.1} us",
+            kinds[kind].0,
             us(p50),
             us(p90),
             us(p99)
         );
-        Ok(p50)
-    };
-    let direct = measure("direct connect+echo", &|| {
-        ping(TcpStream::connect(sink_addr).map_err(|e| e.to_string())?)
-    })?;
-    let via_literal = measure("CONNECT literal+echo", &|| {
-        ping(tunnel(proxy, &literal, &grant)?)
-    })?;
-    let via_name = measure("CONNECT name (DNS)+echo", &|| {
-        ping(tunnel(proxy, &named, &grant)?)
-    })?;
+        medians[kind] = p50;
+    }
+    let [direct, via_literal, via_name] = medians;
     println!(
         "latency added (p50): literal {:.1} us, name {:.1} us",
         us(via_literal.saturating_sub(direct)),

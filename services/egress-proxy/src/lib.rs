@@ -37,7 +37,9 @@
 //!   re-checked by the core on every use and a key change empties the store.
 //! - Tunnels use splice(2) through a kernel pipe per direction (no user-space copy, and no
 //!   64 KiB buffers touched per idle tunnel); copying is the fallback.
-//! - The tokio runtime uses one worker per core; `TOKIO_WORKER_THREADS` overrides it.
+//! - One serving thread per core, each a single-threaded runtime with its own `SO_REUSEPORT`
+//!   socket on the listen address, so a connection never changes thread ([`run`]);
+//!   `TOKIO_WORKER_THREADS` sets how many (decision 0054).
 
 pub mod config;
 pub mod decide_cli;

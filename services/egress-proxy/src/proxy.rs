@@ -101,6 +101,17 @@ impl<R: Resolve + 'static, D: Dialer> Proxy<R, D> {
     /// `limits.connections_max` are served at once; the rest wait in the listen backlog.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         let permits = Arc::new(Semaphore::new(self.shared.limits.connections_max));
+        self.serve_sharing(listener, permits, shutdown).await;
+    }
+
+    /// [`Self::serve`] with the bound on connections served at once held in `permits`, which
+    /// other proxies (the other serving threads) share.
+    pub async fn serve_sharing(
+        self,
+        listener: TcpListener,
+        permits: Arc<Semaphore>,
+        shutdown: impl Future<Output = ()>,
+    ) {
         tokio::pin!(shutdown);
         loop {
             let permit = tokio::select! {
