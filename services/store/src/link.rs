@@ -242,13 +242,18 @@ impl Link for FredLink {
     fn subscribe<'a>(&'a self, channel: String) -> Pending<'a, Subscription> {
         Box::pin(async move {
             let subscriber = self.client.clone_new();
-            subscriber.init().await.map_err(|_| Lost)?;
-            let messages = subscriber.message_rx();
-            subscriber.subscribe(channel).await.map_err(|_| Lost)?;
-            Ok(Subscription::new(Box::new(FredMessages {
-                _subscriber: subscriber,
-                messages,
-            })))
+            // Closed with the subscription, or now if it cannot be had (see `FredMessages`).
+            let subscriber = FredMessages {
+                messages: subscriber.message_rx(),
+                subscriber,
+            };
+            subscriber.subscriber.init().await.map_err(|_| Lost)?;
+            subscriber
+                .subscriber
+                .subscribe(channel)
+                .await
+                .map_err(|_| Lost)?;
+            Ok(Subscription::new(Box::new(subscriber)))
         })
     }
 
@@ -257,10 +262,25 @@ impl Link for FredLink {
     }
 }
 
-/// A fred subscriber and what it hears.
+/// A fred subscriber and what it hears. Its connection is closed when it is dropped: a fred
+/// client's connection outlives every handle to it until it is told to quit, so each dropped
+/// subscription left a connection subscribed to the pool's channel, to which Valkey sent every
+/// announcement afterwards (99 of them after one burst of 100 queued runs, each pool write then
+/// published to all; issue 29).
 struct FredMessages {
-    _subscriber: Client,
+    subscriber: Client,
     messages: tokio::sync::broadcast::Receiver<fred::types::Message>,
+}
+
+impl Drop for FredMessages {
+    fn drop(&mut self) {
+        let subscriber = self.subscriber.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = subscriber.quit().await;
+            });
+        }
+    }
 }
 
 impl Messages for FredMessages {

@@ -567,3 +567,52 @@ async fn pool_03_tickets_queued_by_three_processes_are_granted_in_order() {
         "granted in the order queued: {starts:?}"
     );
 }
+
+/// The server's count of client connections (`INFO clients`).
+async fn connected_clients(url: &str) -> u64 {
+    use fred::prelude::*;
+    let client = Client::new(Config::from_url(url).expect("a url"), None, None, None);
+    client.init().await.expect("connects");
+    let info: String = client
+        .info(Some(fred::types::InfoKind::Clients))
+        .await
+        .expect("INFO clients");
+    let _ = client.quit().await;
+    info.lines()
+        .find_map(|line| line.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients")
+}
+
+/// A version watch (a queued acquire's subscription) closes its connection when it is dropped:
+/// one left open stays subscribed, and every later pool write is published to it.
+#[tokio::test]
+async fn pool_05_a_dropped_version_watch_closes_its_connection() {
+    let test = "pool_05_a_dropped_version_watch_closes_its_connection";
+    let Some(server) = server(test) else {
+        return;
+    };
+    let url = server.url();
+    let store = ValkeyStore::connect(&url, "watches")
+        .await
+        .expect("connects");
+    // The count includes the probe's own connection each time it is read.
+    let before = connected_clients(&url).await;
+    let mut watches = Vec::new();
+    for _ in 0..5 {
+        watches.push(store.subscribe().await.expect("a watch"));
+    }
+    assert_eq!(
+        connected_clients(&url).await,
+        before + 5,
+        "one connection per watch"
+    );
+    drop(watches);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut now = connected_clients(&url).await;
+    while now != before && std::time::Instant::now() < deadline {
+        tokio::task::yield_now().await;
+        now = connected_clients(&url).await;
+    }
+    assert_eq!(now, before, "every dropped watch's connection is closed");
+}
