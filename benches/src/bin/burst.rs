@@ -271,8 +271,19 @@ async fn serial(
 
 /// Prints `count` serial pandas runs, then `count` serial print runs (the pandas runs first, so
 /// that the print runs cannot have taken the jails the pandas runs would find), each beside its
-/// bare interpreter, and their ratios.
-async fn show_serial(client: &Client, count: usize, tag: &str, paths: &Paths, when: &str) {
+/// bare interpreter, and their ratios. Between the two, and after them, it waits (at most
+/// `quiet_limit`) until the machine is quiet: each pandas run's worker prepares its next jail
+/// with the stack, a core-second each, and the print runs (or the burst) measured meanwhile
+/// measured those preparations, not the pool (a print ratio of 1.1 to 1.7 after 20 pandas runs on
+/// a pool of 24 workers, 0.6 to 0.7 once they were done).
+async fn show_serial(
+    client: &Client,
+    count: usize,
+    tag: &str,
+    paths: &Paths,
+    when: &str,
+    quiet_limit: Duration,
+) {
     for kind in [Kind::Pandas, Kind::Print] {
         let (api, bare) = serial(client, kind, count, tag, paths).await;
         match (api, bare) {
@@ -283,6 +294,12 @@ async fn show_serial(client: &Client, count: usize, tag: &str, paths: &Paths, wh
             ),
             _ => println!("serial [{}] {when}: not every run succeeded", kind.name()),
         }
+        let (waited, quiet) = wait_quiet(quiet_limit).await;
+        println!(
+            "  then waited {:.1} s for the machine to be quiet{}",
+            waited.as_secs_f64(),
+            if quiet { "" } else { " (it never was)" }
+        );
     }
 }
 
@@ -553,7 +570,15 @@ async fn main() {
         }
     );
     if serial_runs > 0 {
-        show_serial(&client, serial_runs, &tag, &paths, "before the burst").await;
+        show_serial(
+            &client,
+            serial_runs,
+            &tag,
+            &paths,
+            "before the burst",
+            deadline,
+        )
+        .await;
     }
     println!("pool before: {}", pool(&client).await);
     let cpu_before = stack_pid.map(stack_cpu);
@@ -607,7 +632,15 @@ async fn main() {
             pause.as_secs(),
             pool(&client).await
         );
-        show_serial(&client, serial_runs, &tag, &paths, "after the burst").await;
+        show_serial(
+            &client,
+            serial_runs,
+            &tag,
+            &paths,
+            "after the burst",
+            deadline,
+        )
+        .await;
     }
 }
 

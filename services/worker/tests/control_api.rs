@@ -1040,6 +1040,55 @@ fn pkg_1_an_idle_worker_prepares_its_python_jail_again_with_the_stack() {
     reset(&server, 3);
 }
 
+/// After a run that used the stack, the worker prepares the stack's jail beside a plain one
+/// (decision 0056): a run that does not use the stack takes the plain one (it pays no teardown of
+/// the stack), one that does takes the stack's.
+#[test]
+fn pkg_1_after_a_run_that_used_the_stack_its_jail_waits_beside_a_plain_one() {
+    if !root_or_skip("pkg_1_after_a_run_that_used_the_stack_its_jail_waits_beside_a_plain_one") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[
+        ("CORRAL_WORKER_PREPARE_LANGUAGES", "python"),
+        ("CORRAL_WORKER_PYTHON_PREIMPORT", "json"),
+        ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "0"),
+    ]);
+    wait_prepared(&server);
+    assert_eq!(
+        preimporting(&server),
+        0,
+        "a new worker prepares without the stack"
+    );
+    let code = "import json\nprint(json.dumps([1]))\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["stdout"]["text"], "[1]\n", "{json}");
+    reset(&server, 1);
+    // No idle wait is set: the reset's own preparation made both.
+    wait_preimported(&server);
+    let code = "import sys\nprint('json' in sys.modules)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "False\n", "the plain jail: {json}");
+    reset(&server, 2);
+    // The last run did not use the stack: the plain jail alone.
+    wait_prepared(&server);
+    assert_eq!(preimporting(&server), 0, "{json}");
+    let code = "import json\nprint(2)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    reset(&server, 3);
+    wait_preimported(&server);
+    let code = "import sys\nhad = 'json' in sys.modules\nimport json\nprint(had)\n";
+    let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "True\n", "the stack's jail: {json}");
+    reset(&server, 4);
+}
+
 /// How many of the server's waiting Python bootstraps pre-import.
 fn preimporting(server: &Server) -> usize {
     descendants_running(server.child.id(), "/python3", "_corral_preimport").len()
@@ -1064,7 +1113,9 @@ fn wait_preimported(server: &Server) {
     }
     assert!(
         found,
-        "a prepared Python jail that pre-imported, beside the plain one"
+        "a prepared Python jail that pre-imported, beside the plain one: waiting {:?}, pre-importing {:?}",
+        waiting_bootstraps(server).0,
+        descendants_running(server.child.id(), "/python3", "_corral_preimport")
     );
     wait_prepared(server);
 }

@@ -258,7 +258,7 @@ impl Worker {
             run,
             &posture,
             self.settings.bounds.max_wall_seconds,
-            false,
+            None,
         );
         plan.argv = vec![
             super::stack::SYSTEM_PYTHON.to_owned(),

@@ -66,7 +66,7 @@ impl Worker {
             Err(why) => return Err(fail(result, Cause::InstallFailed, Some(why))),
         };
         let timeout = self.settings.bounds.dependency_install_timeout_seconds;
-        let mut plan = self.plan(language, run, posture, timeout, false);
+        let mut plan = self.plan(language, run, posture, timeout, None);
         plan.argv = argv;
         plan.env = install_environment(language);
         let (jail, _) = self.start_jail(

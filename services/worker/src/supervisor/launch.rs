@@ -44,7 +44,7 @@ impl Worker {
         run: &ActiveRun,
         posture: &Posture,
         wall_seconds: u64,
-        warm: bool,
+        warm: Option<&[String]>,
     ) -> JailPlan {
         let bounds = &self.settings.bounds;
         let waived = |primitive| matches!(posture, Posture::Weaker { waived } if waived.contains(&primitive));
@@ -69,12 +69,12 @@ impl Worker {
                 .map(|stack| stack.to_string_lossy().into_owned()),
             pi_runtime: None,
             resources: false,
-            argv: if warm {
+            argv: if let Some(preimport) = warm {
                 bootstrap(
                     language,
                     &self.python(),
                     &code_path(language),
-                    self.preimport(),
+                    preimport,
                     Some(&results_path()),
                 )
             } else {

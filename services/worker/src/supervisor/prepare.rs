@@ -31,22 +31,42 @@ impl Worker {
     /// failure nothing is left and the next run of `language` goes the cold way, saying why in
     /// its diagnostics. The jail dies with the thread that calls this (the parent-death signal
     /// follows the thread): call it from the thread that will call [`Worker::run`].
+    ///
+    /// After a Python run that used the stack (`CORRAL_WORKER_PYTHON_PREIMPORT`), the jail that
+    /// pre-imports it waits beside one prepared without it (decision 0056): the next run takes
+    /// the stack's when it uses the stack and the plain one otherwise, which spares it the
+    /// stack's teardown (the interpreter's exit frees its address space before the answer).
     pub fn prepare(&mut self, language: Language) -> Result<(), String> {
         let mut notes = Vec::new();
         if let Some(old) = self.prepared.remove(&language) {
             let _ = self.teardown_prepared(old, &mut notes, true);
         }
-        match self.build(language, PREPARE_NICE) {
+        let stack = language == Language::Python && !self.preimport().is_empty();
+        match self.build(language, PREPARE_NICE, false) {
             Ok(prepared) => {
                 self.prepared.insert(language, prepared);
                 self.prepare_failures.remove(&language);
-                Ok(())
             }
             Err(why) => {
                 self.prepare_failures.insert(language, why.clone());
-                Err(why)
+                return Err(why);
             }
         }
+        if stack {
+            if let Some(old) = self.upgrade.take() {
+                let _ = self.teardown_prepared(old, &mut notes, true);
+            }
+            match self.build(language, PREPARE_NICE, true) {
+                Ok(with_stack) => self.upgrade = Some(with_stack),
+                // The plain jail serves every run; the stack's is not tried again before the
+                // next reset, as after an idle re-preparation that failed.
+                Err(why) => {
+                    self.upgrade_failed = true;
+                    tracing::warn!(why = %why, "the preparation with the stack failed");
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Prepares a Python jail that pre-imports `CORRAL_WORKER_PYTHON_PREIMPORT` whatever the
@@ -62,7 +82,7 @@ impl Worker {
             return;
         };
         self.preimport_history |= 1;
-        match self.build(Language::Python, IDLE_PREPARE_NICE) {
+        match self.build(Language::Python, IDLE_PREPARE_NICE, true) {
             Ok(prepared) => {
                 self.upgrade = Some(prepared);
                 self.upgrade_slot = slot;
@@ -76,7 +96,7 @@ impl Worker {
 
     /// A jail for `language`, started at the low priority `nice`, its bootstrap importing; or
     /// why not, with nothing of it left.
-    fn build(&mut self, language: Language, nice: i32) -> Result<Prepared, String> {
+    fn build(&mut self, language: Language, nice: i32, stack: bool) -> Result<Prepared, String> {
         let mut run = self.new_run();
         let mut scratch = RunResult::default();
         // Preparation is background work: it runs (and its processes start) at a lower priority,
@@ -88,7 +108,8 @@ impl Worker {
         // lease's run behind every run on the machine (1 to 2 s of a burst's slowest runs).
         let setup_nice = nice.min(PREPARE_NICE);
         let _ = rustix::process::setpriority_process(None, setup_nice);
-        let prepared = self.build_prepared(language, &mut run, &mut scratch);
+        let stack = stack && language == Language::Python;
+        let prepared = self.build_prepared(language, stack, &mut run, &mut scratch);
         let _ = rustix::process::setpriority_process(None, 0);
         if nice > setup_nice
             && let Ok((started, _)) = &prepared
@@ -105,7 +126,7 @@ impl Worker {
                 program,
                 ready: false,
                 ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
-                importing: language == Language::Python && !self.preimport().is_empty(),
+                importing: stack && !self.settings.prepare.python_preimport.is_empty(),
                 lines: 0,
             }),
             Err(reason) => {
@@ -131,18 +152,24 @@ impl Worker {
     fn build_prepared(
         &self,
         language: Language,
+        stack: bool,
         run: &mut ActiveRun,
         result: &mut RunResult,
     ) -> Result<(Started, ChildStdin), NotRun> {
         let posture = self.decide_posture(result)?;
         self.create_dirs(run, result)?;
         self.create_cgroups(run, &posture, result)?;
+        let preimport: &[String] = if stack {
+            &self.settings.prepare.python_preimport
+        } else {
+            &[]
+        };
         let plan = self.plan(
             language,
             run,
             &posture,
             self.settings.bounds.max_wall_seconds,
-            true,
+            Some(preimport),
         );
         // The grant is not known yet: it is attached when a run takes the jail.
         let (started, program) =

@@ -242,7 +242,7 @@ impl Worker {
         // Verified and written before the jail exists (PROJ-6).
         let projected = Self::project_resources(request, &dirs, result)?;
         let wall_seconds = request.wall_seconds.unwrap_or(bounds.max_wall_seconds);
-        let mut plan = self.plan(language, run, &posture, wall_seconds, false);
+        let mut plan = self.plan(language, run, &posture, wall_seconds, None);
         if projected && let Some(resources) = &request.resources {
             plan.resources = true;
             plan.env.extend(resources.manifest.environment());

@@ -186,7 +186,7 @@ impl Worker {
         if wall < Duration::from_secs(1) {
             return Ok(Err(deadline_exceeded(Step::Tests, wall)));
         }
-        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), false);
+        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), None);
         plan.pi_runtime = Some(self.settings.jail.pi_runtime.clone());
         plan.argv = vec!["/usr/bin/node".to_owned(), "--test".to_owned()];
         plan.argv
@@ -241,7 +241,7 @@ impl Worker {
                 note(&mut result.reply.diagnostics, format!("install: {e}"));
                 NotRun::JailSetupFailed
             })?;
-        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), false);
+        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), None);
         plan.argv = npm_install(token);
         plan.argv.extend([
             "--no-package-lock".to_owned(),
@@ -284,7 +284,7 @@ impl Worker {
             Profile::SkillOnly => "skills",
             Profile::Extension => "extension",
         };
-        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), false);
+        let mut plan = self.plan(Language::Node, run, posture, wall.as_secs(), None);
         plan.pi_runtime = Some(runtime.clone());
         plan.argv = vec![
             "/usr/bin/node".to_owned(),
