@@ -18,7 +18,10 @@ fn every_serving_thread_answers_and_all_stop_on_sigterm() {
         .env("CORRAL_EGRESS_LISTEN", "127.0.0.1:0")
         .env("CORRAL_EGRESS_VERIFYING_KEY_FILE", dir.join("no-key-yet"))
         .env_remove("CORRAL_EGRESS_VERIFYING_KEY_URL")
-        .env("TOKIO_WORKER_THREADS", THREADS.to_string())
+        .env(
+            corral_egress_proxy::run::THREADS_VARIABLE,
+            THREADS.to_string(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -108,7 +108,10 @@ impl Worker {
         // lease's run behind every run on the machine (1 to 2 s of a burst's slowest runs).
         let setup_nice = nice.min(PREPARE_NICE);
         let _ = rustix::process::setpriority_process(None, setup_nice);
-        let stack = stack && language == Language::Python;
+        // Whether its bootstrap imports anything: only Python's does, and only with modules named.
+        let stack = stack
+            && language == Language::Python
+            && !self.settings.prepare.python_preimport.is_empty();
         let prepared = self.build_prepared(language, stack, &mut run, &mut scratch);
         let _ = rustix::process::setpriority_process(None, 0);
         if nice > setup_nice
@@ -126,7 +129,7 @@ impl Worker {
                 program,
                 ready: false,
                 ready_by: Instant::now() + BOOTSTRAP_DEADLINE,
-                importing: stack && !self.settings.prepare.python_preimport.is_empty(),
+                importing: stack,
                 lines: 0,
             }),
             Err(reason) => {
