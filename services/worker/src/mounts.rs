@@ -94,6 +94,9 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         ),
         || "make / private".to_owned(),
     )?;
+    // Read once: every mount this build makes is added to it as it is made (a reading per bind
+    // was a tenth of the machine's CPU under load), and one reading at the end proves it.
+    let mut table = Table::read()?;
     let root = layout.run_dir.join("root");
     step(
         mount(
@@ -105,18 +108,20 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         ),
         || "mount the root tmpfs".to_owned(),
     )?;
-    system_entries(&root)?;
+    table.mounted(&root);
+    system_entries(&mut table, &root)?;
     for baked in [layout.python_stack, layout.pi_runtime]
         .into_iter()
         .flatten()
     {
         let inside = root.join(baked.strip_prefix("/").unwrap_or(baked));
         let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-        bind_dir(baked, &inside, read_only)?;
+        bind_dir(&mut table, baked, &inside, read_only)?;
     }
-    etc(&root, layout)?;
-    dev(&root, layout.run_dir)?;
-    run_binds(&root, layout)?;
+    etc(&mut table, &root, layout)?;
+    dev(&mut table, &root, layout.run_dir)?;
+    run_binds(&mut table, &root, layout)?;
+    table.covers(&root)?;
     mount_proc(&root)?;
     enter(&root)?;
     remount_read_only()
@@ -124,7 +129,7 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
 
 /// Binds the host's font cache, the run's workspace, /tmp and code, and its resources when it has
 /// them, into `root`: only the workspace and /tmp writable.
-fn run_binds(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
+fn run_binds(table: &mut Table, root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     let writable = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     let read_only = writable | MsFlags::MS_RDONLY;
     // The host's font cache, read-only: without it every Chromium (and fontconfig user) scans
@@ -132,22 +137,26 @@ fn run_binds(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     let font_cache = Path::new(FONT_CACHE);
     if font_cache.is_dir() {
         bind_dir(
+            table,
             font_cache,
             &root.join(FONT_CACHE.trim_start_matches('/')),
             read_only | MsFlags::MS_NOEXEC,
         )?;
     }
     bind_dir(
+        table,
         &layout.run_dir.join("workspace"),
         &root.join("workspace"),
         writable,
     )?;
     bind_dir(
+        table,
         &layout.run_dir.join("scratch/tmp"),
         &root.join("tmp"),
         writable,
     )?;
     bind_dir(
+        table,
         &layout.run_dir.join("code"),
         &root.join("run/corral"),
         read_only | MsFlags::MS_NOEXEC,
@@ -155,6 +164,7 @@ fn run_binds(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     if layout.resources {
         let inside = corral_core::projection::MOUNT_DIR.trim_start_matches('/');
         bind_dir(
+            table,
             &layout.run_dir.join("resources"),
             &root.join(inside),
             read_only | MsFlags::MS_NOEXEC,
@@ -220,17 +230,17 @@ fn enter(root: &Path) -> Result<(), String> {
     step(chdir("/"), || "chdir /".to_owned())
 }
 
-fn system_entries(root: &Path) -> Result<(), String> {
+fn system_entries(table: &mut Table, root: &Path) -> Result<(), String> {
     for name in SYSTEM_ENTRIES {
         let host = Path::new("/").join(name);
-        mirror(&host, &root.join(name))?;
+        mirror(table, &host, &root.join(name))?;
     }
     Ok(())
 }
 
 /// Recreates `host` at `target`: the same symlink, or a read-only bind of the file or directory.
 /// A missing `host` is skipped.
-fn mirror(host: &Path, target: &Path) -> Result<(), String> {
+fn mirror(table: &mut Table, host: &Path, target: &Path) -> Result<(), String> {
     let Ok(meta) = fs::symlink_metadata(host) else {
         return Ok(());
     };
@@ -243,9 +253,9 @@ fn mirror(host: &Path, target: &Path) -> Result<(), String> {
             format!("link {}", target.display())
         })
     } else if meta.is_dir() {
-        bind_dir(host, target, read_only)
+        bind_dir(table, host, target, read_only)
     } else {
-        bind_file(host, target, read_only)
+        bind_file(table, host, target, read_only)
     }
 }
 
@@ -254,11 +264,11 @@ fn mirror(host: &Path, target: &Path) -> Result<(), String> {
 /// warning bar `--no-sandbox` would put across the window members watch (decision 0027).
 const CHROMIUM_POLICY: &str = include_str!("browser/policy.json");
 
-fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
+fn etc(table: &mut Table, root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     let etc = root.join("etc");
     step(fs::create_dir_all(&etc), || "create /etc".to_owned())?;
     for name in ETC_ENTRIES {
-        mirror(&Path::new("/etc").join(name), &etc.join(name))?;
+        mirror(table, &Path::new("/etc").join(name), &etc.join(name))?;
     }
     let (uid, gid) = (layout.uid, layout.gid);
     let files = [
@@ -290,7 +300,7 @@ fn etc(root: &Path, layout: &Layout<'_>) -> Result<(), String> {
     )
 }
 
-fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
+fn dev(table: &mut Table, root: &Path, run_dir: &Path) -> Result<(), String> {
     let dev = root.join("dev");
     step(fs::create_dir_all(&dev), || "create /dev".to_owned())?;
     step(
@@ -303,9 +313,11 @@ fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
         ),
         || "mount /dev".to_owned(),
     )?;
+    table.mounted(&dev);
     for name in DEVICES {
         // Device nodes stay writable (writes to /dev/null are not writes to a filesystem).
         bind_file(
+            table,
             &Path::new("/dev").join(name),
             &dev.join(name),
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
@@ -322,31 +334,37 @@ fn dev(root: &Path, run_dir: &Path) -> Result<(), String> {
         })?;
     }
     bind_dir(
+        table,
         &run_dir.join("scratch/shm"),
         &dev.join("shm"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
     )
 }
 
-fn bind_dir(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+fn bind_dir(table: &mut Table, source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
     step(fs::create_dir_all(target), || {
         format!("create {}", target.display())
     })?;
-    bind(source, target, flags)
+    bind(table, source, target, flags)
 }
 
-fn bind_file(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+fn bind_file(
+    table: &mut Table,
+    source: &Path,
+    target: &Path,
+    flags: MsFlags,
+) -> Result<(), String> {
     step(fs::write(target, b""), || {
         format!("create {}", target.display())
     })?;
-    bind(source, target, flags)
+    bind(table, source, target, flags)
 }
 
 /// Binds `source` (with everything mounted below it) at `target`, then remounts each of those
 /// mounts with `flags` added. The flags a mount already has are kept: in a user namespace the
 /// kernel refuses to clear a flag inherited from a more privileged namespace, and that includes
 /// the access-time flags.
-fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
+fn bind(table: &mut Table, source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
     step(
         mount(
             Some(source),
@@ -357,8 +375,15 @@ fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
         ),
         || format!("bind {} at {}", source.display(), target.display()),
     )?;
-    for point in mount_points_under(target)? {
-        let kept = step(statvfs(&point), || format!("statvfs {}", point.display()))?.flags();
+    table.bound(source, target);
+    for point in table.under(target) {
+        let kept = match statvfs(&point) {
+            Ok(found) => found.flags(),
+            // A mount the kernel did not copy (one hidden beneath another on the host) leaves no
+            // path to remount; the table's closing reading proves nothing was missed.
+            Err(nix::errno::Errno::ENOENT) => continue,
+            Err(error) => return Err(format!("statvfs {}: {error}", point.display())),
+        };
         let mut remount = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | flags;
         for (has, keep) in [
             (FsFlags::ST_RDONLY, MsFlags::MS_RDONLY),
@@ -381,15 +406,70 @@ fn bind(source: &Path, target: &Path, flags: MsFlags) -> Result<(), String> {
     Ok(())
 }
 
-/// Every mount point at or below `target` in the calling process's mount namespace.
-fn mount_points_under(target: &Path) -> Result<Vec<PathBuf>, String> {
-    let table = step(fs::read_to_string("/proc/self/mountinfo"), || {
-        "read mountinfo".to_owned()
-    })?;
-    Ok(mount_points(&table)
-        .into_iter()
-        .filter(|point| point.starts_with(target))
-        .collect())
+/// The mount points of the jail's mount namespace, read once and kept as the build adds to it: a
+/// bind of a source with everything below it adds the target and, below it, a copy of each mount
+/// point below the source, as the kernel's recursive bind does.
+struct Table {
+    points: Vec<PathBuf>,
+}
+
+impl Table {
+    fn read() -> Result<Self, String> {
+        let text = step(fs::read_to_string("/proc/self/mountinfo"), || {
+            "read mountinfo".to_owned()
+        })?;
+        Ok(Self {
+            points: mount_points(&text),
+        })
+    }
+
+    /// A fresh mount at `target`.
+    fn mounted(&mut self, target: &Path) {
+        self.points.push(target.to_owned());
+    }
+
+    /// A recursive bind of `source` at `target`.
+    fn bound(&mut self, source: &Path, target: &Path) {
+        // The table holds resolved paths; the kernel resolves the source the same way.
+        let source = fs::canonicalize(source).unwrap_or_else(|_| source.to_owned());
+        let copies: Vec<PathBuf> = self
+            .points
+            .iter()
+            .filter_map(|point| point.strip_prefix(&source).ok())
+            .filter(|below| !below.as_os_str().is_empty())
+            .map(|below| target.join(below))
+            .collect();
+        self.mounted(target);
+        self.points.extend(copies);
+    }
+
+    /// The mount points at or below `target`, in the order they were made.
+    fn under(&self, target: &Path) -> Vec<PathBuf> {
+        self.points
+            .iter()
+            .filter(|point| point.starts_with(target))
+            .cloned()
+            .collect()
+    }
+
+    /// Proves the table by reading the namespace's mounts once more: every mount at or below
+    /// `root` must be one the build made and remounted with its flags, or the jail is not entered.
+    fn covers(&self, root: &Path) -> Result<(), String> {
+        let now = Self::read()?;
+        let made: std::collections::HashSet<&Path> =
+            self.points.iter().map(PathBuf::as_path).collect();
+        match now
+            .points
+            .iter()
+            .find(|point| point.starts_with(root) && !made.contains(point.as_path()))
+        {
+            Some(missed) => Err(format!(
+                "a mount at {} was not made by the jail's build",
+                missed.display()
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The mount points listed in a mountinfo table, in order.
@@ -428,6 +508,30 @@ fn unescape(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recursive_bind_adds_its_target_and_a_copy_of_each_mount_below_its_source() {
+        let mut table = Table {
+            points: ["/", "/usr", "/usr/share/doc", "/usrlocal", "/proc"]
+                .map(PathBuf::from)
+                .to_vec(),
+        };
+        table.bound(Path::new("/usr"), Path::new("/jail/usr"));
+        table.bound(Path::new("/proc"), Path::new("/jail/usr/share/doc/proc"));
+        assert_eq!(
+            table.under(Path::new("/jail/usr")),
+            [
+                "/jail/usr",
+                "/jail/usr/share/doc",
+                "/jail/usr/share/doc/proc"
+            ]
+            .map(PathBuf::from)
+        );
+        assert_eq!(
+            table.under(Path::new("/jail/usr/share/doc/proc")),
+            ["/jail/usr/share/doc/proc"].map(PathBuf::from)
+        );
+    }
 
     #[test]
     fn mountinfo_points_are_unescaped() {

@@ -612,3 +612,38 @@ fn node_runs_in_the_same_jail() {
     assert_eq!(ran.downloads(), ["out.json"]);
     ran.assert_clean_reset();
 }
+
+/// A mount below a directory the jail binds from the host (here a tmpfs over `/usr/share/doc`,
+/// made in a private mount namespace around the jail) is copied into the jail with the directory,
+/// and is read-only there like the rest of `/usr`: the build's table of mounts must know of it.
+#[test]
+fn a_mount_below_a_bound_host_directory_is_read_only_in_the_jail() {
+    if !root_or_skip("a_mount_below_a_bound_host_directory_is_read_only_in_the_jail") {
+        return;
+    }
+    let _serial = serial();
+    let wrapper = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs -o mode=1777 corral-test /usr/share/doc && echo writable > /usr/share/doc/probe && chmod 666 /usr/share/doc/probe && exec \"$@\"",
+        "sh",
+    ];
+    let ran = Jail::python(
+        "import os\n\
+         print(os.path.ismount('/usr/share/doc'), open('/usr/share/doc/probe').read().strip())\n\
+         try:\n\
+         \x20   open('/usr/share/doc/probe', 'w').write('changed')\n\
+         \x20   print('written')\n\
+         except OSError as e:\n\
+         \x20   print('refused', e.errno)\n",
+    )
+    .under(wrapper.iter().map(|s| (*s).to_owned()).collect())
+    .run();
+    ran.assert_ran();
+    assert_eq!(ran.stdout(), "True writable\nrefused 30\n", "{}", ran.json);
+    ran.assert_clean_reset();
+}
