@@ -76,17 +76,35 @@ pub fn main(args: &[String], prefix: &[&str]) -> ExitCode {
     run_command(cli.command, prefix)
 }
 
-/// Runs the jail's hidden stage that `args` name (`__stage1 PLAN`, `__stage2 PLAN`, `__probe`),
-/// which this binary re-executes itself into; `None` for any other arguments. Matched exactly,
-/// before the command line's parser, and never in its help: they are not for people.
+/// Runs the jail's hidden stage that `args` name (`__stage1 PLAN`, `__stage2 PLAN`, `__probe`;
+/// `__build` prints the stage build's identity), which this binary re-executes itself into;
+/// `None` for any other arguments. Matched exactly, before the command line's parser, and never
+/// in its help: they are not for people.
 #[must_use]
 pub fn hidden_stage(args: &[String]) -> Option<ExitCode> {
     match args {
         [name, plan] if name == "__stage1" => Some(stage::stage1(plan)),
         [name, plan] if name == "__stage2" => Some(stage::stage2(plan)),
         [name] if name == "__probe" => Some(stage::probe()),
+        [name] if name == "__build" => {
+            println!("{}", crate::supervisor::STAGE_BUILD);
+            Some(ExitCode::SUCCESS)
+        }
         _ => None,
     }
+}
+
+/// `corral-stage`: the small binary that runs only the jail's hidden stages (decision 0057), so
+/// that a jail does not execute all of Corral twice. Anything else is refused.
+#[must_use]
+pub fn stage_main(args: &[String]) -> ExitCode {
+    hidden_stage(args).unwrap_or_else(|| {
+        eprintln!(
+            "corral-stage: runs only the jail's stages, started by a worker's supervisor; \
+             use `corral jail` or `corral worker`"
+        );
+        ExitCode::from(2)
+    })
 }
 
 /// Runs one parsed `corral jail` command.
@@ -157,7 +175,7 @@ fn run(args: RunArgs, prefix: &[&str]) -> ExitCode {
         Ok(grant) => grant,
         Err(message) => return usage_error(&message),
     };
-    let mut worker = Worker::start(settings, Reexec::this_binary(prefix));
+    let mut worker = Worker::start(settings, Reexec::for_stages(prefix));
     let result = match Language::parse(&args.language) {
         Ok(language) => worker.run(&RunRequest {
             language,
@@ -203,7 +221,7 @@ fn probe(prefix: &[&str]) -> ExitCode {
         Ok(settings) => settings,
         Err(code) => return code,
     };
-    let worker = Worker::start(settings, Reexec::this_binary(prefix));
+    let worker = Worker::start(settings, Reexec::for_stages(prefix));
     let missing: serde_json::Map<String, serde_json::Value> = worker
         .missing()
         .into_iter()

@@ -78,4 +78,4 @@ mod trace;
 mod workspace;
 
 pub use result::RunResult;
-pub use supervisor::{RUNTIME_PROGRAMS, Reexec, RunRequest, Worker};
+pub use supervisor::{RUNTIME_PROGRAMS, Reexec, RunRequest, STAGE_BINARY, STAGE_BUILD, Worker};

@@ -379,7 +379,7 @@ fn start(listen: Option<SocketAddr>, prefix: &[&str]) -> Result<(), String> {
         listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], settings.worker.control_port)));
     // Before any thread exists: the worker enters a private mount namespace, which threads
     // started afterwards (the runtime's) inherit, so every run sees the same run directories.
-    let worker = Worker::start(settings.clone(), Reexec::this_binary(prefix));
+    let worker = Worker::start(settings.clone(), Reexec::for_stages(prefix));
     let posture = match worker.posture() {
         Ok(corral_core::jail::Posture::Full) => "full",
         Ok(corral_core::jail::Posture::Weaker { .. }) => "weaker",

@@ -77,8 +77,15 @@ fn exit_with(number: i32) -> ExitCode {
     ExitCode::from(u8::try_from(number.clamp(0, 255)).unwrap_or(u8::MAX))
 }
 
+/// Names the process as `ps` shows it: a stage executed through the stage binary's descriptor
+/// would otherwise be called by the descriptor's number, and through `/proc/self/exe` `exe`.
+fn name_this_process(name: &std::ffi::CStr) {
+    let _ = prctl::set_name(name);
+}
+
 /// Stage 1: namespaces, then (after the supervisor's go) loopback, hostname and stage 2.
 pub fn stage1(plan_text: &str) -> ExitCode {
+    name_this_process(c"corral-stage1");
     let plan = match parse_plan(plan_text) {
         Ok(plan) => plan,
         Err(code) => return code,
@@ -151,6 +158,7 @@ pub fn stage1(plan_text: &str) -> ExitCode {
 
 /// Stage 2, pid 1 of the jail: filesystem, credentials, limits, filter, then the code.
 pub fn stage2(plan_text: &str) -> ExitCode {
+    name_this_process(c"corral-stage2");
     let plan = match parse_plan(plan_text) {
         Ok(plan) => plan,
         Err(code) => return code,

@@ -54,14 +54,24 @@ const HOST_UID_BASE: u32 = 0x7000_0000;
 /// Runs of one supervisor cycle through this many uid pairs.
 const RUNS_PER_SUPERVISOR: u32 = 64;
 
-/// How to re-execute this binary into a stage: the program (normally `/proc/self/exe`) and the
-/// arguments before the stage's name (`["jail"]` for `corral`, nothing for `corral-jail`).
+/// The file name of the small binary that runs only the jail's stages (decision 0057), looked for
+/// beside the running one.
+pub const STAGE_BINARY: &str = "corral-stage";
+/// This build's identity, which a stage binary must print for `__build` to be used: a digest of
+/// the sources the stages are built from (`build.rs`).
+pub const STAGE_BUILD: &str = env!("CORRAL_STAGE_BUILD");
+
+/// How to execute a jail's stage: the program (normally `/proc/self/exe`) and the arguments before
+/// the stage's name (`["jail"]` for `corral`, nothing for `corral-jail` and `corral-stage`).
 #[derive(Clone, Debug)]
 pub struct Reexec {
     /// The program.
     pub program: PathBuf,
     /// The arguments before the stage's name.
     pub prefix: Vec<String>,
+    /// The stage binary's file, open for as long as any copy of this lives: the program is its
+    /// descriptor's path, so what was checked is what every jail executes.
+    _opened: Option<std::sync::Arc<std::fs::File>>,
 }
 
 impl Reexec {
@@ -71,7 +81,67 @@ impl Reexec {
         Self {
             program: PathBuf::from("/proc/self/exe"),
             prefix: prefix.iter().map(|s| (*s).to_owned()).collect(),
+            _opened: None,
         }
+    }
+
+    /// The stage binary beside this one when it is of this build, else this binary with `prefix`.
+    /// Executing `corral` (all of Corral) for each of a jail's two stages cost a `print(1)` run
+    /// about a quarter of its CPU: loading and relocating it, and its pages' faults and teardown.
+    #[must_use]
+    pub fn for_stages(prefix: &[&str]) -> Self {
+        let exe = std::env::current_exe().unwrap_or_default();
+        Self::beside(exe.parent().unwrap_or(Path::new("/")), prefix)
+    }
+
+    /// [`Reexec::for_stages`] for a binary in `dir`; says which it chose, and why not the stage
+    /// binary when one is there.
+    #[must_use]
+    pub fn beside(dir: &Path, prefix: &[&str]) -> Self {
+        let path = dir.join(STAGE_BINARY);
+        if !path.exists() {
+            return Self::this_binary(prefix);
+        }
+        match Self::stage_binary(&path) {
+            Ok(chosen) => {
+                tracing::info!(stages = %path.display(), "jails' stages run from the stage binary");
+                chosen
+            }
+            Err(why) => {
+                tracing::warn!(why = %why, "jails' stages run from this binary, not the stage binary beside it");
+                Self::this_binary(prefix)
+            }
+        }
+    }
+
+    /// `path` as the stage binary, or why not: it must open, and answer `__build` with
+    /// [`STAGE_BUILD`] (one from another build is never used: it would build jails from other
+    /// sources than this one's).
+    pub fn stage_binary(path: &Path) -> Result<Self, String> {
+        use std::os::fd::AsRawFd as _;
+        let file =
+            std::fs::File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        let program = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let answer = std::process::Command::new(&program)
+            .arg("__build")
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .map_err(|e| format!("run {}: {e}", path.display()))?;
+        let build = String::from_utf8_lossy(&answer.stdout);
+        if !answer.status.success() || build.trim_end() != STAGE_BUILD {
+            return Err(format!(
+                "{} is of build {:?}, not this one's {STAGE_BUILD}",
+                path.display(),
+                build.trim_end()
+            ));
+        }
+        Ok(Self {
+            program,
+            prefix: Vec::new(),
+            _opened: Some(std::sync::Arc::new(file)),
+        })
     }
 }
 
