@@ -74,6 +74,11 @@ impl PoolDoc {
         counts
     }
 
+    /// The tickets waiting in the queue, oldest first.
+    pub fn queued_tickets(&self) -> impl Iterator<Item = TicketId> + '_ {
+        self.tickets.iter().map(|t| t.id)
+    }
+
     /// Where `ticket` stands.
     #[must_use]
     pub fn ticket_status(&self, ticket: TicketId) -> TicketStatus {

@@ -17,8 +17,12 @@ use crate::{ValkeyStore, VersionWatch};
 
 /// How many times one command whose outcome is unknown or contended is applied again.
 pub const RETRIES: u32 = 50;
-/// The longest a waiter sleeps between two reads when no announcement comes.
+/// The longest a waiter sleeps between two reads when it has no subscription to announcements.
 const POLL: Duration = Duration::from_millis(50);
+/// The longest a subscribed waiter waits between two reads when no announcement concerns its
+/// ticket: a lost announcement is reported as missed (and a closed subscription falls back to
+/// [`POLL`]), so this only bounds what an unreported loss could delay.
+const WATCHED_POLL: Duration = Duration::from_millis(1_000);
 
 /// A lease the pool granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +145,8 @@ pub async fn acquire(
     })
 }
 
-/// Waits for queued `ticket`'s grant, reading the pool at every announcement (or poll) until
+/// Waits for queued `ticket`'s grant, reading the pool at every announcement that may concern it
+/// (or poll) until
 /// `wait` (plus a second) has passed: its answer, or `None` when the wait ran out. The ticket was
 /// queued when the acquire's answer, sent at `asked`, was written: no grant precedes that.
 async fn queued(
@@ -179,6 +184,10 @@ async fn queued(
             }
         }
         match watch.as_mut() {
+            Some(watch) if !watch.closed() => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let _ = watch.changed_for(ticket, WATCHED_POLL.min(left)).await;
+            }
             Some(watch) => {
                 let _ = watch.changed(POLL).await;
             }

@@ -22,6 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use corral_core::ids::TicketId;
 use corral_core::pool::{Command, PoolConfig, PoolDoc};
 use corral_core::store::{
     Batch, CasOutcome, Expected, Loaded, Settled, Transacted, Unavailable, Version,
@@ -95,7 +96,7 @@ if expected then
     end
   end
   redis.call('HSET', KEYS[1], 'version', ARGV[2], 'epoch', ARGV[4], 'doc', ARGV[3], 'run', run)
-  redis.call('PUBLISH', KEYS[2], ARGV[2])
+  redis.call('PUBLISH', KEYS[2], ARGV[9])
   return {1, now}
 end
 if version == false then
@@ -355,6 +356,7 @@ impl ValkeyStore {
             } else {
                 ""
             }),
+            announcement(next, doc),
         ];
         self.writes.attempted.fetch_add(1, Ordering::Relaxed);
         let reply = self.link.eval(CAS_SCRIPT, keys, args).await;
@@ -491,7 +493,10 @@ impl ValkeyStore {
             .subscribe(self.channel.clone())
             .await
             .map_err(|_| Unavailable)?;
-        Ok(VersionWatch { subscription })
+        Ok(VersionWatch {
+            subscription,
+            closed: false,
+        })
     }
 
     /// Deletes the pool's document (tests and operators only: the pool then starts a new epoch).
@@ -542,9 +547,32 @@ fn decode(mut fields: impl Iterator<Item = Reply>) -> Result<Loaded, Unavailable
     }
 }
 
+/// What a write announces: the new version, then every ticket still queued in it. A queued waiter
+/// whose ticket is listed has nothing to read ([`VersionWatch::changed_for`]): with a hundred
+/// waiters, each reading the whole document at every announcement was most of the API's and
+/// Valkey's CPU in a burst that queued.
+fn announcement(version: u64, doc: &PoolDoc) -> String {
+    let mut text = version.to_string();
+    for ticket in doc.queued_tickets() {
+        text.push(' ');
+        text.push_str(&ticket.0.to_string());
+    }
+    text
+}
+
+/// Whether `announcement` lists `ticket` as still queued (an unreadable one does not).
+fn lists_queued(announcement: &str, ticket: TicketId) -> bool {
+    let wanted = ticket.0.to_string();
+    announcement
+        .split(' ')
+        .skip(1)
+        .any(|listed| listed == wanted)
+}
+
 /// Announcements of new document versions.
 pub struct VersionWatch {
     subscription: Subscription,
+    closed: bool,
 }
 
 impl VersionWatch {
@@ -556,10 +584,35 @@ impl VersionWatch {
             Ok(Heard::Message(_) | Heard::Missed) => true,
             // Gone: the caller's polling is all that is left, at its own pace.
             Ok(Heard::Closed) => {
+                self.closed = true;
                 tokio::time::sleep_until(started + timeout).await;
                 false
             }
             Err(_) => false,
         }
+    }
+
+    /// Waits until an announcement may concern queued `ticket` (one that no longer lists it as
+    /// queued, or missed announcements) or `timeout` passes; true for the former.
+    pub async fn changed_for(&mut self, ticket: TicketId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, self.subscription.next()).await {
+                Ok(Heard::Message(text)) if lists_queued(&text, ticket) => {}
+                Ok(Heard::Message(_) | Heard::Missed) => return true,
+                Ok(Heard::Closed) => {
+                    self.closed = true;
+                    tokio::time::sleep_until(deadline).await;
+                    return false;
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Whether the subscription is gone (its waiter is left to polling).
+    #[must_use]
+    pub fn closed(&self) -> bool {
+        self.closed
     }
 }

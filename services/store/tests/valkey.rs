@@ -616,3 +616,82 @@ async fn pool_05_a_dropped_version_watch_closes_its_connection() {
     }
     assert_eq!(now, before, "every dropped watch's connection is closed");
 }
+
+/// A queued waiter is woken only by an announcement that may concern its ticket: one that still
+/// lists it as queued passes it by (with a hundred waiters, each reading the whole pool at every
+/// announcement was most of a queued burst's CPU); one that no longer lists it wakes it.
+#[tokio::test]
+async fn pool_03_a_queued_waiter_is_woken_only_by_announcements_that_may_concern_its_ticket() {
+    let test = "pool_03_a_queued_waiter_is_woken_only_by_announcements_that_may_concern_its_ticket";
+    let Some(server) = server(test) else {
+        return;
+    };
+    let url = server.url();
+    let config = test_pool_config();
+    let (store, _controller) = warmed(&url, "announce").await;
+    let warm = match store.load().await {
+        Ok(Loaded::Found { doc, .. }) => doc.counts().warm,
+        other => panic!("a warm pool: {other:?}"),
+    };
+    // Every warm worker held, so tickets 100 and 101 queue.
+    for ticket in 1..=u64::from(warm) {
+        let applied = commit(&store, &acquire(ticket, &format!("h{ticket}")), &config)
+            .await
+            .expect("answers");
+        assert!(
+            matches!(
+                applied.answer(TicketId(ticket)),
+                Some(Event::Granted { .. })
+            ),
+            "{applied:?}"
+        );
+    }
+    let (first, second) = (TicketId(100), TicketId(101));
+    for ticket in [first, second] {
+        let applied = commit(&store, &acquire(ticket.0, "q"), &config)
+            .await
+            .expect("answers");
+        assert!(
+            matches!(applied.answer(ticket), Some(Event::Queued { .. })),
+            "{applied:?}"
+        );
+    }
+    let mut watch_first = store.subscribe().await.expect("a watch");
+    let mut watch_second = store.subscribe().await.expect("a watch");
+    // A third ticket queues (both still listed), then the second is withdrawn.
+    let third = commit(&store, &acquire(102, "q"), &config)
+        .await
+        .expect("answers");
+    assert!(matches!(
+        third.answer(TicketId(102)),
+        Some(Event::Queued { .. })
+    ));
+    let withdrawn = commit(&store, &Command::Cancel { ticket: second }, &config)
+        .await
+        .expect("answers");
+    assert!(withdrawn.answer(second).is_some(), "{withdrawn:?}");
+    // The second's waiter passes the first announcement by and is woken by the withdrawal.
+    assert!(
+        watch_second
+            .changed_for(second, Duration::from_secs(10))
+            .await,
+        "the withdrawal concerns the second ticket"
+    );
+    // Neither announcement concerns the first ticket: its waiter is not woken.
+    assert!(
+        !watch_first
+            .changed_for(first, Duration::from_millis(500))
+            .await,
+        "no announcement so far concerns the first ticket"
+    );
+    let withdrawn = commit(&store, &Command::Cancel { ticket: first }, &config)
+        .await
+        .expect("answers");
+    assert!(withdrawn.answer(first).is_some(), "{withdrawn:?}");
+    assert!(
+        watch_first
+            .changed_for(first, Duration::from_secs(10))
+            .await,
+        "its own withdrawal concerns the first ticket"
+    );
+}
