@@ -126,6 +126,7 @@ impl Bench {
                 conversation: ConversationId("bench".to_owned()),
             },
             wait_ms: self.config.acquire_wait_ms,
+            stack: false,
         });
         (ticket, applied)
     }

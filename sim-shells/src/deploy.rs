@@ -1098,6 +1098,7 @@ async fn acquire(
             conversation: ConversationId(format!("c-{run}")),
         },
         wait_ms: pool_config().acquire_wait_ms,
+        stack: false,
     };
     lock(&ports.truth).note(format!("run {run} on {} asks for a lease", ports.name));
     let wait = Duration::from_millis(pool_config().acquire_wait_ms);

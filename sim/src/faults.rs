@@ -200,6 +200,9 @@ pub enum Invariant {
     WarmIsClean,
     /// A grant never passes over an older ticket whose member is under the limit.
     Fifo,
+    /// A ticket gets a worker whose last lease used the data stack as its own will, whenever one
+    /// is warm after the grants of the same transition (decision 0058).
+    StackRouted,
     /// No grant while the store is unavailable.
     NoGrantWithoutStore,
     /// No grant after a ticket's deadline.
@@ -256,7 +259,7 @@ pub enum Invariant {
 
 impl Invariant {
     /// Every invariant.
-    pub const ALL: [Invariant; 31] = [
+    pub const ALL: [Invariant; 32] = [
         Self::SingleTenant,
         Self::CleanHandoff,
         Self::NoReassignOfCondemned,
@@ -266,6 +269,7 @@ impl Invariant {
         Self::CreatesInFlight,
         Self::WarmIsClean,
         Self::Fifo,
+        Self::StackRouted,
         Self::NoGrantWithoutStore,
         Self::NoGrantAfterDeadline,
         Self::NoStaleImage,
@@ -302,6 +306,7 @@ impl Invariant {
             Self::CreatesInFlight => "creates_in_flight",
             Self::WarmIsClean => "warm_is_clean",
             Self::Fifo => "fifo",
+            Self::StackRouted => "stack_routed",
             Self::NoGrantWithoutStore => "no_grant_without_store",
             Self::NoGrantAfterDeadline => "no_grant_after_deadline",
             Self::NoStaleImage => "no_stale_image",

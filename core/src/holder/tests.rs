@@ -80,6 +80,7 @@ impl Pool {
                 conversation: ConversationId("c".into()),
             },
             wait_ms: 10_000,
+            stack: false,
         })
     }
 

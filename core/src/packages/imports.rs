@@ -57,6 +57,23 @@ fn is_identifier(text: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
+/// Whether `code` imports any of `modules` (dotted names count by their top-level package): the
+/// one reading of "a run that uses the stack" (`CORRAL_WORKER_PYTHON_PREIMPORT`), by which a worker
+/// hands a run the jail that pre-imports it (decisions 0015, 0046) and the pool routes the run to a
+/// worker whose jail does (decision 0058). Not valid UTF-8 is read lossily, as the interpreter
+/// would refuse it anyway.
+#[must_use]
+pub fn uses_any(code: &[u8], modules: &[String]) -> bool {
+    if modules.is_empty() {
+        return false;
+    }
+    let imported = imported_modules(&String::from_utf8_lossy(code));
+    modules.iter().any(|name| {
+        let top = name.split('.').next().unwrap_or(name);
+        imported.iter().any(|m| m == top)
+    })
+}
+
 /// The top-level modules `source` imports absolutely (`import a.b as c, d`, `from a.b import c`),
 /// sorted, without repeats. Statements are read per line, after any indentation (an import inside
 /// a `try` or a function counts); relative imports and `__future__` are not modules to install.
@@ -96,6 +113,18 @@ fn push_top(modules: &mut Vec<String>, dotted: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_uses_the_named_modules_when_it_imports_any_of_them_or_a_submodule() {
+        let stack = vec!["numpy".to_owned(), "matplotlib.pyplot".to_owned()];
+        assert!(uses_any(b"import matplotlib\nprint(1)", &stack));
+        assert!(uses_any(b"x = 1; from numpy.linalg import norm", &stack));
+        assert!(!uses_any(
+            b"import numpyx, json\nprint('import numpy')",
+            &stack
+        ));
+        assert!(!uses_any(b"import numpy", &[]));
+    }
 
     #[test]
     fn pkg_04_imports_are_read_from_the_code() {

@@ -2,7 +2,7 @@
 //! module named for what it decides: [`super::lease`], [`super::report`], [`super::tick`].
 
 use super::config::PoolConfig;
-use super::doc::{Applied, Command, PoolDoc};
+use super::doc::{Applied, Command, PoolDoc, Ticket};
 use crate::time::UnixMillis;
 
 impl PoolDoc {
@@ -20,8 +20,16 @@ impl PoolDoc {
                 member,
                 scope,
                 wait_ms,
+                stack,
             } => {
-                self.acquire(ticket, member, scope, wait_ms, now, config, &mut out);
+                let ticket = Ticket {
+                    id: ticket,
+                    member,
+                    scope,
+                    deadline: now.plus_ms(wait_ms.min(config.acquire_wait_ms)),
+                    stack,
+                };
+                self.acquire(ticket, now, config, &mut out);
             }
             Command::Cancel { ticket } => self.cancel(ticket, now, config, &mut out),
             Command::Heartbeat {

@@ -79,11 +79,14 @@ pub enum Mutation {
     IdleEarly,
     /// A call on a browser session whose close was claimed still reaches its worker.
     ClosingCallable,
+    /// A ticket gets the worker warm the longest whatever data stack its last lease used
+    /// (decision 0058).
+    StackUnrouted,
 }
 
 impl Mutation {
     /// Every mutation, in the order the simulator runs them.
-    pub const ALL: [Mutation; 27] = [
+    pub const ALL: [Mutation; 28] = [
         Self::Ceiling,
         Self::ResetToken,
         Self::TakeoverReassign,
@@ -111,6 +114,7 @@ impl Mutation {
         Self::OverRetire,
         Self::IdleEarly,
         Self::ClosingCallable,
+        Self::StackUnrouted,
     ];
 
     /// The name used on the simulator's command line.
@@ -144,6 +148,7 @@ impl Mutation {
             Self::OverRetire => "over-retire",
             Self::IdleEarly => "idle-early",
             Self::ClosingCallable => "closing-callable",
+            Self::StackUnrouted => "stack-unrouted",
         }
     }
 }

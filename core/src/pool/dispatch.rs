@@ -1,5 +1,6 @@
-//! Serving the queue: the oldest ticket whose member is under its limit gets the worker warm the
-//! longest (POOL-3).
+//! Serving the queue: the oldest ticket whose member is under its limit gets a warm worker (POOL-3):
+//! the one warm the longest among those whose last lease used the data stack as the ticket's will
+//! (decision 0058), or the one warm the longest.
 
 use super::config::{Mutation, PoolConfig};
 use super::doc::{Applied, Event, Lease, PoolDoc, StateKind, Ticket, WorkerState};
@@ -14,7 +15,7 @@ impl PoolDoc {
         if !self.admission_open(now, config) || self.orphans_pending() {
             return;
         }
-        let mut warm: Vec<(UnixMillis, WorkerId)> = self
+        let mut warm: Vec<(UnixMillis, WorkerId, bool)> = self
             .workers
             .iter()
             .filter(|(_, w)| w.state.kind() == StateKind::Warm)
@@ -22,10 +23,10 @@ impl PoolDoc {
                 w.claim_deadline
                     .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
             })
-            .map(|(id, w)| (w.since, *id))
+            .map(|(id, w)| (w.since, *id, w.stack))
             .collect();
         warm.sort();
-        warm.reverse(); // pop() yields the worker warm the longest
+        warm.reverse(); // the last is the worker warm the longest
         if warm.is_empty() || self.tickets.is_empty() {
             return;
         }
@@ -47,7 +48,10 @@ impl PoolDoc {
             let Some(ticket) = self.tickets.remove(at) else {
                 break;
             };
-            let Some((_, worker)) = warm.pop() else { break };
+            let Some(chosen) = choose(&warm, ticket.stack, config) else {
+                break;
+            };
+            let (_, worker, _) = warm.remove(chosen);
             *usage.entry(ticket.member.clone()).or_insert(0) += 1;
             // Removing at `at` moves the next candidate to `index` (oldest first) or keeps it at
             // `len - 1 - index` (newest first): either way `index` stays.
@@ -64,6 +68,9 @@ impl PoolDoc {
         out: &mut Applied,
     ) {
         let claim_deadline = self.workers.get(&worker).and_then(|w| w.claim_deadline);
+        if let Some(granted) = self.workers.get_mut(&worker) {
+            granted.stack = ticket.stack;
+        }
         let expires_at = lease_expiry(now, config, claim_deadline);
         let lease = Lease {
             id: ticket.id,
@@ -79,4 +86,24 @@ impl PoolDoc {
             expires_at,
         });
     }
+}
+
+/// Which of `warm` (the worker warm the longest last) a ticket gets: the one warm the longest among
+/// those whose last lease used the data stack as the ticket's will, so that a run that uses the
+/// stack finds its jail pre-imported and any other leaves such jails to those that do (decision
+/// 0058); without one, the one warm the longest.
+fn choose(
+    warm: &[(UnixMillis, WorkerId, bool)],
+    stack: bool,
+    config: &PoolConfig,
+) -> Option<usize> {
+    let longest = warm.len().checked_sub(1)?;
+    if config.broken(Mutation::StackUnrouted) {
+        return Some(longest);
+    }
+    Some(
+        warm.iter()
+            .rposition(|(_, _, has)| *has == stack)
+            .unwrap_or(longest),
+    )
 }

@@ -38,6 +38,13 @@ pub struct Worker {
     pub confirmed_at: Option<UnixMillis>,
     /// In platform-operator mode, the claim's deadline, fixed at creation (POOL-7).
     pub claim_deadline: Option<UnixMillis>,
+    /// Whether its current or last lease was for a run that uses the data stack
+    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`): after such a run the worker's next warm Python jail
+    /// pre-imports it (decision 0056), so a run that uses the stack goes to such a worker first and
+    /// any other run to one that is not (decision 0058). A hint for routing only: it changes no
+    /// state, no proof and no order of service.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stack: bool,
 }
 
 /// A worker's state. The legal transitions are in [`StateKind::may_become`].
@@ -166,6 +173,9 @@ pub struct Ticket {
     pub scope: LeaseScope,
     /// It is refused if not granted by then.
     pub deadline: UnixMillis,
+    /// The lease is for a run that uses the data stack (decision 0058).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stack: bool,
 }
 
 /// A state's kind, for the table of legal transitions.
@@ -254,6 +264,10 @@ pub enum Command {
         scope: LeaseScope,
         /// How long the caller will wait, capped by `SANDBOX_ACQUIRE_WAIT_SECONDS`.
         wait_ms: u64,
+        /// The lease is for a run that uses the data stack: it goes to a worker whose last lease's
+        /// did first (decision 0058). Routing only.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stack: bool,
     },
     /// The caller stopped waiting: withdraw the ticket, or end the lease it already received.
     Cancel {

@@ -5,24 +5,22 @@ use super::doc::{
     Applied, Disposition, Effect, Event, Lease, PoolDoc, Refusal, RemovalReason, Ticket,
     TicketStatus, WorkerState,
 };
-use crate::ids::{LeaseId, LeaseScope, MemberId, OpToken, TicketId, WorkerId};
+use crate::ids::{LeaseId, OpToken, TicketId, WorkerId};
 use crate::time::UnixMillis;
 
 impl PoolDoc {
-    #[allow(clippy::too_many_arguments)]
+    /// Queues `asked` (its deadline the wait asked for, capped) and serves the queue.
     pub(super) fn acquire(
         &mut self,
-        ticket: TicketId,
-        member: MemberId,
-        scope: LeaseScope,
-        wait_ms: u64,
+        asked: Ticket,
         now: UnixMillis,
         config: &PoolConfig,
         out: &mut Applied,
     ) {
+        let ticket = asked.id;
         // A repeated acquire (after an unknown write outcome) answers with where the ticket stands.
         if let Some(existing) = self.tickets.iter().find(|t| t.id == ticket)
-            && (existing.member != member || existing.scope != scope)
+            && (existing.member != asked.member || existing.scope != asked.scope)
         {
             out.events.push(Event::Refused {
                 ticket,
@@ -68,13 +66,7 @@ impl PoolDoc {
             out.events.push(Event::Refused { ticket, reason });
             return;
         }
-        let deadline = now.plus_ms(wait_ms.min(config.acquire_wait_ms));
-        self.tickets.push_back(Ticket {
-            id: ticket,
-            member,
-            scope,
-            deadline,
-        });
+        self.tickets.push_back(asked);
         self.dispatch(now, config, out);
         if let TicketStatus::Queued { position } = self.ticket_status(ticket) {
             out.events.push(Event::Queued { ticket, position });

@@ -272,6 +272,7 @@ impl PoolDoc {
                 since: now,
                 confirmed_at: Some(as_of),
                 claim_deadline: None,
+                stack: false,
             },
         );
         out.effects.push(Effect::Delete { worker: id, token });

@@ -132,6 +132,16 @@ impl Driver {
         namespace: LeaseNamespace,
         wait_ms: u64,
     ) -> (TicketId, Applied) {
+        self.acquire_with(member, namespace, wait_ms, false)
+    }
+
+    fn acquire_with(
+        &mut self,
+        member: &str,
+        namespace: LeaseNamespace,
+        wait_ms: u64,
+        stack: bool,
+    ) -> (TicketId, Applied) {
         let ticket = TicketId(self.next_ticket);
         self.next_ticket += 1;
         let applied = self.apply(Command::Acquire {
@@ -139,8 +149,32 @@ impl Driver {
             member: MemberId(member.into()),
             scope: scope(namespace, member),
             wait_ms,
+            stack,
         });
         (ticket, applied)
+    }
+
+    /// A code lease for `member`, granted at once, for a run that uses the data stack or not.
+    fn lease(&mut self, member: &str, stack: bool) -> Grant {
+        let (ticket, _) = self.acquire_with(member, LeaseNamespace::Code, u64::MAX, stack);
+        self.granted(ticket).expect("a warm worker serves it")
+    }
+
+    /// Ends `grant` and reports its worker's reset clean: the worker is warm again.
+    fn release_clean(&mut self, grant: &Grant) {
+        let token = self.release(grant);
+        let applied = self.apply(Command::ResetReported {
+            worker: grant.worker,
+            token,
+            evidence: ResetEvidence::clean(token),
+        });
+        assert!(
+            applied
+                .events
+                .iter()
+                .any(|e| matches!(e, Event::WorkerWarm { worker } if *worker == grant.worker)),
+            "{applied:?}"
+        );
     }
 
     fn granted(&self, ticket: TicketId) -> Option<Grant> {
@@ -188,6 +222,53 @@ fn deletes(applied: &Applied) -> Vec<(WorkerId, OpToken)> {
             _ => None,
         })
         .collect()
+}
+
+/// Decision 0058: a run that uses the data stack goes to a worker whose last lease's run did (its
+/// next warm jail pre-imports the stack), and any other run to one whose last lease's did not,
+/// each the one warm the longest among them; without one, the worker warm the longest. FIFO and
+/// the member limit are untouched: only which warm worker a ticket gets.
+#[test]
+fn pool_03_a_run_that_uses_the_stack_goes_first_to_a_worker_whose_last_run_did() {
+    let mut d = Driver::warm(PoolConfig {
+        warm_min: 3,
+        target_idle: 0,
+        max_allocated: 3,
+        ..PoolConfig::default()
+    });
+    let stacked = d.lease("a", true);
+    d.advance(10);
+    d.release_clean(&stacked);
+    assert!(d.doc.workers()[&stacked.worker].stack);
+    // The two others are warm the longest now; plain leases take them, and coming back after the
+    // stack's worker they leave it warm the longest.
+    d.advance(10);
+    let plain: Vec<Grant> = ["b", "c"].iter().map(|m| d.lease(m, false)).collect();
+    assert!(plain.iter().all(|g| g.worker != stacked.worker));
+    for grant in &plain {
+        d.advance(10);
+        d.release_clean(grant);
+    }
+    d.advance(10);
+    // A plain run passes over the stack's worker, though it is warm the longest...
+    let other = d.lease("d", false);
+    assert_ne!(
+        other.worker, stacked.worker,
+        "a plain run took the stack's worker"
+    );
+    assert_eq!(
+        other.worker, plain[0].worker,
+        "the plain one warm the longest"
+    );
+    // ...which a run that uses the stack takes.
+    let again = d.lease("e", true);
+    assert_eq!(again.worker, stacked.worker);
+    // With no such worker warm, a stack run takes the worker warm the longest.
+    let fallback = d.lease("f", true);
+    assert_eq!(fallback.worker, plain[1].worker);
+    d.advance(10);
+    d.release_clean(&fallback);
+    assert!(d.doc.workers()[&fallback.worker].stack);
 }
 
 #[test]
@@ -392,6 +473,7 @@ fn pool_05_ticket_ids_are_the_callers_so_a_repeated_acquire_is_idempotent() {
         member: MemberId("m".into()),
         scope: scope(LeaseNamespace::Code, "m"),
         wait_ms: 1,
+        stack: false,
     });
     let granted = |a: &Applied| a.events.iter().any(|e| matches!(e, Event::Granted { .. }));
     assert!(granted(&first) && granted(&again));
@@ -401,6 +483,7 @@ fn pool_05_ticket_ids_are_the_callers_so_a_repeated_acquire_is_idempotent() {
         member: MemberId("x".into()),
         scope: scope(LeaseNamespace::Code, "x"),
         wait_ms: 1,
+        stack: false,
     });
     assert_eq!(
         refusal(&other, ticket),

@@ -257,6 +257,7 @@ impl PoolDoc {
                     since: now,
                     confirmed_at: None,
                     claim_deadline,
+                    stack: false,
                 },
             );
             out.effects.push(Effect::Create {

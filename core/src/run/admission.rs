@@ -134,6 +134,20 @@ pub struct Admitted {
     pub asks_for_files: bool,
 }
 
+impl Admitted {
+    /// Whether this is a Python run that uses the data stack a warm jail pre-imports
+    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`, `settings.prepare.python_preimport`): its lease goes to a
+    /// worker whose last lease's run did first (decision 0058).
+    #[must_use]
+    pub fn uses_stack(&self, settings: &Settings) -> bool {
+        self.language == Language::Python
+            && crate::packages::imports::uses_any(
+                self.code.as_bytes(),
+                &settings.prepare.python_preimport,
+            )
+    }
+}
+
 /// Why a request is refused. The codes are stable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefusalCode {

@@ -326,7 +326,7 @@ async fn acquire_session_lease(
     };
     let mut watch = None;
     let member = MemberId(request.member.clone());
-    match lease::acquire_in(state, &member, scope, deadline, &mut watch).await {
+    match lease::acquire_in(state, &member, scope, false, deadline, &mut watch).await {
         Ok(acquired) => Ok(acquired),
         Err(error) => {
             let (status, body) = crate::run::answer::admission_refused(state, &error, wait_ms);

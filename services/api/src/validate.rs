@@ -298,6 +298,7 @@ async fn acquire(
         state,
         &MemberId(member.to_owned()),
         scope,
+        false,
         tokio::time::Instant::now() + wait,
         &mut watch,
     )

@@ -2014,6 +2014,7 @@ mod with_the_pool {
                 conversation: ConversationId("c".to_owned()),
             },
             wait_ms: 1_000,
+            stack: false,
         });
         let Some(leased) = granted.events.iter().find_map(|e| match e {
             Event::Granted { worker, .. } => Some(*worker),

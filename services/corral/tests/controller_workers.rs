@@ -82,6 +82,7 @@ async fn pool_08_real_workers_are_created_leased_reset_through_their_api_and_pub
         member: MemberId("m".into()),
         scope,
         wait_ms: 5_000,
+        stack: false,
     };
     let applied = commit(reconciler.store(), &acquire, &config)
         .await

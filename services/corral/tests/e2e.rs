@@ -967,3 +967,67 @@ async fn ws_02_workspaces_persist_across_runs_in_the_object_store_only_with_pers
         assert_eq!(stdout(&other), "missing\n", "{other}");
     }
 }
+
+/// Decision 0058 through the whole stack: the pool hands a run that uses the data stack
+/// (`CORRAL_WORKER_PYTHON_PREIMPORT`, here `json`, which every Python has) to the worker whose last
+/// run used it, whose next warm jail pre-imports it, rather than to the worker warm the longest.
+/// No idle re-preparation (`CORRAL_WORKER_PREIMPORT_IDLE_SECONDS=0`): only a stack run's reset
+/// prepares a jail with the stack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_03_a_run_that_uses_the_stack_goes_to_the_worker_whose_last_run_used_it() {
+    const TEST: &str =
+        "pool_03_a_run_that_uses_the_stack_goes_to_the_worker_whose_last_run_used_it";
+    let Some(stack) = Stack::start(
+        TEST,
+        &[
+            ("SANDBOX_WARM_POOL_MIN", "3"),
+            ("SANDBOX_POOL_MAX_ALLOCATED", "3"),
+            ("CORRAL_WORKER_PREPARE_LANGUAGES", "python"),
+            ("CORRAL_WORKER_PYTHON_PREIMPORT", "json"),
+            ("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "0"),
+        ],
+        &[],
+    ) else {
+        return;
+    };
+    let uses_stack = "import sys\nhad = 'json' in sys.modules\nimport json\nprint(had)\n";
+    let run = |actor: &'static str, code: &'static str| {
+        let stack = &stack;
+        async move {
+            all_warm(stack, 3).await;
+            let (status, body) = stack.run(python(actor, actor, code)).await;
+            assert_eq!(status, 200, "{body}");
+            let worker = body["model"]["worker"].as_str().expect("worker").to_owned();
+            (worker, stdout(&body).to_owned())
+        }
+    };
+    // No worker has run anything: every jail is plain.
+    let (first, printed) = run("a", uses_stack).await;
+    assert_eq!(printed, "False\n");
+    // A plain run goes elsewhere (to the worker warm the longest, which the first is not).
+    let (plain, printed) = run("b", "print(1)").await;
+    assert_eq!(printed, "1\n");
+    assert_ne!(plain, first);
+    // The third worker is warm the longest now; the stack's run goes to the first all the same,
+    // and finds the stack imported before its own import.
+    let (again, printed) = run("c", uses_stack).await;
+    assert_eq!(again, first, "the stack's run went to another worker");
+    assert_eq!(printed, "True\n", "its jail had the stack imported");
+}
+
+/// Waits until the pool holds `n` warm workers and nothing else is under way: a check of the pool's
+/// state repeated until a deadline only a stuck pool reaches.
+async fn all_warm(stack: &Stack, n: u32) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let counts = stack.settled().await.counts();
+        if counts.warm == n && counts.creating == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool never held {n} warm: {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

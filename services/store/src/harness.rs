@@ -265,6 +265,7 @@ async fn acquire(
         member: MemberId(member.into()),
         scope,
         wait_ms: config.acquire_wait_ms,
+        stack: false,
     };
     let wait = Duration::from_millis(config.acquire_wait_ms);
     match crate::lease::acquire(store, config, &command, wait, watch).await {
@@ -327,5 +328,6 @@ pub fn code_acquire(ticket: u64, member: &str, wait_ms: u64) -> Command {
         member: MemberId(member.into()),
         scope,
         wait_ms,
+        stack: false,
     }
 }

@@ -107,6 +107,9 @@ impl World {
         }
         self.check_stale_image(actor, command, applied);
         self.check_fifo(applied, after, now);
+        if let Some(before) = before {
+            self.check_stack_routed(command, before, applied, after, now);
+        }
         self.check_refusals(command, before, applied, now);
         self.check_admission(applied, after, now);
         if let Some(before) = before {
@@ -295,6 +298,52 @@ impl World {
             self.check(Invariant::Fifo, passed.is_none(), || {
                 format!("{ticket} granted past older eligible {passed:?}")
             });
+        }
+    }
+
+    /// A grant hands a ticket a worker whose last lease used the data stack otherwise than the
+    /// ticket's will only when no worker that matches it is still warm and grantable after every
+    /// grant of this transition (decision 0058).
+    fn check_stack_routed(
+        &mut self,
+        command: &Command,
+        before: &PoolDoc,
+        applied: &Applied,
+        after: &PoolDoc,
+        now: UnixMillis,
+    ) {
+        let grants: Vec<(TicketId, WorkerId)> = new_grants(applied, after, now).collect();
+        for (ticket, worker) in grants {
+            let wanted = match command {
+                Command::Acquire {
+                    ticket: t, stack, ..
+                } if *t == ticket => Some(*stack),
+                _ => before.tickets().find(|t| t.id == ticket).map(|t| t.stack),
+            };
+            let had = before.workers().get(&worker).map(|w| w.stack);
+            let (Some(wanted), Some(had)) = (wanted, had) else {
+                continue;
+            };
+            let heartbeat = self.config.lease_heartbeat_ms;
+            let passed = after
+                .workers()
+                .iter()
+                .find(|(_, w)| {
+                    w.state.kind() == StateKind::Warm
+                        && w.stack == wanted
+                        && w.claim_deadline.is_none_or(|d| d > now.plus_ms(heartbeat))
+                })
+                .map(|(id, _)| *id);
+            self.check(
+                Invariant::StackRouted,
+                had == wanted || passed.is_none(),
+                || {
+                    format!(
+                        "{ticket} (stack: {wanted}) granted {worker} (stack: {had}) while \
+                         {passed:?} matched and stayed warm"
+                    )
+                },
+            );
         }
     }
 

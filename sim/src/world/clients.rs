@@ -32,6 +32,8 @@ impl World {
         let idles = browser && self.rng.chance(300);
         let wait_ms = self.rng.range(500, self.config.acquire_wait_ms + 5_000);
         let ticket = TicketId(self.rng.next_u64());
+        // A third of the code runs use the data stack, as in issue 29's mixed burst (decision 0058).
+        let stack = !browser && self.rng.chance(333);
         self.clients.insert(
             client,
             Client {
@@ -45,6 +47,7 @@ impl World {
                 },
                 ticket,
                 wait_ms,
+                stack,
                 run_ms,
                 idles,
                 arrived_at: self.now + gap,
@@ -119,6 +122,7 @@ impl World {
                 conversation: ConversationId(format!("c{client}")),
             },
             wait_ms: c.wait_ms,
+            stack: c.stack,
         };
         let ticket = c.ticket;
         match self.commit(Actor::Client(client), &command) {

@@ -288,6 +288,8 @@ struct Client {
     namespace: LeaseNamespace,
     ticket: TicketId,
     wait_ms: u64,
+    /// Its run uses the data stack (decision 0058).
+    stack: bool,
     run_ms: u64,
     /// A browser session's agent leaves it idle past the limit (BROW-6), then may come back.
     idles: bool,
@@ -771,6 +773,7 @@ impl SimMutation {
                 Mutation::OverRetire => &[I::NoChurn],
                 Mutation::IdleEarly => &[I::IdleReapExact],
                 Mutation::ClosingCallable => &[I::NoCallAfterClose],
+                Mutation::StackUnrouted => &[I::StackRouted],
             },
         }
     }

@@ -68,11 +68,13 @@ pub async fn acquire(
         actor: admitted.actor.clone(),
         conversation: admitted.conversation.clone(),
     };
-    acquire_in(state, &admitted.member, scope, deadline, watch).await
+    let stack = admitted.uses_stack(&state.settings);
+    acquire_in(state, &admitted.member, scope, stack, deadline, watch).await
 }
 
 /// [`acquire`] for `member` in `scope`: a code run's, or a browser session's (BROW-6: the same
-/// queue, ceiling and fairness, in its own namespace).
+/// queue, ceiling and fairness, in its own namespace); `stack` when the run uses the data stack
+/// (decision 0058).
 ///
 /// # Errors
 /// Why no lease was granted.
@@ -80,6 +82,7 @@ pub async fn acquire_in(
     state: &AppState,
     member: &corral_core::ids::MemberId,
     scope: LeaseScope,
+    stack: bool,
     deadline: Instant,
     watch: &mut Option<VersionWatch>,
 ) -> Result<(Granted, Instant), AcquireError> {
@@ -100,6 +103,7 @@ pub async fn acquire_in(
         member: member.clone(),
         scope,
         wait_ms,
+        stack,
     };
     let started = Instant::now();
     let granted = lease::acquire(

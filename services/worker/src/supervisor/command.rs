@@ -245,17 +245,6 @@ pub(super) const PYTHON_PREFIX: &str = "/tmp/.corral/python";
 /// The site directory under [`PYTHON_PREFIX`] (the stack's interpreter is CPython 3.11).
 const PYTHON_SITE: &str = "/tmp/.corral/python/lib/python3.11/site-packages";
 
-/// Whether Python `code` imports a module of `preimport` (by its top-level package), so that a
-/// run of it is worth waiting for a prepared jail still importing.
-pub(super) fn uses_preimport(code: &[u8], preimport: &[String]) -> bool {
-    let code = String::from_utf8_lossy(code);
-    let imported = corral_core::packages::imports::imported_modules(&code);
-    preimport.iter().any(|name| {
-        let top = name.split('.').next().unwrap_or(name);
-        imported.iter().any(|m| m == top)
-    })
-}
-
 /// The code's whole environment: nothing of the supervisor's.
 pub(super) fn environment() -> Vec<(String, String)> {
     [

@@ -376,7 +376,8 @@ impl Worker {
 
     /// Records whether a Python run's `code` imported a pre-imported module.
     fn remember_imports(&mut self, code: &[u8]) {
-        let used = command::uses_preimport(code, &self.settings.prepare.python_preimport);
+        let used =
+            corral_core::packages::imports::uses_any(code, &self.settings.prepare.python_preimport);
         self.preimport_history = (self.preimport_history << 1) | u8::from(used);
     }
 

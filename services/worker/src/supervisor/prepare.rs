@@ -299,7 +299,7 @@ impl Worker {
             .upgrade
             .as_ref()
             .filter(|_| language == Language::Python)
-            && crate::supervisor::command::uses_preimport(
+            && corral_core::packages::imports::uses_any(
                 &request.code,
                 &self.settings.prepare.python_preimport,
             )
@@ -320,7 +320,7 @@ impl Worker {
         // core-second for imports it never uses.
         if let Some(prepared) = self.prepared.get(&language).filter(|p| !p.ready) {
             let wait = !prepared.importing
-                || crate::supervisor::command::uses_preimport(
+                || corral_core::packages::imports::uses_any(
                     &request.code,
                     &self.settings.prepare.python_preimport,
                 );
