@@ -16,12 +16,17 @@
 //! `--mixed` sends what an agent platform sends, interleaved: `print` runs, runs that import
 //! pandas, numpy and matplotlib, and Node runs, each kind beside its own bare interpreter.
 //!
+//! `--rounds R` (default 1, at most 10) sends the burst R times, each after the last has answered
+//! and the machine is quiet again: an agent platform's next turns, on the pool the first grew,
+//! each worker's next jail as its last run left it (decision 0058's routing is what the later
+//! rounds measure). Each round is reported, and its ratios are to the same bare burst.
+//!
 //! The harness refuses a target other than loopback, sends at most 1,000 requests, and stops by
 //! itself at its deadline (default 300 s), reporting what had answered by then.
 //! `scripts/bench-burst` starts a stack with the default pool and one pre-scaled to N and runs it
 //! against each.
 //!
-//! `burst --api URL --token-file FILE [--requests N] [--mixed] [--serial K] [--pause-seconds P]
+//! `burst --api URL --token-file FILE [--requests N] [--mixed] [--rounds R] [--serial K] [--pause-seconds P]
 //!  [--stack-pid PID]
 //!  [--label TEXT] [--deadline-seconds S] [--python PATH] [--stack-python PATH] [--node PATH]
 //!  [--bwrap PATH]`
@@ -37,6 +42,8 @@ use serde_json::json;
 const REQUESTS_MAX: usize = 1_000;
 /// The longest deadline a burst may be given.
 const DEADLINE_MAX: Duration = Duration::from_secs(600);
+/// The most rounds of the burst one run sends.
+const ROUNDS_MAX: usize = 10;
 
 /// What a run does; each kind's code reads the wall clock first.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -503,7 +510,7 @@ async fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
-    let usage = "usage: burst --api URL --token-file FILE [--requests N] [--mixed] \
+    let usage = "usage: burst --api URL --token-file FILE [--requests N] [--mixed] [--rounds R] \
                  [--serial K] [--pause-seconds P] [--stack-pid PID] [--label TEXT] [--deadline-seconds S] \
                  [--python PATH] [--stack-python PATH] [--node PATH] [--bwrap PATH]";
     let (Some(api_url), Some(token_file)) = (value("--api"), value("--token-file")) else {
@@ -532,6 +539,11 @@ async fn main() {
         std::process::exit(2);
     }
     let mixed = args.iter().any(|a| a == "--mixed");
+    let rounds: usize = value("--rounds").and_then(|n| n.parse().ok()).unwrap_or(1);
+    if rounds == 0 || rounds > ROUNDS_MAX {
+        eprintln!("burst: --rounds must be 1 to {ROUNDS_MAX}");
+        std::process::exit(2);
+    }
     let stack_pid: Option<u32> = value("--stack-pid").and_then(|p| p.parse().ok());
     let label = value("--label").unwrap_or_default();
     let pause = value("--pause-seconds")
@@ -586,6 +598,25 @@ async fn main() {
     let cpu_after = stack_pid.map(stack_cpu);
     println!("pool after:  {}", pool(&client).await);
     let api = report("API run_code", &samples, Some(elapsed));
+    let mut later = Vec::new();
+    for round in 2..=rounds {
+        let (waited, _) = wait_quiet(deadline).await;
+        println!(
+            "round {round}, after {:.1} s until the machine was quiet; pool: {}",
+            waited.as_secs_f64(),
+            pool(&client).await
+        );
+        let tag = format!("{tag}-r{round}");
+        let (samples, elapsed) = api_burst(&client, requests, mixed, &tag, deadline).await;
+        later.push((
+            round,
+            report(
+                &format!("API run_code, round {round}"),
+                &samples,
+                Some(elapsed),
+            ),
+        ));
+    }
     let succeeded = samples.iter().filter(|s| s.outcome == "ok").count().max(1) as f64;
     let mut api_cpu = 0.0;
     if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
@@ -618,6 +649,17 @@ async fn main() {
                 kind.name(),
                 p50 / bare
             );
+        }
+    }
+    for (round, p50s) in &later {
+        for (kind, p50) in p50s {
+            if let Some(bare) = bare_p50.get(kind) {
+                println!(
+                    "ratio [{}] answer p50 API/bare, round {round}: {:.2}",
+                    kind.name(),
+                    p50 / bare
+                );
+            }
         }
     }
     if api_cpu > 0.0 && bare_cpu > 0.0 {
