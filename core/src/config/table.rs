@@ -62,7 +62,7 @@ pub const SETTINGS: &[SettingDoc] = &[
     doc("CORRAL_WORKER_CONTROL_PORT", "8091", "BROW-7", "Port of the worker's authenticated control API."),
     doc("CORRAL_WORKER_BROWSER_PORT", "8080", "BROW-7", "Port of the worker's browser-media adapter."),
     doc("CORRAL_WORKER_PREPARE_LANGUAGES", "python", "corral", "Languages a warm worker keeps a jail prepared for (comma-separated, e.g. python,node; set but empty: none)."),
-    doc("CORRAL_WORKER_PYTHON_PREIMPORT", "numpy,pandas,matplotlib", "PKG-1", "Modules a prepared Python jail imports before its run (comma-separated; a missing one is skipped; set but empty: none)."),
+    doc("CORRAL_WORKER_PYTHON_PREIMPORT", "numpy,pandas,matplotlib", "PKG-1", "Modules a prepared Python jail imports before its run (comma-separated; a missing one is skipped; set but empty: none). A worker prepares such a jail after a run that imported one of them (or after an idle wait), and the pool hands a run that imports one to such a worker first (decision 0058)."),
     doc("CORRAL_WORKER_PREIMPORT_IDLE_SECONDS", "10", "PKG-1", "How long a worker waits idle, its Python jail prepared without the pre-imported modules, before it prepares it again with them (0: never)."),
     doc("CORRAL_JAIL_ALLOW_WEAKER_ISOLATION", "false", "POOL-4", "Run code even when a waivable isolation primitive is missing."),
     doc("CORRAL_JAIL_CGROUP_ROOT", "/sys/fs/cgroup", "corral", "Where the worker finds the cgroup v1 controllers for its runs."),

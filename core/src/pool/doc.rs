@@ -576,6 +576,9 @@ pub struct StateCounts {
     pub creating: u32,
     /// Warm.
     pub warm: u32,
+    /// Of the warm, those whose last lease's run used the data stack, which a run that uses it
+    /// goes to first (decision 0058).
+    pub warm_stack: u32,
     /// Leased.
     pub leased: u32,
     /// Resetting.

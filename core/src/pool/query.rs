@@ -70,6 +70,9 @@ impl PoolDoc {
                 StateKind::Quarantined => &mut counts.quarantined,
             };
             *slot += 1;
+            if worker.stack && worker.state.kind() == StateKind::Warm {
+                counts.warm_stack += 1;
+            }
         }
         counts
     }

@@ -171,7 +171,8 @@ fn render_writes(out: &mut String, writes: &WriteCounts) {
     );
 }
 
-/// The pool's workers by state, and its queue depth.
+/// The pool's workers by state (and of the warm, those a run that uses the data stack goes to
+/// first), and its queue depth.
 fn render_pool(out: &mut String, counts: &StateCounts, queued: usize) {
     let _ = writeln!(out, "# TYPE corral_pool_workers gauge");
     for (state, n) in [
@@ -184,6 +185,11 @@ fn render_pool(out: &mut String, counts: &StateCounts, queued: usize) {
     ] {
         let _ = writeln!(out, "corral_pool_workers{{state=\"{state}\"}} {n}");
     }
+    let _ = writeln!(
+        out,
+        "# TYPE corral_pool_warm_stack_workers gauge\ncorral_pool_warm_stack_workers {}",
+        counts.warm_stack
+    );
     let _ = writeln!(
         out,
         "# TYPE corral_pool_queue_depth gauge\ncorral_pool_queue_depth {queued}"

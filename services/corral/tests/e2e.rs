@@ -1008,6 +1008,15 @@ async fn pool_03_a_run_that_uses_the_stack_goes_to_the_worker_whose_last_run_use
     let (plain, printed) = run("b", "print(1)").await;
     assert_eq!(printed, "1\n");
     assert_ne!(plain, first);
+    // The pool says which warm worker a stack run goes to first: the first one only.
+    all_warm(&stack, 3).await;
+    let (status, metrics) = stack.caller.get("/metrics").await.expect("metrics");
+    assert_eq!(status, 200);
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains("\ncorral_pool_warm_stack_workers 1\n"),
+        "{metrics}"
+    );
     // The third worker is warm the longest now; the stack's run goes to the first all the same,
     // and finds the stack imported before its own import.
     let (again, printed) = run("c", uses_stack).await;
