@@ -413,13 +413,14 @@ async fn controller_host(seed: u64, truth: Shared) -> turmoil::Result {
         worker_client(&truth),
         pool_config(),
     );
-    loop {
-        let pass = reconciler.pass().await;
-        if !pass.coordinated {
-            lock(&truth).note("controller: coordination unavailable".to_owned());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    reconciler
+        .run(Duration::from_millis(500), std::future::pending(), |pass| {
+            if !pass.coordinated {
+                lock(&truth).note("controller: coordination unavailable".to_owned());
+            }
+        })
+        .await;
+    Ok(())
 }
 
 /// A simulated worker in slot `slot`: every execute is judged against the pool document current

@@ -175,6 +175,31 @@ impl<B: Backend, C: WorkerControl> Reconciler<B, C> {
         MonoMillis(u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX))
     }
 
+    /// A pass every `period` (at once when one outlasted it) until `stop` resolves; `after` sees
+    /// each pass. The loop of `corral controller`, `corral up` and the shell world.
+    ///
+    /// Starting the next pass at once after one that created workers made a burst on two cores
+    /// grow the pool faster and answer no sooner (its runs wait for the cores, which new workers'
+    /// first jails share, not for the period), so the period stands.
+    pub async fn run(
+        &self,
+        period: Duration,
+        stop: impl Future<Output = ()>,
+        mut after: impl FnMut(&Pass),
+    ) {
+        let mut interval = tokio::time::interval(period);
+        tokio::pin!(stop);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut stop => return,
+                _ = interval.tick() => {
+                    after(&self.pass().await);
+                }
+            }
+        }
+    }
+
     /// One pass, started now: publish, observe, tick, perform, report; returns once the pass
     /// has ended and every call it made has been answered (or has run out of time).
     pub async fn pass(&self) -> Pass {

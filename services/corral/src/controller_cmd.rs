@@ -393,21 +393,16 @@ async fn run_passes<B: Backend, C: WorkerControl>(
     readiness: &Readiness,
     stop: impl Future<Output = ()>,
 ) {
-    let mut interval = tokio::time::interval(period);
-    tokio::pin!(stop);
-    loop {
-        tokio::select! {
-            biased;
-            () = &mut stop => return,
-            _ = interval.tick() => {
-                let pass = reconciler.pass().await;
-                readiness.passed(pass.coordinated);
-                if !pass.coordinated {
-                    eprintln!("corral controller: coordination unavailable; nothing built (fail closed)");
-                }
+    reconciler
+        .run(period, stop, |pass| {
+            readiness.passed(pass.coordinated);
+            if !pass.coordinated {
+                eprintln!(
+                    "corral controller: coordination unavailable; nothing built (fail closed)"
+                );
             }
-        }
-    }
+        })
+        .await;
 }
 
 #[cfg(test)]

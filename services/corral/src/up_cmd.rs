@@ -414,13 +414,12 @@ async fn start_controller(
     let reconciler = Reconciler::new(store, backend, control, settings.pool());
     let mut controller_stopped = stopped.clone();
     started.tasks.push(tokio::spawn(async move {
-        let mut interval = tokio::time::interval(Duration::from_millis(250));
-        loop {
-            tokio::select! {
-                _ = controller_stopped.changed() => return,
-                _ = interval.tick() => { let _ = reconciler.pass().await; }
-            }
-        }
+        let stop = async move {
+            let _ = controller_stopped.changed().await;
+        };
+        reconciler
+            .run(Duration::from_millis(250), stop, |_| {})
+            .await;
     }));
     Ok(())
 }
