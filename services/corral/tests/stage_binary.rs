@@ -4,16 +4,10 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
+use corral_testkit::registries::TempDir;
 use corral_worker::Reexec;
 
 const STAGE: &str = env!("CARGO_BIN_EXE_corral-stage");
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("corral-stage-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 #[test]
 fn the_stage_binary_of_this_build_beside_is_chosen_and_executed_through_its_descriptor() {
@@ -37,23 +31,21 @@ fn the_stage_binary_of_this_build_beside_is_chosen_and_executed_through_its_desc
 
 #[test]
 fn without_a_stage_binary_or_with_one_of_another_build_the_stages_run_from_this_binary() {
-    let empty = temp_dir("empty");
-    let fallback = Reexec::beside(&empty, &["jail"]);
+    let empty = TempDir::new("stage-test-empty");
+    let fallback = Reexec::beside(empty.path(), &["jail"]);
     assert_eq!(fallback.program, Path::new("/proc/self/exe"));
     assert_eq!(fallback.prefix, ["jail"]);
 
-    let stale = temp_dir("stale");
-    let path = stale.join("corral-stage");
+    let stale = TempDir::new("stage-test-stale");
+    let path = stale.path().join("corral-stage");
     // A binary that answers `__build` with something else: `echo` answers with the word itself.
     std::fs::copy("/bin/echo", &path).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
     let why = Reexec::stage_binary(&path).unwrap_err();
     assert!(why.contains("of build \"__build\""), "{why}");
-    let fallback = Reexec::beside(&stale, &["jail"]);
+    let fallback = Reexec::beside(stale.path(), &["jail"]);
     assert_eq!(fallback.program, Path::new("/proc/self/exe"));
     assert_eq!(fallback.prefix, ["jail"]);
-    let _ = std::fs::remove_dir_all(&empty);
-    let _ = std::fs::remove_dir_all(&stale);
 }
 
 /// `corral jail run` (as a worker does) executes its jail's stages from `corral-stage` beside it:
@@ -65,8 +57,8 @@ fn corral_jail_run_executes_its_stages_from_the_stage_binary_beside_it() {
         corral_testkit::skip(test, corral_testkit::Need::Root, "a jail needs root");
         return;
     }
-    let dir = temp_dir("run");
-    let code = dir.join("main.py");
+    let dir = TempDir::new("stage-test-run");
+    let code = dir.path().join("main.py");
     // Long enough to be found; the run then ends by itself, and its reset proves it gone.
     std::fs::write(&code, "import time\ntime.sleep(2)\n").unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_corral"))
@@ -118,5 +110,4 @@ fn corral_jail_run_executes_its_stages_from_the_stage_binary_beside_it() {
         "stage 1's program"
     );
     assert!(status.success(), "corral jail run: {status}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
