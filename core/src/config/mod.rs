@@ -549,6 +549,8 @@ impl Settings {
                     claim_lifetime_ms: ms(self.claim_lifetime_seconds),
                 },
             },
+            stack_idle_ms: (self.prepare.preimport_idle_seconds > 0)
+                .then(|| ms(self.prepare.preimport_idle_seconds)),
             #[cfg(feature = "sim-mutations")]
             mutation: self.sim_mutation,
         }

@@ -216,6 +216,11 @@ pub struct PoolConfig {
     pub inventory_stale_ms: u64,
     /// Controller or platform operator.
     pub mode: PoolMode,
+    /// `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS` (`None`: 0, never): how long a worker waits idle
+    /// before it prepares its Python jail with the data stack whatever its last run (decision
+    /// 0037, up to as long again at random); a worker warm twice as long is taken to hold one
+    /// (decision 0058, [`super::Worker::holds_stack`]).
+    pub stack_idle_ms: Option<u64>,
     /// The rule broken on purpose, in the simulator only.
     #[cfg(feature = "sim-mutations")]
     pub mutation: Option<Mutation>,
@@ -240,6 +245,7 @@ impl Default for PoolConfig {
             delete_retry_ms: 10_000,
             inventory_stale_ms: 30_000,
             mode: PoolMode::Controller,
+            stack_idle_ms: Some(10_000),
             #[cfg(feature = "sim-mutations")]
             mutation: None,
         }

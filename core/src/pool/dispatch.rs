@@ -1,5 +1,5 @@
 //! Serving the queue: the oldest ticket whose member is under its limit gets a warm worker (POOL-3):
-//! the one warm the longest among those whose last lease used the data stack as the ticket's will
+//! the one warm the longest among those that hold the data stack's jail as the ticket's run uses it
 //! (decision 0058), or the one warm the longest.
 
 use super::config::{Mutation, PoolConfig};
@@ -23,7 +23,7 @@ impl PoolDoc {
                 w.claim_deadline
                     .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
             })
-            .map(|(id, w)| (w.since, *id, w.stack))
+            .map(|(id, w)| (w.since, *id, w.holds_stack(now, config)))
             .collect();
         warm.sort();
         warm.reverse(); // the last is the worker warm the longest
@@ -88,10 +88,10 @@ impl PoolDoc {
     }
 }
 
-/// Which of `warm` (the worker warm the longest last) a ticket gets: the one warm the longest among
-/// those whose last lease used the data stack as the ticket's will, so that a run that uses the
-/// stack finds its jail pre-imported and any other leaves such jails to those that do (decision
-/// 0058); without one, the one warm the longest.
+/// Which of `warm` (the worker warm the longest last, each with whether it holds the data stack's
+/// jail) a ticket gets: the one warm the longest among those that hold it as the ticket's run uses
+/// it, so that a run that uses the stack finds its jail pre-imported and any other leaves such
+/// jails to those that do (decision 0058); without one, the one warm the longest.
 fn choose(
     warm: &[(UnixMillis, WorkerId, bool)],
     stack: bool,

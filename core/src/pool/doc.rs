@@ -47,6 +47,20 @@ pub struct Worker {
     pub stack: bool,
 }
 
+impl Worker {
+    /// Whether this worker, warm since [`Worker::since`], is taken to hold a Python jail that
+    /// pre-imports the data stack at `now`: its last lease's run used the stack (its reset
+    /// prepared one, decision 0056), or it has waited idle twice the idle re-preparation's wait
+    /// (decision 0037). A hint for routing only (decision 0058).
+    #[must_use]
+    pub fn holds_stack(&self, now: UnixMillis, config: &super::PoolConfig) -> bool {
+        self.stack
+            || config
+                .stack_idle_ms
+                .is_some_and(|idle| now.ms_since(self.since) >= idle.saturating_mul(2))
+    }
+}
+
 /// A worker's state. The legal transitions are in [`StateKind::may_become`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum WorkerState {

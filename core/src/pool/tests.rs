@@ -271,6 +271,57 @@ fn pool_03_a_run_that_uses_the_stack_goes_first_to_a_worker_whose_last_run_did()
     assert!(d.doc.workers()[&fallback.worker].stack);
 }
 
+/// Decision 0058 and an idle pool: a worker warm twice the idle re-preparation's wait holds the
+/// stack's jail whatever its last run (decision 0037), and, warm longer, its jail is readier than
+/// that of a worker whose stack run just ended; a run that uses the stack takes it. With the idle
+/// re-preparation off, only the flag counts.
+#[test]
+fn pool_03_a_run_that_uses_the_stack_counts_a_worker_long_idle_as_holding_it() {
+    let config = PoolConfig {
+        warm_min: 2,
+        target_idle: 0,
+        max_allocated: 2,
+        stack_idle_ms: Some(1_000),
+        ..PoolConfig::default()
+    };
+    let mut d = Driver::warm(config.clone());
+    d.advance(5_000);
+    let stacked = d.lease("a", true);
+    d.advance(10);
+    d.release_clean(&stacked);
+    let idle = d
+        .doc
+        .workers()
+        .keys()
+        .copied()
+        .find(|w| *w != stacked.worker)
+        .expect("the other worker");
+    assert!(d.doc.workers()[&idle].holds_stack(d.now, &d.config));
+    let again = d.lease("b", true);
+    assert_eq!(
+        again.worker, idle,
+        "the long-idle worker's jail is the readier"
+    );
+    // Not while it has waited less than twice the wait: the flagged worker, then.
+    let mut d = Driver::warm(config.clone());
+    let stacked = d.lease("a", true);
+    d.advance(10);
+    d.release_clean(&stacked);
+    d.advance(1_500);
+    assert_eq!(d.lease("b", true).worker, stacked.worker);
+    // Without idle re-preparation, never.
+    let mut d = Driver::warm(PoolConfig {
+        stack_idle_ms: None,
+        ..config
+    });
+    d.advance(3_600_000);
+    let _ = d.observe();
+    let stacked = d.lease("a", true);
+    d.advance(10);
+    d.release_clean(&stacked);
+    assert_eq!(d.lease("b", true).worker, stacked.worker);
+}
+
 #[test]
 fn pool_02_warm_minimum_is_reached_and_creation_stays_within_concurrency() {
     let mut d = Driver::new(PoolConfig {

@@ -320,7 +320,10 @@ impl World {
                 } if *t == ticket => Some(*stack),
                 _ => before.tickets().find(|t| t.id == ticket).map(|t| t.stack),
             };
-            let had = before.workers().get(&worker).map(|w| w.stack);
+            let had = before
+                .workers()
+                .get(&worker)
+                .map(|w| w.holds_stack(now, &self.config));
             let (Some(wanted), Some(had)) = (wanted, had) else {
                 continue;
             };
@@ -330,7 +333,7 @@ impl World {
                 .iter()
                 .find(|(_, w)| {
                     w.state.kind() == StateKind::Warm
-                        && w.stack == wanted
+                        && w.holds_stack(now, &self.config) == wanted
                         && w.claim_deadline.is_none_or(|d| d > now.plus_ms(heartbeat))
                 })
                 .map(|(id, _)| *id);

@@ -807,6 +807,8 @@ fn draw_config(rng: &mut Rng, mutation: Option<Mutation>) -> PoolConfig {
         delete_retry_ms: 2_000,
         inventory_stale_ms: 5_000,
         mode,
+        // Sometimes never (0), so that the stack's routing is judged on its flag alone too.
+        stack_idle_ms: (!rng.chance(200)).then(|| rng.range(1_000, 10_000)),
         mutation,
     }
 }
