@@ -200,8 +200,9 @@ pub enum Invariant {
     WarmIsClean,
     /// A grant never passes over an older ticket whose member is under the limit.
     Fifo,
-    /// A ticket gets a worker whose last lease used the data stack as its own will, whenever one
-    /// is warm after the grants of the same transition (decision 0058).
+    /// A ticket gets a worker that suits its run (`Worker::suits`: holding the data stack's jail for
+    /// a run that uses it, not flagged for one that does not) whenever one is warm after the
+    /// grants of the same transition (decision 0058).
     StackRouted,
     /// No grant while the store is unavailable.
     NoGrantWithoutStore,

@@ -182,6 +182,13 @@ pub fn break_on_this_thread(mutation: Option<Mutation>) {
     BROKEN_ON_THIS_THREAD.set(mutation);
 }
 
+/// How long a worker that has run nothing yet waits idle (at most `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS`,
+/// and up to as long again at random) before it prepares its Python jail with the data stack: its
+/// first jail is prepared without it, so that a worker created for a burst serves it at once
+/// (decision 0037); one created for the warm minimum has the stack a moment later. The worker
+/// waits it; the pool counts such a worker as holding the stack after twice it (decision 0058).
+pub const FIRST_IDLE_BEFORE_PREIMPORT_MS: u64 = 1_000;
+
 /// The pool's limits (POOL-1, POOL-2, POOL-3, POOL-6) and the timeouts that bound unknown outcomes.
 /// Durations are milliseconds of deployment time.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,6 +1,6 @@
 //! Serving the queue: the oldest ticket whose member is under its limit gets a warm worker (POOL-3):
-//! the one warm the longest among those that hold the data stack's jail as the ticket's run uses it
-//! (decision 0058), or the one warm the longest.
+//! the one warm the longest among those that suit its run (decision 0058,
+//! [`super::Worker::suits`]), or the one warm the longest.
 
 use super::config::{Mutation, PoolConfig};
 use super::doc::{Applied, Event, Lease, PoolDoc, StateKind, Ticket, WorkerState};
@@ -15,7 +15,8 @@ impl PoolDoc {
         if !self.admission_open(now, config) || self.orphans_pending() {
             return;
         }
-        let mut warm: Vec<(UnixMillis, WorkerId, bool)> = self
+        // Each with whether it suits a run that uses the stack, and one that does not.
+        let mut warm: Vec<(UnixMillis, WorkerId, [bool; 2])> = self
             .workers
             .iter()
             .filter(|(_, w)| w.state.kind() == StateKind::Warm)
@@ -23,7 +24,10 @@ impl PoolDoc {
                 w.claim_deadline
                     .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
             })
-            .map(|(id, w)| (w.since, *id, w.holds_stack(now, config)))
+            .map(|(id, w)| {
+                let suits = [w.suits(false, now, config), w.suits(true, now, config)];
+                (w.since, *id, suits)
+            })
             .collect();
         warm.sort();
         warm.reverse(); // the last is the worker warm the longest
@@ -70,6 +74,7 @@ impl PoolDoc {
         let claim_deadline = self.workers.get(&worker).and_then(|w| w.claim_deadline);
         if let Some(granted) = self.workers.get_mut(&worker) {
             granted.stack = ticket.stack;
+            granted.leased = true;
         }
         let expires_at = lease_expiry(now, config, claim_deadline);
         let lease = Lease {
@@ -88,12 +93,11 @@ impl PoolDoc {
     }
 }
 
-/// Which of `warm` (the worker warm the longest last, each with whether it holds the data stack's
-/// jail) a ticket gets: the one warm the longest among those that hold it as the ticket's run uses
-/// it, so that a run that uses the stack finds its jail pre-imported and any other leaves such
-/// jails to those that do (decision 0058); without one, the one warm the longest.
+/// Which of `warm` (the worker warm the longest last, each with whether it suits a plain run and a
+/// run that uses the data stack, [`super::Worker::suits`]) a ticket gets: the one warm the longest
+/// among those that suit its run (decision 0058); without one, the one warm the longest.
 fn choose(
-    warm: &[(UnixMillis, WorkerId, bool)],
+    warm: &[(UnixMillis, WorkerId, [bool; 2])],
     stack: bool,
     config: &PoolConfig,
 ) -> Option<usize> {
@@ -103,7 +107,7 @@ fn choose(
     }
     Some(
         warm.iter()
-            .rposition(|(_, _, has)| *has == stack)
+            .rposition(|(_, _, suits)| suits[usize::from(stack)])
             .unwrap_or(longest),
     )
 }

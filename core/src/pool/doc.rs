@@ -45,19 +45,42 @@ pub struct Worker {
     /// state, no proof and no order of service.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stack: bool,
+    /// Whether it has been granted a lease since it was created (one that has not prepares the
+    /// stack's jail after a shorter idle wait, [`super::FIRST_IDLE_BEFORE_PREIMPORT_MS`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leased: bool,
 }
 
 impl Worker {
     /// Whether this worker, warm since [`Worker::since`], is taken to hold a Python jail that
     /// pre-imports the data stack at `now`: its last lease's run used the stack (its reset
     /// prepared one, decision 0056), or it has waited idle twice the idle re-preparation's wait
-    /// (decision 0037). A hint for routing only (decision 0058).
+    /// (decision 0037; a worker that has run nothing yet waits less). A hint for routing only
+    /// (decision 0058).
     #[must_use]
     pub fn holds_stack(&self, now: UnixMillis, config: &super::PoolConfig) -> bool {
-        self.stack
-            || config
-                .stack_idle_ms
-                .is_some_and(|idle| now.ms_since(self.since) >= idle.saturating_mul(2))
+        let idle = config.stack_idle_ms.map(|idle| {
+            if self.leased {
+                idle
+            } else {
+                idle.min(super::FIRST_IDLE_BEFORE_PREIMPORT_MS)
+            }
+        });
+        self.stack || idle.is_some_and(|idle| now.ms_since(self.since) >= idle.saturating_mul(2))
+    }
+
+    /// Whether a ticket whose run uses the data stack (`stack`) or not is served as it wants by
+    /// this worker (decision 0058): a run that uses the stack by a worker that holds its jail
+    /// ([`Worker::holds_stack`]), any other by one whose last run did not use it (so that it
+    /// leaves such jails to runs that do, yet takes a long-idle worker's ready jail rather than
+    /// one just reset, still starting).
+    #[must_use]
+    pub fn suits(&self, stack: bool, now: UnixMillis, config: &super::PoolConfig) -> bool {
+        if stack {
+            self.holds_stack(now, config)
+        } else {
+            !self.stack
+        }
     }
 }
 

@@ -273,6 +273,7 @@ impl PoolDoc {
                 confirmed_at: Some(as_of),
                 claim_deadline: None,
                 stack: false,
+                leased: false,
             },
         );
         out.effects.push(Effect::Delete { worker: id, token });

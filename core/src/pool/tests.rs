@@ -309,6 +309,21 @@ fn pool_03_a_run_that_uses_the_stack_counts_a_worker_long_idle_as_holding_it() {
     d.release_clean(&stacked);
     d.advance(1_500);
     assert_eq!(d.lease("b", true).worker, stacked.worker);
+    // A worker that has run nothing waits less (`FIRST_IDLE_BEFORE_PREIMPORT_MS`), whatever the
+    // configured wait: after twice that, it holds the stack, and is warm the longer.
+    let mut d = Driver::warm(PoolConfig {
+        stack_idle_ms: Some(600_000),
+        ..config.clone()
+    });
+    d.advance(2 * FIRST_IDLE_BEFORE_PREIMPORT_MS);
+    let stacked = d.lease("a", true);
+    d.advance(10);
+    d.release_clean(&stacked);
+    let fresh = d.lease("b", true).worker;
+    assert_ne!(
+        fresh, stacked.worker,
+        "the never-leased worker holds the stack"
+    );
     // Without idle re-preparation, never.
     let mut d = Driver::warm(PoolConfig {
         stack_idle_ms: None,

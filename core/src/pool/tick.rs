@@ -258,6 +258,7 @@ impl PoolDoc {
                     confirmed_at: None,
                     claim_deadline,
                     stack: false,
+                    leased: false,
                 },
             );
             out.effects.push(Effect::Create {

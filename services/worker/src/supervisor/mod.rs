@@ -279,7 +279,8 @@ const PREIMPORT_MEMORY: u32 = 1;
 /// (at most `CORRAL_WORKER_PREIMPORT_IDLE_SECONDS`): its first jail is prepared without the stack,
 /// so that a worker created for a burst serves it at once instead of spending a core-second on
 /// imports first (decision 0037); one created for the warm minimum has the stack a moment later.
-const FIRST_IDLE_BEFORE_PREIMPORT: std::time::Duration = std::time::Duration::from_secs(1);
+const FIRST_IDLE_BEFORE_PREIMPORT: std::time::Duration =
+    std::time::Duration::from_millis(corral_core::pool::FIRST_IDLE_BEFORE_PREIMPORT_MS);
 
 impl Worker {
     /// Probes the isolation primitives and prepares the supervisor: a child subreaper (so a run's
