@@ -613,8 +613,8 @@ pub struct StateCounts {
     pub creating: u32,
     /// Warm.
     pub warm: u32,
-    /// Of the warm, those whose last lease's run used the data stack, which a run that uses it
-    /// goes to first (decision 0058).
+    /// Of the warm, those whose last lease's run used the data stack: their next warm jail
+    /// pre-imports it (decision 0058).
     pub warm_stack: u32,
     /// Leased.
     pub leased: u32,

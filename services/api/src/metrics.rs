@@ -171,8 +171,8 @@ fn render_writes(out: &mut String, writes: &WriteCounts) {
     );
 }
 
-/// The pool's workers by state (and of the warm, those a run that uses the data stack goes to
-/// first), and its queue depth.
+/// The pool's workers by state (and of the warm, those whose last run used the data stack), and
+/// its queue depth.
 fn render_pool(out: &mut String, counts: &StateCounts, queued: usize) {
     let _ = writeln!(out, "# TYPE corral_pool_workers gauge");
     for (state, n) in [
