@@ -3,7 +3,7 @@
 //! [`super::Worker::suits`]), or the one warm the longest.
 
 use super::config::{Mutation, PoolConfig};
-use super::doc::{Applied, Event, Lease, PoolDoc, StateKind, Ticket, WorkerState};
+use super::doc::{Applied, Event, Lease, PoolDoc, Ticket, WorkerState};
 use super::lease::lease_expiry;
 use crate::ids::WorkerId;
 use crate::time::UnixMillis;
@@ -19,11 +19,7 @@ impl PoolDoc {
         let mut warm: Vec<(UnixMillis, WorkerId, [bool; 2])> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.state.kind() == StateKind::Warm)
-            .filter(|(_, w)| {
-                w.claim_deadline
-                    .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
-            })
+            .filter(|(_, w)| w.grantable(now, config))
             .map(|(id, w)| {
                 let suits = [w.suits(false, now, config), w.suits(true, now, config)];
                 (w.since, *id, suits)

@@ -40,9 +40,8 @@ pub struct Worker {
     pub claim_deadline: Option<UnixMillis>,
     /// Whether its current or last lease was for a run that uses the data stack
     /// (`CORRAL_WORKER_PYTHON_PREIMPORT`): after such a run the worker's next warm Python jail
-    /// pre-imports it (decision 0056), so a run that uses the stack goes to such a worker first and
-    /// any other run to one that is not (decision 0058). A hint for routing only: it changes no
-    /// state, no proof and no order of service.
+    /// pre-imports it (decision 0056), which [`Worker::suits`] reads (decision 0058). A hint for
+    /// routing only: it changes no state, no proof and no order of service.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stack: bool,
     /// Whether it has been granted a lease since it was created (one that has not prepares the
@@ -52,6 +51,16 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// Whether dispatch may grant this worker at `now`: warm, and its claim (platform-operator
+    /// mode) lasting at least one heartbeat more.
+    #[must_use]
+    pub fn grantable(&self, now: UnixMillis, config: &super::PoolConfig) -> bool {
+        self.state.kind() == StateKind::Warm
+            && self
+                .claim_deadline
+                .is_none_or(|d| d > now.plus_ms(config.lease_heartbeat_ms))
+    }
+
     /// Whether this worker, warm since [`Worker::since`], is taken to hold a Python jail that
     /// pre-imports the data stack at `now`: its last lease's run used the stack (its reset
     /// prepared one, decision 0056), or it has waited idle twice the idle re-preparation's wait
@@ -301,8 +310,8 @@ pub enum Command {
         scope: LeaseScope,
         /// How long the caller will wait, capped by `SANDBOX_ACQUIRE_WAIT_SECONDS`.
         wait_ms: u64,
-        /// The lease is for a run that uses the data stack: it goes to a worker whose last lease's
-        /// did first (decision 0058). Routing only.
+        /// The lease is for a run that uses the data stack: it goes first to a worker that holds
+        /// the stack's jail (decision 0058, [`Worker::suits`]). Routing only.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         stack: bool,
     },

@@ -136,8 +136,8 @@ pub struct Admitted {
 
 impl Admitted {
     /// Whether this is a Python run that uses the data stack a warm jail pre-imports
-    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`, `settings.prepare.python_preimport`): its lease goes to a
-    /// worker whose last lease's run did first (decision 0058).
+    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`, `settings.prepare.python_preimport`): its lease goes first
+    /// to a worker that holds the stack's jail (decision 0058).
     #[must_use]
     pub fn uses_stack(&self, settings: &Settings) -> bool {
         self.language == Language::Python

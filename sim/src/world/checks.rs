@@ -107,12 +107,10 @@ impl World {
         }
         self.check_stale_image(actor, command, applied);
         self.check_fifo(applied, after, now);
-        if let Some(before) = before {
-            self.check_stack_routed(command, before, applied, after, now);
-        }
         self.check_refusals(command, before, applied, now);
         self.check_admission(applied, after, now);
         if let Some(before) = before {
+            self.check_stack_routed(command, before, applied, after, now);
             self.check_lease_integrity(command, before, after, now);
             self.check_clean_not_discarded(command, before, after);
             if let Command::Tick { .. } = command {
@@ -301,9 +299,9 @@ impl World {
         }
     }
 
-    /// A grant hands a ticket a worker that does not suit its run ([`corral_core::pool::Worker::suits`]) only when
-    /// no worker that does is still warm and grantable after every grant of this transition
-    /// (decision 0058).
+    /// A grant hands a ticket a worker that does not suit its run
+    /// ([`corral_core::pool::Worker::suits`]) only when no worker that does is still grantable
+    /// after every grant of this transition (decision 0058).
     fn check_stack_routed(
         &mut self,
         command: &Command,
@@ -330,15 +328,10 @@ impl World {
             else {
                 continue;
             };
-            let heartbeat = self.config.lease_heartbeat_ms;
             let passed = after
                 .workers()
                 .iter()
-                .find(|(_, w)| {
-                    w.state.kind() == StateKind::Warm
-                        && w.suits(wanted, now, &self.config)
-                        && w.claim_deadline.is_none_or(|d| d > now.plus_ms(heartbeat))
-                })
+                .find(|(_, w)| w.grantable(now, &self.config) && w.suits(wanted, now, &self.config))
                 .map(|(id, _)| *id);
             self.check(Invariant::StackRouted, suited || passed.is_none(), || {
                 format!(
