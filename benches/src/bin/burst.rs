@@ -6,7 +6,9 @@
 //! throughput, every answer's outcome (a `queue_full` refusal and whether it carried
 //! `Retry-After`), CPU seconds per run split by process (with `--stack-pid`: the API and
 //! controller, the worker supervisors, the jails and the code they reaped, Valkey, the egress
-//! proxy), and the pool's workers before and after.
+//! proxy), counted from the burst's start until every worker is warm again and the machine quiet
+//! (a run's reset and the next jail's preparation come after its answer; the burst's window alone
+//! is shown beside it), and the pool's workers before and after.
 //!
 //! `--serial K` (default 20; 0: none) also runs K `print` runs and K pandas runs one at a time,
 //! each beside its bare interpreter, before the burst and again after it once the machine is
@@ -404,9 +406,18 @@ fn process(pid: u32) -> Option<(u32, String, u64, u64)> {
     ))
 }
 
-/// CPU ticks of the stack under `root` so far, by part (processes that ended count in their
-/// parents' reaped totals).
-fn stack_cpu(root: u32) -> BTreeMap<&'static str, u64> {
+/// The CPU spent so far: the whole machine's busy ticks, this harness's own, and those of the
+/// stack's long-lived processes under `root` by part. A jail's processes are not read one by one:
+/// a killed jail's interpreter is reaped by the kernel, not by a parent that would add its ticks
+/// to its own, so its ticks vanish from every process's count; the machine's count keeps them
+/// (the machine is quiet before a burst, and this harness's ticks are taken off).
+struct Cpu {
+    machine: u64,
+    harness: u64,
+    parts: BTreeMap<&'static str, u64>,
+}
+
+fn stack_cpu(root: u32) -> Cpu {
     let mut all = BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
@@ -430,31 +441,46 @@ fn stack_cpu(root: u32) -> BTreeMap<&'static str, u64> {
         false
     };
     let mut parts: BTreeMap<&'static str, u64> = BTreeMap::new();
-    for (pid, (parent, cmdline, own, reaped)) in &all {
+    for (pid, (_, cmdline, own, reaped)) in &all {
         if !under_root(*pid) {
             continue;
         }
         let mut add = |part, ticks| *parts.entry(part).or_default() += ticks;
         if *pid == root {
             add("API and controller", *own);
-            add("workers that exited", *reaped);
         } else if cmdline.contains("worker serve") {
             add("worker supervisors", *own);
-            add("jails and code", *reaped);
         } else if cmdline.contains("valkey-server") {
             add("Valkey", *own + *reaped);
         } else if cmdline.contains("egress-proxy") {
             add("egress proxy", *own + *reaped);
-        } else if *parent != root {
-            // A live jail's process (a prepared one included): counted here while it lives, and
-            // in its worker's reaped total once it ends, so that a window counts what was spent
-            // in it, not what a prepared jail spent before.
-            add("jails and code", *own + *reaped);
-        } else {
-            add("other", *own + *reaped);
         }
     }
-    parts
+    Cpu {
+        machine: corral_benches::load::cpu_jiffies().0,
+        harness: process(std::process::id()).map_or(0, |(_, _, own, _)| own),
+        parts,
+    }
+}
+
+impl Cpu {
+    /// Milliseconds per run spent from `self` to `until`, in total and by part; the jails, their
+    /// code and whatever else the machine did are the rest.
+    fn per_run(&self, until: &Cpu, ticks: f64, runs: f64) -> (f64, String) {
+        let ms = |spent: u64| spent as f64 / ticks / runs * 1e3;
+        let mut named = 0;
+        let mut parts = Vec::new();
+        for (part, ticks_until) in &until.parts {
+            let spent = ticks_until.saturating_sub(self.parts.get(part).copied().unwrap_or(0));
+            named += spent;
+            parts.push(format!("{part} {:.1}", ms(spent)));
+        }
+        let machine = until.machine.saturating_sub(self.machine);
+        let harness = until.harness.saturating_sub(self.harness);
+        let rest = machine.saturating_sub(harness).saturating_sub(named);
+        parts.push(format!("jails, code and the rest {:.1}", ms(rest)));
+        (ms(named + rest), parts.join(", "))
+    }
 }
 
 /// CPU ticks of the children this process has reaped (the bare spawns).
@@ -476,6 +502,24 @@ async fn pool(client: &Client) -> String {
         .map(|(state, n)| format!("{state} {n}"))
         .collect();
     states.join(", ")
+}
+
+/// Waits, until `deadline`, for every worker to be warm again (none creating, leased or
+/// resetting) and then for the machine to be quiet (the next jails prepared); how long it took.
+async fn settle(client: &Client, deadline: Duration) -> Duration {
+    let started = Instant::now();
+    while started.elapsed() < deadline {
+        let states = pool(client).await;
+        let busy = ["creating", "leased", "resetting"]
+            .iter()
+            .any(|state| states.contains(state));
+        if !busy {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _quiet = wait_quiet(deadline.saturating_sub(started.elapsed())).await;
+    started.elapsed()
 }
 
 struct Paths {
@@ -597,6 +641,20 @@ async fn main() {
     let (samples, elapsed) = api_burst(&client, requests, mixed, &tag, deadline).await;
     let cpu_after = stack_pid.map(stack_cpu);
     println!("pool after:  {}", pool(&client).await);
+    // A run is paid for only once its worker is warm again: its reset and the next jail's
+    // preparation come after its answer, outside the burst's window.
+    let settled = match stack_pid {
+        Some(root) => {
+            let waited = settle(&client, deadline).await;
+            println!(
+                "pool warm again {:.1} s after the burst: {}",
+                waited.as_secs_f64(),
+                pool(&client).await
+            );
+            Some(stack_cpu(root))
+        }
+        None => None,
+    };
     let api = report("API run_code", &samples, Some(elapsed));
     let mut later = Vec::new();
     for round in 2..=rounds {
@@ -619,15 +677,13 @@ async fn main() {
     }
     let succeeded = samples.iter().filter(|s| s.outcome == "ok").count().max(1) as f64;
     let mut api_cpu = 0.0;
-    if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-        let mut parts = Vec::new();
-        for (part, ticks_after) in &after {
-            let spent = ticks_after.saturating_sub(before.get(part).copied().unwrap_or(0));
-            let per_run = spent as f64 / ticks / succeeded * 1e3;
-            api_cpu += per_run;
-            parts.push(format!("{part} {per_run:.1}"));
-        }
-        println!("  CPU ms per run: {:.1} ({})", api_cpu, parts.join(", "));
+    let mut burst_cpu = 0.0;
+    if let (Some(before), Some(after), Some(settled)) = (&cpu_before, &cpu_after, &settled) {
+        let (in_burst, parts) = before.per_run(after, ticks, succeeded);
+        println!("  CPU ms per run in the burst: {in_burst:.1} ({parts})");
+        let (whole, parts) = before.per_run(settled, ticks, succeeded);
+        println!("  CPU ms per run, resets and next jails included: {whole:.1} ({parts})");
+        (api_cpu, burst_cpu) = (whole, in_burst);
     }
     let reaped = own_children_cpu();
     let started = Instant::now();
@@ -664,6 +720,10 @@ async fn main() {
     }
     if api_cpu > 0.0 && bare_cpu > 0.0 {
         println!("ratio CPU per run API/bare: {:.2}", api_cpu / bare_cpu);
+        println!(
+            "ratio CPU per run API/bare, the burst's window only: {:.2}",
+            burst_cpu / bare_cpu
+        );
     }
     if serial_runs > 0 {
         tokio::time::sleep(pause).await;

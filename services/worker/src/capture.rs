@@ -15,7 +15,7 @@ use corral_core::run::progress::{Stream as Which, TextChunker};
 use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::plan::{LINE_MAX_BYTES, LINES_MAX};
+use corral_stages::plan::{LINE_MAX_BYTES, LINES_MAX};
 
 /// The size of one read (a streamed chunk at most).
 const CHUNK_BYTES: usize = OUTPUT_READ_BYTES;
@@ -148,7 +148,7 @@ pub fn read_until_go(
     for _ in 0..LINES_MAX {
         match read_line(stdout, deadline)? {
             None => return Ok((false, lines)),
-            Some(line) if line == crate::plan::LINE_GO => return Ok((true, lines)),
+            Some(line) if line == corral_stages::plan::LINE_GO => return Ok((true, lines)),
             Some(line) => lines.push(line),
         }
     }

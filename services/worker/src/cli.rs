@@ -10,7 +10,6 @@ use corral_core::config::Settings;
 use corral_core::ids::OpToken;
 use corral_core::jail::{Language, NotRun};
 
-use crate::stage;
 use crate::supervisor::{Reexec, RunRequest, Worker, refusal_text};
 
 /// Where `corral jail`'s settings come from, shown under its help.
@@ -76,35 +75,11 @@ pub fn main(args: &[String], prefix: &[&str]) -> ExitCode {
     run_command(cli.command, prefix)
 }
 
-/// Runs the jail's hidden stage that `args` name (`__stage1 PLAN`, `__stage2 PLAN`, `__probe`;
-/// `__build` prints the stage build's identity), which this binary re-executes itself into;
-/// `None` for any other arguments. Matched exactly, before the command line's parser, and never
-/// in its help: they are not for people.
+/// Runs the jail's hidden stage that `args` name, which this binary re-executes itself into
+/// (`corral_stages::hidden_stage`); `None` for any other arguments.
 #[must_use]
 pub fn hidden_stage(args: &[String]) -> Option<ExitCode> {
-    match args {
-        [name, plan] if name == "__stage1" => Some(stage::stage1(plan)),
-        [name, plan] if name == "__stage2" => Some(stage::stage2(plan)),
-        [name] if name == "__probe" => Some(stage::probe()),
-        [name] if name == "__build" => {
-            println!("{}", crate::supervisor::STAGE_BUILD);
-            Some(ExitCode::SUCCESS)
-        }
-        _ => None,
-    }
-}
-
-/// `corral-stage`: the small binary that runs only the jail's hidden stages (decision 0057), so
-/// that a jail does not execute all of Corral twice. Anything else is refused.
-#[must_use]
-pub fn stage_main(args: &[String]) -> ExitCode {
-    hidden_stage(args).unwrap_or_else(|| {
-        eprintln!(
-            "corral-stage: runs only the jail's stages, started by a worker's supervisor; \
-             use `corral jail` or `corral worker`"
-        );
-        ExitCode::from(2)
-    })
+    corral_stages::hidden_stage(args)
 }
 
 /// Runs one parsed `corral jail` command.

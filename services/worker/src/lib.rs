@@ -63,14 +63,9 @@ pub use cgroup::{remove_stale as remove_stale_run_groups, run_groups};
 
 mod capture;
 mod cgroup;
-mod mounts;
-mod netlink;
-mod plan;
 mod probe;
 mod relay;
 mod result;
-mod seccomp;
-mod stage;
 mod supervisor;
 mod sweep;
 mod tools;

@@ -35,7 +35,7 @@ use corral_core::egress::grant::grant_is_sendable;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sched::{CloneFlags, setns};
 
-use crate::netlink;
+use corral_stages::netlink;
 
 /// Where the relay listens inside the jail; the code's proxy variables name it.
 pub const LISTEN_PORT: u16 = 3128;

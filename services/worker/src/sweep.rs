@@ -14,7 +14,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::cgroup::RunCgroups;
-use crate::mounts::mount_points;
+use corral_stages::mounts::mount_points;
 
 /// How long a reset keeps killing before it reports what survived.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);

@@ -6,5 +6,5 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    corral_worker::cli::stage_main(&args)
+    corral_stages::stage_main(&args)
 }

@@ -2,8 +2,8 @@
 
 use corral_core::jail::Language;
 
-use crate::plan::LINE_WAITING;
 use crate::relay;
+use corral_stages::plan::LINE_WAITING;
 
 /// Where the jail's interpreter writes a run's rich results (`corral_core::run::results`).
 pub(super) fn results_path() -> String {

@@ -9,9 +9,9 @@ use corral_core::jail::{Language, NotRun, Posture, Primitive};
 use super::command::{bootstrap, code_path, environment, interpreter, results_path};
 use super::{ActiveRun, Worker};
 use crate::capture;
-use crate::plan::{GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits};
 use crate::relay::Relay;
 use crate::result::note;
+use corral_stages::plan::{GO_BYTE, JailPlan, LINE_ERROR, LINE_READY, LINE_WAIVED, Limits};
 
 /// The code's uid and gid inside a user namespace.
 const INNER_ID: u32 = 1000;

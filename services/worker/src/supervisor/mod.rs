@@ -58,8 +58,8 @@ const RUNS_PER_SUPERVISOR: u32 = 64;
 /// beside the running one.
 pub const STAGE_BINARY: &str = "corral-stage";
 /// This build's identity, which a stage binary must print for `__build` to be used: a digest of
-/// the sources the stages are built from (`build.rs`).
-pub const STAGE_BUILD: &str = env!("CORRAL_STAGE_BUILD");
+/// the sources the stages are built from (`corral-stages`' `build.rs`).
+pub const STAGE_BUILD: &str = corral_stages::BUILD;
 
 /// How to execute a jail's stage: the program (normally `/proc/self/exe`) and the arguments before
 /// the stage's name (`["jail"]` for `corral`, nothing for `corral-jail` and `corral-stage`).

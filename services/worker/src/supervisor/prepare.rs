@@ -11,8 +11,8 @@ use nix::unistd::Pid;
 use super::launch::Started;
 use super::{ActiveRun, Prepared, RunRequest, Worker};
 use crate::capture;
-use crate::plan::{LINE_WAITING, LINES_MAX};
 use crate::result::{RunResult, note};
+use corral_stages::plan::{LINE_WAITING, LINES_MAX};
 
 /// How long a prepared jail's bootstrap may take to say it waits (its pre-imports included)
 /// before the preparation fails.

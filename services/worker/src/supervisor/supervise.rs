@@ -13,10 +13,10 @@ use super::launch::Started;
 use super::{ActiveRun, RunRequest, Worker};
 use crate::archive::{self, ArchiveError};
 use crate::capture;
-use crate::plan::SIGNAL_EXIT_BASE;
 use crate::result::{RunResult, note};
 use crate::sweep;
 use crate::workspace::{self, RunDirs};
+use corral_stages::plan::SIGNAL_EXIT_BASE;
 
 /// How long the pipes are read after a kill.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);

@@ -65,7 +65,7 @@ fn parse_plan(plan: &str) -> Result<JailPlan, ExitCode> {
 }
 
 /// An exit status as one number: the code, or 128 plus the signal.
-pub fn status_number(status: ExitStatus) -> i32 {
+fn status_number(status: ExitStatus) -> i32 {
     match (status.code(), status.signal()) {
         (Some(code), _) => code,
         (None, Some(signal)) => SIGNAL_EXIT_BASE + signal,

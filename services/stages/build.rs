@@ -5,13 +5,7 @@
 use std::path::{Path, PathBuf};
 
 /// The sources whose change changes the identity, relative to this package.
-const INPUTS: &[&str] = &[
-    "src",
-    "Cargo.toml",
-    "../../core/src",
-    "../contract/src",
-    "../../Cargo.lock",
-];
+const INPUTS: &[&str] = &["src", "Cargo.toml", "../../core/src", "../../Cargo.lock"];
 
 fn files(path: &Path, found: &mut Vec<PathBuf>) {
     match std::fs::read_dir(path) {
