@@ -30,9 +30,11 @@
 //! writes (Python's first imports `CORRAL_WORKER_PYTHON_PREIMPORT`). A run that takes the one of
 //! its language copies the workspace in, writes the code down the pipe and closes it (the wall
 //! limit counts from there), and is then supervised, collected and reset like any other; the jail
-//! serves that one run. The reset between leases kills every untaken one with everything else,
-//! counting what their teardowns left in its evidence, and the next are prepared after it (see
-//! docs/decisions/0010). `corral jail run` never prepares one.
+//! serves that one run. The reset between leases kills everything else of the supervisor's runs
+//! and keeps the untaken ones whose interpreter still waits with an empty workspace: no run has
+//! reached them (their own namespaces, uids, cgroups and directories), and building them again
+//! would only cost the next tenant; the jails the last run took are prepared after it (see
+//! docs/decisions/0010 and 0060). `corral jail run` never prepares one.
 //!
 //! The network namespace has only loopback, where the supervisor holds the egress relay (`relay`,
 //! EGR-8): before stage 1 is let go, a short-lived supervisor thread joins the jail's network

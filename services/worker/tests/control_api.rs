@@ -650,8 +650,10 @@ fn reset(server: &Server, token: u64) -> Value {
 }
 
 #[test]
-fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
-    if !root_or_skip("warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset") {
+fn warm_node_and_python_each_have_a_prepared_jail_and_a_reset_replaces_the_one_a_run_took() {
+    if !root_or_skip(
+        "warm_node_and_python_each_have_a_prepared_jail_and_a_reset_replaces_the_one_a_run_took",
+    ) {
         return;
     }
     let _serial = serial();
@@ -674,18 +676,31 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
     let health = wait_prepared_languages(&server, &["python"]);
     assert_eq!(health["prepared"], true, "{health}");
     assert!(!ended(python[0]), "the Python jail went with the Node run");
-    // The reset tears down the untaken Python jail and counts it in clean evidence.
+    // The reset, clean, keeps the Python jail no run took (decision 0060) and ends the Node
+    // run's jail.
     reset(&server, 2);
     assert!(
-        ended(python[0]),
-        "the prepared Python jail outlived the reset"
+        !ended(python[0]),
+        "the untaken Python jail went with the reset"
     );
     assert!(ended(node[0]));
-    // After the reset, both again, and Node is warm again, in a new interpreter.
+    // After the reset, both again: the same Python interpreter, and Node warm again in a new one.
     wait_prepared_languages(&server, &["python", "node"]);
     let (python_again, node_again) = waiting_bootstraps(&server);
     assert_eq!((python_again.len(), node_again.len()), (1, 1));
+    assert_eq!(python_again, python, "the kept Python jail was replaced");
     assert_ne!(node_again, node);
+    // The kept jail serves the next tenant, warm.
+    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(6 * 7)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "42\n", "{json}");
+    assert!(
+        ended(python[0]),
+        "the kept jail served the run and ended with it"
+    );
+    reset(&server, 10);
+    wait_prepared_languages(&server, &["python", "node"]);
     let (status, json) =
         server.execute(&json!({ "language": "node", "code": node_code, "token": 3 }));
     assert_eq!(status, 200, "{json}");
@@ -711,12 +726,13 @@ fn warm_node_and_python_each_have_a_prepared_jail_torn_down_by_every_reset() {
         assert_answered_before_reset(&json);
         reset(&server, token + 1);
     }
-    // A reset with both jails prepared and untaken is clean, and ends both.
+    // A reset with both jails prepared and untaken is clean, and keeps both.
     wait_prepared_languages(&server, &["python", "node"]);
     let (python, node) = waiting_bootstraps(&server);
     assert_eq!((python.len(), node.len()), (1, 1));
     reset(&server, 9);
-    assert!(ended(python[0]) && ended(node[0]), "{python:?} {node:?}");
+    assert!(!ended(python[0]) && !ended(node[0]), "{python:?} {node:?}");
+    assert_eq!(waiting_bootstraps(&server), (python, node));
 }
 
 #[test]
@@ -1040,6 +1056,41 @@ fn pkg_1_an_idle_worker_prepares_its_python_jail_again_with_the_stack() {
     reset(&server, 3);
 }
 
+/// A prepared jail that no run took but whose interpreter ended is never handed on: the reset
+/// tears it down, counted in its clean evidence, and a new one is prepared (decision 0060).
+#[test]
+fn a_reset_replaces_an_untaken_prepared_jail_whose_interpreter_ended() {
+    if !root_or_skip("a_reset_replaces_an_untaken_prepared_jail_whose_interpreter_ended") {
+        return;
+    }
+    let _serial = serial();
+    let server = Server::start(&[("CORRAL_WORKER_PREPARE_LANGUAGES", "python")]);
+    wait_prepared_languages(&server, &["python"]);
+    let (python, _) = waiting_bootstraps(&server);
+    assert_eq!(python.len(), 1, "{python:?}");
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &python[0].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Checked until a deadline only a stuck kernel reaches.
+    let deadline = std::time::Instant::now() + RESPONSE_TIMEOUT;
+    while !ended(python[0]) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ended(python[0]), "the killed interpreter still runs");
+    reset(&server, 1);
+    wait_prepared_languages(&server, &["python"]);
+    let (again, _) = waiting_bootstraps(&server);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_ne!(again, python, "the ended jail was kept");
+    let (status, json) = server.execute(&json!({ "language": "python", "code": "print(7)" }));
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["warm"], true, "{json}");
+    assert_eq!(json["stdout"]["text"], "7\n", "{json}");
+    reset(&server, 2);
+}
+
 /// After a run that used the stack, the worker prepares the stack's jail beside a plain one
 /// (decision 0056): a run that does not use the stack takes the plain one (it pays no teardown of
 /// the stack), one that does takes the stack's.
@@ -1072,10 +1123,16 @@ fn pkg_1_after_a_run_that_used_the_stack_its_jail_waits_beside_a_plain_one() {
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["warm"], true, "{json}");
     assert_eq!(json["stdout"]["text"], "False\n", "the plain jail: {json}");
+    let stack_jail = descendants_running(server.child.id(), "/python3", "_corral_preimport");
+    assert_eq!(stack_jail.len(), 1, "the stack's jail waits, untaken");
     reset(&server, 2);
-    // The last run did not use the stack: the plain jail alone.
-    wait_prepared(&server);
-    assert_eq!(preimporting(&server), 0, "{json}");
+    // No run took the stack's jail: the reset keeps it (decision 0060), beside a new plain one.
+    wait_preimported(&server);
+    assert_eq!(
+        descendants_running(server.child.id(), "/python3", "_corral_preimport"),
+        stack_jail,
+        "the untaken stack's jail was replaced"
+    );
     let code = "import json\nprint(2)\n";
     let (status, json) = server.execute(&json!({ "language": "python", "code": code }));
     assert_eq!(status, 200, "{json}");

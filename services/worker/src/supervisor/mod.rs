@@ -206,8 +206,10 @@ struct ActiveRun {
 
 /// A jail built before any lease (ARCHITECTURE.md, "Running code"): the same jail a cold run
 /// gets, with its interpreter already started and blocked reading the program from stdin. It
-/// serves exactly one run and is torn down by that run's reset, or by the next reset between
-/// leases if no run took it. A worker holds at most one per language.
+/// serves exactly one run and is torn down by that run's reset; one no run took waits on through
+/// the resets between leases, for the next tenant, while its interpreter waits and its workspace
+/// is empty (decision 0060). A worker holds at most one per language, and the stack's beside
+/// Python's.
 struct Prepared {
     run: ActiveRun,
     language: Language,

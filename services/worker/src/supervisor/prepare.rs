@@ -26,8 +26,8 @@ const IDLE_PREPARE_NICE: i32 = 19;
 impl Worker {
     /// Builds a jail for the next run of `language` now, with its interpreter started in it and
     /// waiting for the code (a Python one after importing `CORRAL_WORKER_PYTHON_PREIMPORT`), so
-    /// that a run costs less than starting the interpreter. A jail already prepared for
-    /// `language` is torn down first (it is never handed on); those of other languages stay. On
+    /// that a run costs less than starting the interpreter. A jail still prepared for `language`
+    /// (one the last reset kept: no run took it, decision 0060) stays and nothing is built. On
     /// failure nothing is left and the next run of `language` goes the cold way, saying why in
     /// its diagnostics. The jail dies with the thread that calls this (the parent-death signal
     /// follows the thread): call it from the thread that will call [`Worker::run`].
@@ -37,25 +37,20 @@ impl Worker {
     /// the stack's when it uses the stack and the plain one otherwise, which spares it the
     /// stack's teardown (the interpreter's exit frees its address space before the answer).
     pub fn prepare(&mut self, language: Language) -> Result<(), String> {
-        let mut notes = Vec::new();
-        if let Some(old) = self.prepared.remove(&language) {
-            let _ = self.teardown_prepared(old, &mut notes, true);
-        }
         let stack = language == Language::Python && !self.preimport().is_empty();
-        match self.build(language, PREPARE_NICE, false) {
-            Ok(prepared) => {
-                self.prepared.insert(language, prepared);
-                self.prepare_failures.remove(&language);
-            }
-            Err(why) => {
-                self.prepare_failures.insert(language, why.clone());
-                return Err(why);
+        if !self.prepared.contains_key(&language) {
+            match self.build(language, PREPARE_NICE, false) {
+                Ok(prepared) => {
+                    self.prepared.insert(language, prepared);
+                    self.prepare_failures.remove(&language);
+                }
+                Err(why) => {
+                    self.prepare_failures.insert(language, why.clone());
+                    return Err(why);
+                }
             }
         }
-        if stack {
-            if let Some(old) = self.upgrade.take() {
-                let _ = self.teardown_prepared(old, &mut notes, true);
-            }
+        if stack && self.upgrade.is_none() {
             match self.build(language, PREPARE_NICE, true) {
                 Ok(with_stack) => self.upgrade = Some(with_stack),
                 // The plain jail serves every run; the stack's is not tried again before the
@@ -242,8 +237,8 @@ impl Worker {
     }
 
     /// Puts the ready re-preparation with the stack where the next Python run takes its jail, and
-    /// the jail prepared without it in the re-preparation's place (the reset between leases
-    /// tears down both).
+    /// the jail prepared without it in the re-preparation's place (the reset between leases puts
+    /// back the one no run took, decision 0060).
     fn stack_in_place(&mut self) {
         if !self.upgrade.as_ref().is_some_and(|u| u.ready) {
             return;
@@ -346,26 +341,11 @@ impl Worker {
         prepared: Prepared,
         diagnostics: &mut Vec<String>,
     ) -> Option<Prepared> {
-        let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
         let mut prepared = prepared;
-        let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
-        match status {
-            // /proc that cannot tell is taken for a live interpreter: if it is not, the run
-            // reports how it ended, as any run does.
-            Ok(WaitStatus::StillAlive)
-                if interpreter_alive(prepared.started.pid) != Some(false) =>
-            {
-                return Some(prepared);
-            }
-            // The interpreter is gone and the jail is ending: the reset kills what is left.
-            Ok(WaitStatus::StillAlive) => {}
-            _ => {
-                // Reaped (or not ours): its pid must not be signalled again.
-                if let Some(child) = prepared.run.stage1.take() {
-                    drop(child);
-                }
-            }
-        }
+        let status = match still_waits(&mut prepared) {
+            Ok(()) => return Some(prepared),
+            Err(status) => status,
+        };
         note(
             diagnostics,
             format!("the prepared jail had ended ({status:?}); ran cold"),
@@ -374,6 +354,30 @@ impl Worker {
         let _ = self.reset(&mut prepared.run, OpToken(0), diagnostics);
         None
     }
+}
+
+/// `Ok` while a prepared jail's interpreter still runs; else how its stage 1 was found. A stage 1
+/// reaped here is forgotten (its pid must not be signalled again), and the jail's teardown kills
+/// whatever is left of it.
+pub(super) fn still_waits(prepared: &mut Prepared) -> Result<(), nix::Result<WaitStatus>> {
+    let pid = i32::try_from(prepared.started.pid).unwrap_or(i32::MAX);
+    let status = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG));
+    match status {
+        // /proc that cannot tell is taken for a live interpreter: if it is not, the run reports
+        // how it ended, as any run does.
+        Ok(WaitStatus::StillAlive) if interpreter_alive(prepared.started.pid) != Some(false) => {
+            return Ok(());
+        }
+        // The interpreter is gone and the jail is ending: the teardown kills what is left.
+        Ok(WaitStatus::StillAlive) => {}
+        _ => {
+            // Reaped (or not ours): its pid must not be signalled again.
+            if let Some(child) = prepared.run.stage1.take() {
+                drop(child);
+            }
+        }
+    }
+    Err(status)
 }
 
 /// Where the machine's re-preparation slots are (one lock file each), and how many CPUs make a

@@ -3,6 +3,9 @@
 use corral_core::ids::OpToken;
 use corral_core::reset::ResetEvidence;
 
+use corral_core::jail::Language;
+
+use super::prepare::still_waits;
 use super::{ActiveRun, HOST_UID_BASE, Prepared, RUNS_PER_SUPERVISOR, Worker};
 use crate::cgroup::RunCgroups;
 use crate::result::note;
@@ -11,13 +14,23 @@ use crate::workspace::RunDirs;
 
 impl Worker {
     /// The reset the control API orders between leases (POOL-4): kills every process of any of
-    /// this supervisor's runs, removes every run directory left, and measures. Each run already
+    /// this supervisor's runs, removes every run directory left, and measures, all but those of
+    /// the prepared jails no run took, which it keeps (decision 0060). Each run already
     /// resets itself; this proves it again, under the caller's token, and cleans up after a run
     /// whose own reset failed.
     pub fn reset_all(&mut self, token: OpToken, diagnostics: &mut Vec<String>) -> ResetEvidence {
-        // Every prepared jail goes too, its teardown counted in the evidence: the next tenant
-        // gets jails prepared after this reset.
-        let discarded = self.discard_prepared(diagnostics);
+        // The prepared jails no run took stay, for the next tenant, while they still wait with an
+        // empty workspace (decision 0060); every other goes, its teardown counted in the evidence.
+        let discarded = self.keep_untaken(diagnostics);
+        let kept: Vec<&ActiveRun> = self
+            .prepared
+            .values()
+            .chain(&self.upgrade)
+            .map(|prepared| &prepared.run)
+            .collect();
+        let kept_uids: Vec<u32> = kept.iter().flat_map(|run| run.uids).collect();
+        let kept_dirs: Vec<std::path::PathBuf> =
+            kept.iter().map(|run| run.run_dir.clone()).collect();
         // What the resets of runs answered before their reset left (`Worker::reset_later`).
         let after_answer = self.reset_after_answer.take().map(|(left, notes)| {
             for line in notes {
@@ -37,11 +50,13 @@ impl Worker {
                     .saturating_add(pair_base.saturating_mul(2))
                     .saturating_add(offset)
             })
+            .filter(|uid| !kept_uids.contains(uid))
             .collect();
         let (processes_remaining, _) = sweep::kill_run(None, &RunCgroups::default(), &uids);
         let (mut workspace_entries, mut scratch_entries) = (Some(0u32), Some(0u32));
         let run_dirs: Vec<_> = (0..RUNS_PER_SUPERVISOR)
             .map(|number| self.base.join(format!("run-{number}")))
+            .filter(|dir| !kept_dirs.contains(dir))
             .collect();
         for run_dir in &run_dirs {
             if std::fs::symlink_metadata(run_dir).is_ok() {
@@ -79,22 +94,40 @@ impl Worker {
         evidence
     }
 
-    /// Tears down every prepared jail no run took. Returns what their teardowns left, summed
-    /// (each measured after its own kill by its cgroups' members), for the reset between leases
-    /// to count; notes each teardown that did not come out clean. The scan of every process's
-    /// uids is the caller's, once for every run of the supervisor, these included: on a machine
-    /// of a hundred workers one scan reads a thousand status files.
-    pub(super) fn discard_prepared(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
+    /// Keeps every prepared jail no run took whose interpreter still waits and whose workspace is
+    /// still empty (decision 0060): nothing of any run has reached it (its own namespaces, uids,
+    /// cgroups and directories), so it is as fresh as one prepared after this reset. Tears down
+    /// the others and returns what their teardowns left, summed (each measured after its own
+    /// kill by its cgroups' members), for the reset between leases to count; notes each teardown
+    /// that did not come out clean. The scan of every process's uids is the caller's, once for
+    /// every run of the supervisor but the jails kept: on a machine of a hundred workers one scan
+    /// reads a thousand status files.
+    pub(super) fn keep_untaken(&mut self, diagnostics: &mut Vec<String>) -> ResetEvidence {
         let mut left = ResetEvidence::clean(OpToken(0));
         self.upgrade_failed = false;
-        self.upgrade_slot = None;
-        let upgrade = self.upgrade.take();
-        for prepared in std::mem::take(&mut self.prepared)
-            .into_values()
-            .chain(upgrade)
-        {
-            let evidence = self.teardown_prepared(prepared, diagnostics, false);
-            add_evidence(&mut left, &evidence);
+        let mut prepared = std::mem::take(&mut self.prepared);
+        let mut upgrade = self.upgrade.take();
+        // After `stack_in_place`, the jail prepared without the stack waits in the
+        // re-preparation's place: each goes back to its own (the stack's, if no run took it).
+        if upgrade.as_ref().is_some_and(|jail| !jail.importing) {
+            let plain = upgrade.take();
+            upgrade = prepared.remove(&Language::Python);
+            prepared.extend(plain.map(|jail| (Language::Python, jail)));
+        }
+        for (language, mut jail) in prepared {
+            if untouched(&mut jail) {
+                self.prepared.insert(language, jail);
+            } else {
+                add_evidence(&mut left, &self.teardown_prepared(jail, diagnostics, false));
+            }
+        }
+        if let Some(mut jail) = upgrade {
+            if jail.importing && untouched(&mut jail) {
+                self.upgrade = Some(jail);
+            } else {
+                self.upgrade_slot = None;
+                add_evidence(&mut left, &self.teardown_prepared(jail, diagnostics, false));
+            }
         }
         left
     }
@@ -187,6 +220,16 @@ impl Worker {
             mounts_remaining,
         }
     }
+}
+
+/// Whether a prepared jail no run took may wait on for the next tenant: its interpreter still
+/// waits (a jail that ended is not handed on) and its workspace, filled only when a run takes the
+/// jail, is still empty.
+fn untouched(jail: &mut Prepared) -> bool {
+    let empty = jail.run.dirs.as_ref().is_some_and(|dirs| {
+        std::fs::read_dir(dirs.workspace()).is_ok_and(|mut entries| entries.next().is_none())
+    });
+    empty && still_waits(jail).is_ok()
 }
 
 /// `a + b`, where either unmeasured makes the sum unmeasured.
