@@ -22,11 +22,16 @@ const KILL_DEADLINE: Duration = Duration::from_secs(5);
 const KILL_ROUND_PAUSE: Duration = Duration::from_millis(1);
 
 /// Processes on the host whose uids include any of `uids`; `None` when /proc cannot be read.
+///
+/// Its cost is one status file per process on the host (a reset between leases makes one scan:
+/// on a machine of a hundred workers, six hundred files), most of it the kernel writing each
+/// file; each is read with one `read` into one buffer, not grown into a string.
 pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
     let mut found = BTreeSet::new();
     if uids.is_empty() {
         return Some(found);
     }
+    let mut buffer = vec![0u8; STATUS_READ_BYTES];
     for entry in fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -36,22 +41,48 @@ pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
             continue;
         };
         // A process that exits while we look is simply gone.
-        let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
+        let Some(ids) = status_uids(pid, &mut buffer) else {
             continue;
         };
-        let owned = status
-            .lines()
-            .find_map(|line| line.strip_prefix("Uid:"))
-            .is_some_and(|ids| {
-                ids.split_whitespace()
-                    .filter_map(|id| id.parse::<u32>().ok())
-                    .any(|id| uids.contains(&id))
-            });
-        if owned {
+        if ids.iter().any(|id| uids.contains(id)) {
             found.insert(pid);
         }
     }
     Some(found)
+}
+
+/// How much of a status file one read takes: the `Uid:` line is its ninth, a few hundred bytes in.
+const STATUS_READ_BYTES: usize = 4_096;
+
+/// The real, effective, saved and filesystem uids of process `pid` from its status file, read
+/// until its `Uid:` line; `None` if the process is gone or the file says none.
+fn status_uids(pid: i32, buffer: &mut [u8]) -> Option<Vec<u32>> {
+    use std::io::Read as _;
+    let mut file = fs::File::open(format!("/proc/{pid}/status")).ok()?;
+    let mut filled = 0;
+    loop {
+        let text = buffer.get(..filled)?;
+        if let Some(ids) = uid_line(text) {
+            return Some(ids);
+        }
+        let read = file.read(buffer.get_mut(filled..)?).ok()?;
+        if read == 0 {
+            return None;
+        }
+        filled += read;
+    }
+}
+
+/// The uids of a complete `Uid:` line in the start of a status file.
+fn uid_line(text: &[u8]) -> Option<Vec<u32>> {
+    let start = text.windows(5).position(|w| w == b"\nUid:")? + 5;
+    let end = start + text.get(start..)?.iter().position(|b| *b == b'\n')?;
+    let ids = std::str::from_utf8(text.get(start..end)?).ok()?;
+    Some(
+        ids.split_whitespace()
+            .filter_map(|id| id.parse::<u32>().ok())
+            .collect(),
+    )
 }
 
 /// The run's processes: its cgroups' members and its uids' processes. `None` when neither list
@@ -172,6 +203,28 @@ mod tests {
     fn unreadable() -> RunCgroups {
         let gone = Path::new("/nonexistent/corral-sweep-test");
         RunCgroups::at(gone.join("memory"), gone.join("pids"))
+    }
+
+    #[test]
+    fn the_uid_line_is_read_only_once_it_is_whole() {
+        let status = b"Name:\tpython3\nUmask:\t0022\nUid:\t1879048194\t1879048195\t7\t8\nGid:\t0\n";
+        assert_eq!(
+            uid_line(status),
+            Some(vec![1_879_048_194, 1_879_048_195, 7, 8])
+        );
+        // Cut inside the line: not yet (the next read completes it).
+        assert_eq!(uid_line(&status[..30]), None);
+        assert_eq!(uid_line(b"Name:\tx\nGid:\t0\n"), None);
+    }
+
+    #[test]
+    fn this_process_is_found_by_its_own_uid() {
+        let me = nix::unistd::getuid().as_raw();
+        let pid = i32::try_from(std::process::id()).unwrap();
+        let mut buffer = vec![0u8; STATUS_READ_BYTES];
+        assert_eq!(status_uids(pid, &mut buffer).unwrap()[0], me);
+        assert!(processes_of_uids(&[me]).unwrap().contains(&pid));
+        assert!(!processes_of_uids(&[4_000_000_001]).unwrap().contains(&pid));
     }
 
     #[test]
