@@ -1,8 +1,9 @@
 //! Finding and killing a run's processes, and counting what a reset left behind.
 //!
-//! A run's processes are those in its cgroups and those whose real, effective, saved or
-//! filesystem uid is one of the run's two host uids (which no one else uses). Either list alone
-//! would do; both are used so that a reset proves itself even where one is unavailable.
+//! A run's processes are those in its cgroups and those whose uid is one of the run's two host
+//! uids (which no one else uses; see [`processes_of_uids`] for why the effective uid is every
+//! uid such a process holds). Either list alone would do; both are used so that a reset proves
+//! itself even where one is unavailable.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -23,15 +24,21 @@ const KILL_ROUND_PAUSE: Duration = Duration::from_millis(1);
 
 /// Processes on the host whose uids include any of `uids`; `None` when /proc cannot be read.
 ///
-/// Its cost is one status file per process on the host (a reset between leases makes one scan:
-/// on a machine of a hundred workers, six hundred files), most of it the kernel writing each
-/// file; each is read with one `read` into one buffer, not grown into a string.
+/// Each process's effective uid is read as the owner of its /proc directory, which /proc gives
+/// the effective uid whatever the process's dumpable flag (only the files inside change owner):
+/// one `statx` a process, where a status file costs the kernel five times as much to write, and
+/// a reset between leases makes one scan of every process on the host (six hundred on a machine
+/// of a hundred workers). For the uids of runs the effective uid is every uid: a run's process
+/// holds no uid outside its run's two (its user namespace maps only those; without one, stage 2
+/// sets all of them at once), and it cannot gain one by executing (`no_new_privs`, and every
+/// mount of the jail `nosuid`). So a process with a run's uid in any of its real, effective,
+/// saved or filesystem uids has it as its effective uid, and is found.
 pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
+    use std::os::unix::fs::MetadataExt as _;
     let mut found = BTreeSet::new();
     if uids.is_empty() {
         return Some(found);
     }
-    let mut buffer = vec![0u8; STATUS_READ_BYTES];
     for entry in fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -41,48 +48,14 @@ pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
             continue;
         };
         // A process that exits while we look is simply gone.
-        let Some(ids) = status_uids(pid, &mut buffer) else {
+        let Ok(meta) = fs::metadata(entry.path()) else {
             continue;
         };
-        if ids.iter().any(|id| uids.contains(id)) {
+        if uids.contains(&meta.uid()) {
             found.insert(pid);
         }
     }
     Some(found)
-}
-
-/// How much of a status file one read takes: the `Uid:` line is its ninth, a few hundred bytes in.
-const STATUS_READ_BYTES: usize = 4_096;
-
-/// The real, effective, saved and filesystem uids of process `pid` from its status file, read
-/// until its `Uid:` line; `None` if the process is gone or the file says none.
-fn status_uids(pid: i32, buffer: &mut [u8]) -> Option<Vec<u32>> {
-    use std::io::Read as _;
-    let mut file = fs::File::open(format!("/proc/{pid}/status")).ok()?;
-    let mut filled = 0;
-    loop {
-        let text = buffer.get(..filled)?;
-        if let Some(ids) = uid_line(text) {
-            return Some(ids);
-        }
-        let read = file.read(buffer.get_mut(filled..)?).ok()?;
-        if read == 0 {
-            return None;
-        }
-        filled += read;
-    }
-}
-
-/// The uids of a complete `Uid:` line in the start of a status file.
-fn uid_line(text: &[u8]) -> Option<Vec<u32>> {
-    let start = text.windows(5).position(|w| w == b"\nUid:")? + 5;
-    let end = start + text.get(start..)?.iter().position(|b| *b == b'\n')?;
-    let ids = std::str::from_utf8(text.get(start..end)?).ok()?;
-    Some(
-        ids.split_whitespace()
-            .filter_map(|id| id.parse::<u32>().ok())
-            .collect(),
-    )
 }
 
 /// The run's processes: its cgroups' members and its uids' processes. `None` when neither list
@@ -206,25 +179,53 @@ mod tests {
     }
 
     #[test]
-    fn the_uid_line_is_read_only_once_it_is_whole() {
-        let status = b"Name:\tpython3\nUmask:\t0022\nUid:\t1879048194\t1879048195\t7\t8\nGid:\t0\n";
-        assert_eq!(
-            uid_line(status),
-            Some(vec![1_879_048_194, 1_879_048_195, 7, 8])
-        );
-        // Cut inside the line: not yet (the next read completes it).
-        assert_eq!(uid_line(&status[..30]), None);
-        assert_eq!(uid_line(b"Name:\tx\nGid:\t0\n"), None);
+    fn a_process_is_found_by_its_effective_uid() {
+        let pid = i32::try_from(std::process::id()).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(processes_of_uids(&[me]).unwrap().contains(&pid));
+        assert!(!processes_of_uids(&[4_000_000_001]).unwrap().contains(&pid));
     }
 
     #[test]
-    fn this_process_is_found_by_its_own_uid() {
-        let me = nix::unistd::getuid().as_raw();
-        let pid = i32::try_from(std::process::id()).unwrap();
-        let mut buffer = vec![0u8; STATUS_READ_BYTES];
-        assert_eq!(status_uids(pid, &mut buffer).unwrap()[0], me);
-        assert!(processes_of_uids(&[me]).unwrap().contains(&pid));
-        assert!(!processes_of_uids(&[4_000_000_001]).unwrap().contains(&pid));
+    fn a_process_that_made_itself_undumpable_is_still_found_by_its_uid() {
+        use std::io::{BufRead as _, Write as _};
+        use std::os::unix::fs::MetadataExt as _;
+        if !corral_testkit::is_root() {
+            corral_testkit::skip(
+                "a_process_that_made_itself_undumpable_is_still_found_by_its_uid",
+                corral_testkit::Need::Root,
+                "a process of another uid is started with setpriv",
+            );
+            return;
+        }
+        let uid = 4_000_000_002u32;
+        // PR_SET_DUMPABLE is 4: the process's /proc files then belong to root, not to its uid.
+        let mut child = std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-c",
+                "import ctypes, sys\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)\nprint('ready', flush=True)\nsys.stdin.read()\n",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        let pid = i32::try_from(child.id()).unwrap();
+        let status = fs::metadata(format!("/proc/{pid}/status")).unwrap();
+        assert_eq!(status.uid(), 0, "the process is not undumpable");
+        let found = processes_of_uids(&[uid]).unwrap();
+        let _ = child.stdin.take().unwrap().write_all(b"");
+        drop(child.stdin.take());
+        let _ = child.wait();
+        assert!(found.contains(&pid), "{found:?}");
     }
 
     #[test]
