@@ -69,7 +69,9 @@ impl PoolDoc {
     ) {
         let claim_deadline = self.workers.get(&worker).and_then(|w| w.claim_deadline);
         if let Some(granted) = self.workers.get_mut(&worker) {
-            granted.stack = ticket.stack;
+            // Kept once set: the worker keeps its stack jail through the runs that do not use
+            // it (decision 0060).
+            granted.stack |= ticket.stack;
             granted.leased = true;
         }
         let expires_at = lease_expiry(now, config, claim_deadline);

@@ -38,10 +38,11 @@ pub struct Worker {
     pub confirmed_at: Option<UnixMillis>,
     /// In platform-operator mode, the claim's deadline, fixed at creation (POOL-7).
     pub claim_deadline: Option<UnixMillis>,
-    /// Whether its current or last lease was for a run that uses the data stack
-    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`): after such a run the worker's next warm Python jail
-    /// pre-imports it (decision 0056), which [`Worker::suits`] reads (decision 0058). A hint for
-    /// routing only: it changes no state, no proof and no order of service.
+    /// Whether any of its leases was for a run that uses the data stack
+    /// (`CORRAL_WORKER_PYTHON_PREIMPORT`): after such a run the worker prepares a Python jail that
+    /// pre-imports it (decision 0056), and keeps it through the runs that do not take it (decision
+    /// 0060), which [`Worker::suits`] reads (decision 0058). A hint for routing only: it changes
+    /// no state, no proof and no order of service.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stack: bool,
     /// Whether it has been granted a lease since it was created (one that has not prepares the
@@ -62,10 +63,10 @@ impl Worker {
     }
 
     /// Whether this worker, warm since [`Worker::since`], is taken to hold a Python jail that
-    /// pre-imports the data stack at `now`: its last lease's run used the stack (its reset
-    /// prepared one, decision 0056), or it has waited idle twice the idle re-preparation's wait
-    /// (decision 0037; a worker that has run nothing yet waits less). A hint for routing only
-    /// (decision 0058).
+    /// pre-imports the data stack at `now`: one of its leases' runs used the stack (the reset
+    /// after it prepared one, decision 0056, and the resets after other runs keep it, decision
+    /// 0060), or it has waited idle twice the idle re-preparation's wait (decision 0037; a worker
+    /// that has run nothing yet waits less). A hint for routing only (decision 0058).
     #[must_use]
     pub fn holds_stack(&self, now: UnixMillis, config: &super::PoolConfig) -> bool {
         let idle = config.stack_idle_ms.map(|idle| {
@@ -80,16 +81,12 @@ impl Worker {
 
     /// Whether a ticket whose run uses the data stack (`stack`) or not is served as it wants by
     /// this worker (decision 0058): a run that uses the stack by a worker that holds its jail
-    /// ([`Worker::holds_stack`]), any other by one whose last run did not use it (so that it
-    /// leaves such jails to runs that do, yet takes a long-idle worker's ready jail rather than
-    /// one just reset, still starting).
+    /// ([`Worker::holds_stack`]); any other by any worker, since a worker keeps its stack jail
+    /// through a run that takes its plain one (decision 0060), so the one warm the longest, whose
+    /// plain jail is the readiest, serves it.
     #[must_use]
     pub fn suits(&self, stack: bool, now: UnixMillis, config: &super::PoolConfig) -> bool {
-        if stack {
-            self.holds_stack(now, config)
-        } else {
-            !self.stack
-        }
+        !stack || self.holds_stack(now, config)
     }
 }
 

@@ -224,12 +224,13 @@ fn deletes(applied: &Applied) -> Vec<(WorkerId, OpToken)> {
         .collect()
 }
 
-/// Decision 0058: a run that uses the data stack goes to a worker whose last lease's run did (its
-/// next warm jail pre-imports the stack), and any other run to one whose last lease's did not,
-/// each the one warm the longest among them; without one, the worker warm the longest. FIFO and
-/// the member limit are untouched: only which warm worker a ticket gets.
+/// Decisions 0058 and 0060: a run that uses the data stack goes to a worker that has run one (it
+/// prepared the stack's jail after that run, and keeps it through the runs that do not take it),
+/// the one warm the longest among them; any other run, and a stack run without such a worker, to
+/// the worker warm the longest. FIFO and the member limit are untouched: only which warm worker a
+/// ticket gets.
 #[test]
-fn pool_03_a_run_that_uses_the_stack_goes_first_to_a_worker_whose_last_run_did() {
+fn pool_03_a_run_that_uses_the_stack_goes_first_to_a_worker_that_has_run_the_stack() {
     let mut d = Driver::warm(PoolConfig {
         warm_min: 3,
         target_idle: 0,
@@ -250,22 +251,22 @@ fn pool_03_a_run_that_uses_the_stack_goes_first_to_a_worker_whose_last_run_did()
         d.release_clean(grant);
     }
     d.advance(10);
-    // A plain run passes over the stack's worker, though it is warm the longest...
+    // A plain run takes the worker warm the longest, the stack's: its plain jail is the readiest.
     let other = d.lease("d", false);
-    assert_ne!(
-        other.worker, stacked.worker,
-        "a plain run took the stack's worker"
+    assert_eq!(other.worker, stacked.worker, "the worker warm the longest");
+    d.advance(10);
+    d.release_clean(&other);
+    assert!(
+        d.doc.workers()[&stacked.worker].stack,
+        "a plain run made the pool forget the stack's jail, which the worker keeps"
     );
-    assert_eq!(
-        other.worker, plain[0].worker,
-        "the plain one warm the longest"
-    );
-    // ...which a run that uses the stack takes.
+    d.advance(10);
+    // A run that uses the stack goes to it, though the two others are warm longer.
     let again = d.lease("e", true);
     assert_eq!(again.worker, stacked.worker);
     // With no such worker warm, a stack run takes the worker warm the longest.
     let fallback = d.lease("f", true);
-    assert_eq!(fallback.worker, plain[1].worker);
+    assert_eq!(fallback.worker, plain[0].worker);
     d.advance(10);
     d.release_clean(&fallback);
     assert!(d.doc.workers()[&fallback.worker].stack);
