@@ -619,8 +619,8 @@ pub struct StateCounts {
     pub creating: u32,
     /// Warm.
     pub warm: u32,
-    /// Of the warm, those whose last lease's run used the data stack: their next warm jail
-    /// pre-imports it (decision 0058).
+    /// Of the warm, those that have run the data stack: they hold a jail that pre-imports it
+    /// (decisions 0058, 0060).
     pub warm_stack: u32,
     /// Leased.
     pub leased: u32,
