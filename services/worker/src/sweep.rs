@@ -48,7 +48,8 @@ pub fn processes_of_uids(uids: &[u32]) -> Option<BTreeSet<i32>> {
             continue;
         };
         // A process that exits while we look is simply gone.
-        let Ok(meta) = fs::metadata(entry.path()) else {
+        // Read beside the listing (the entry's name under /proc's descriptor), not by path.
+        let Ok(meta) = entry.metadata() else {
             continue;
         };
         if uids.contains(&meta.uid()) {
