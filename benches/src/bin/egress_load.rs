@@ -5,6 +5,7 @@
 //! cargo build --release -p corral -p corral-benches --bin egress_load
 //! sudo target/release/egress_load [--corral target/release/corral] [--iterations 2000]
 //!      [--bytes 1073741824] [--tunnels 1000] [--streams 64] [--stream-bytes 16777216]
+//!      [--link-gbit 10]
 //! ```
 //!
 //! It starts an upstream sink inside a namespace (10.213.K.2, reached over a veth pair), a stub
@@ -12,7 +13,10 @@
 //! grant for the namespace's /24; and measures:
 //! - setup latency: connect and one echoed byte, direct vs through CONNECT (IP literal and a
 //!   name resolved by the stub), median, p90, p99, and the median added;
-//! - single-connection throughput downloading `--bytes`, direct vs tunnelled, and the ratio;
+//! - single-connection throughput downloading `--bytes`, direct vs tunnelled, and the ratio,
+//!   with the CPU per GiB each way (the machine's, the proxy's, the sink's and the client's);
+//!   then the same on the namespace's link shaped to `--link-gbit` Gbit/s (0: not measured),
+//!   where a network interface's rate, not the machine's copying, is the limit;
 //! - the proxy's VmRSS: idle at start, with `--tunnels` open idle tunnels, with `--streams`
 //!   concurrent downloads, and idle again afterwards.
 //!
@@ -25,6 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use corral_benches::load::cpu_jiffies;
 use corral_core::egress::{
     EgressSettings, ExecutionId, GrantRequest, GrantSigner, TokenTtl, resolve,
 };
@@ -42,6 +47,7 @@ struct Options {
     tunnels: usize,
     streams: usize,
     stream_bytes: u64,
+    link_gbit: u64,
 }
 
 fn main() -> ExitCode {
@@ -76,6 +82,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
         tunnels: 1000,
         streams: 64,
         stream_bytes: 16 << 20,
+        link_gbit: 10,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -88,6 +95,7 @@ fn parse_options(args: &[String]) -> Result<Options, String> {
             "--tunnels" => options.tunnels = number()? as usize,
             "--streams" => options.streams = number()? as usize,
             "--stream-bytes" => options.stream_bytes = number()?,
+            "--link-gbit" => options.link_gbit = number()?.min(400),
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -142,6 +150,7 @@ fn sink(addr: SocketAddr) -> ExitCode {
 /// A namespace with a veth pair, its processes, and everything removed on drop.
 struct Fixture {
     netns: String,
+    ns_if: String,
     children: Vec<Child>,
     dir: std::path::PathBuf,
 }
@@ -182,6 +191,7 @@ fn namespace(fixture: &mut Fixture) -> Result<Ipv4Addr, String> {
         .find(|k| !used.contains(&format!("10.213.{k}.")))
         .ok_or("no free 10.213.K.0/24")? as u8;
     let (host_if, ns_if) = (format!("cbh{pid}"), format!("cbn{pid}"));
+    fixture.ns_if.clone_from(&ns_if);
     ip(&["netns", "add", &fixture.netns])?;
     let (host_cidr, ns_cidr) = (format!("10.213.{k}.1/24"), format!("10.213.{k}.2/24"));
     for step in [
@@ -335,6 +345,7 @@ fn bench(options: &Options) -> Result<(), String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut fixture = Fixture {
         netns: format!("corral-bench-{}", std::process::id()),
+        ns_if: String::new(),
         children: Vec::new(),
         dir: dir.clone(),
     };
@@ -464,30 +475,53 @@ fn bench(options: &Options) -> Result<(), String> {
         us(via_name.saturating_sub(direct))
     );
 
-    // Throughput on one connection.
-    let mut direct_rates = Vec::new();
-    let mut proxied_rates = Vec::new();
-    for _ in 0..3 {
-        let started = Instant::now();
-        download(
-            TcpStream::connect(sink_addr).map_err(|e| e.to_string())?,
-            options.bytes,
-        )?;
-        direct_rates.push(options.bytes as f64 / started.elapsed().as_secs_f64());
-        let started = Instant::now();
-        download(tunnel(proxy, &literal, &grant)?, options.bytes)?;
-        proxied_rates.push(options.bytes as f64 / started.elapsed().as_secs_f64());
-    }
-    direct_rates.sort_by(f64::total_cmp);
-    proxied_rates.sort_by(f64::total_cmp);
-    let (direct_rate, proxied_rate) = (direct_rates[1], proxied_rates[1]);
+    // Throughput on one connection, and the CPU per GiB moved, on the namespace's link as it is
+    // (as fast as the machine can copy: the proxy's CPU is the limit), then on the link shaped
+    // to `--link-gbit` (a network interface's rate: the link is the limit).
+    let sink_pid = fixture.children[0].id();
+    let moving = Moving {
+        proxy,
+        sink_addr,
+        literal: &literal,
+        grant: &grant,
+        pids: [proxy_pid, sink_pid, std::process::id()],
+    };
+    let bytes = options.bytes;
+    let (rates, busy) = moving.throughput(bytes)?;
     println!(
         "throughput one connection ({} MiB, median of 3): direct {:.0} MiB/s, tunnelled {:.0} MiB/s, ratio {:.2}",
-        options.bytes >> 20,
-        direct_rate / 1048576.0,
-        proxied_rate / 1048576.0,
-        proxied_rate / direct_rate
+        bytes >> 20,
+        rates[0] / 1048576.0,
+        rates[1] / 1048576.0,
+        rates[1] / rates[0]
     );
+    // Jiffies are hundredths of a second on Linux.
+    let per_gib = |jiffies: u64| jiffies as f64 * 10.0 / (3.0 * bytes as f64 / 1073741824.0);
+    for (way, name) in ["direct", "tunnelled"].into_iter().enumerate() {
+        let [machine, proxy, upstream, client] = busy[way].map(per_gib);
+        println!(
+            "CPU per GiB moved, {name:<9} (ms): machine {machine:.0}, proxy {proxy:.0}, upstream {upstream:.0}, client {client:.0}"
+        );
+    }
+    println!(
+        "CPU per GiB moved, ratio tunnelled / direct: {:.2}",
+        busy[1][0] as f64 / busy[0][0].max(1) as f64
+    );
+    if options.link_gbit > 0 {
+        shape(&fixture, Some(options.link_gbit))?;
+        // About a second a download at the shaped rate.
+        let bytes = (options.link_gbit << 27).min(options.bytes);
+        let (rates, _) = moving.throughput(bytes)?;
+        println!(
+            "throughput one connection on a link shaped to {} Gbit/s ({} MiB, median of 3): direct {:.0} MiB/s, tunnelled {:.0} MiB/s, ratio {:.2}",
+            options.link_gbit,
+            bytes >> 20,
+            rates[0] / 1048576.0,
+            rates[1] / 1048576.0,
+            rates[1] / rates[0]
+        );
+        shape(&fixture, None)?;
+    }
 
     // Memory with many idle tunnels.
     let mut held = Vec::with_capacity(options.tunnels);
@@ -549,6 +583,88 @@ fn bench(options: &Options) -> Result<(), String> {
         let _ = std::fs::copy(dir.join("proxy.log"), keep);
     }
     Ok(())
+}
+
+/// What the throughput measure needs: where to connect, and whose CPU to count (the proxy, the
+/// upstream sink, this process as the client).
+struct Moving<'a> {
+    proxy: SocketAddr,
+    sink_addr: SocketAddr,
+    literal: &'a str,
+    grant: &'a str,
+    pids: [u32; 3],
+}
+
+impl Moving<'_> {
+    /// The machine's busy jiffies, then each counted process's own.
+    fn parts(&self) -> [u64; 4] {
+        let mut parts = [cpu_jiffies().0, 0, 0, 0];
+        for (part, pid) in parts[1..].iter_mut().zip(self.pids) {
+            *part = process_jiffies(pid);
+        }
+        parts
+    }
+
+    /// Three downloads of `bytes` each way, alternated: the median rate (bytes per second) of
+    /// direct and of tunnelled downloads, and the jiffies they used in all.
+    fn throughput(&self, bytes: u64) -> Result<([f64; 2], [[u64; 4]; 2]), String> {
+        let mut rates = [Vec::new(), Vec::new()];
+        let mut busy = [[0u64; 4]; 2];
+        for _ in 0..3 {
+            for (way, tunnelled) in [false, true].into_iter().enumerate() {
+                let (started, before) = (Instant::now(), self.parts());
+                let stream = if tunnelled {
+                    tunnel(self.proxy, self.literal, self.grant)?
+                } else {
+                    TcpStream::connect(self.sink_addr).map_err(|e| e.to_string())?
+                };
+                download(stream, bytes)?;
+                rates[way].push(bytes as f64 / started.elapsed().as_secs_f64());
+                for ((sum, after), before) in busy[way].iter_mut().zip(self.parts()).zip(before) {
+                    *sum += after.saturating_sub(before);
+                }
+            }
+        }
+        let medians = rates.map(|mut rates| {
+            rates.sort_by(f64::total_cmp);
+            rates[1]
+        });
+        Ok((medians, busy))
+    }
+}
+
+/// Shapes what the sink sends to `gbit` Gbit/s (a token bucket on its end of the veth pair), or
+/// removes the shaping (`None`).
+fn shape(fixture: &Fixture, gbit: Option<u64>) -> Result<(), String> {
+    let rate = gbit.map(|gbit| format!("{gbit}gbit"));
+    let mut tc = Command::new("ip");
+    tc.args(["netns", "exec", &fixture.netns, "tc", "qdisc"]);
+    match &rate {
+        Some(rate) => tc
+            .args(["add", "dev", &fixture.ns_if, "root", "tbf", "rate", rate])
+            .args(["burst", "4mb", "latency", "10ms"]),
+        None => tc.args(["del", "dev", &fixture.ns_if, "root"]),
+    };
+    let status = tc.status().map_err(|e| format!("tc: {e}"))?;
+    status.success().then_some(()).ok_or(format!(
+        "tc could not shape {} ({})",
+        fixture.ns_if,
+        rate.as_deref().unwrap_or("removing the shaping")
+    ))
+}
+
+/// User and system jiffies of one process, from /proc/PID/stat.
+fn process_jiffies(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    fields.iter().sum()
 }
 
 fn us(d: Duration) -> f64 {
