@@ -669,8 +669,13 @@ async fn browse(
             Err(Answer::NoAnswer { why }) => (None, Some(why)),
             Err(_) => (None, None),
         };
+        // An answered action ran on the session's worker at some instant between its sending
+        // and its answer; the session held the worker until then, so certainly until the
+        // sending. Not until the answer: the worker may answer and then be deleted (its lease
+        // lost while the opener was paused) before the answer reaches this client, and a read
+        // of the pool in that gap rightly shows the worker gone.
         if seen.is_some() {
-            alive_until = answered_ns;
+            alive_until = sent_ns;
         }
         let ended = refused.is_some() && seen.is_none();
         session.acts.push(Act {
@@ -693,9 +698,9 @@ async fn browse(
         Ok((200, body)) if body["closed"] == true => {
             session.confirmed = body["confirmed"].as_bool();
             // A worker that confirmed the close held the session until the close reached it;
-            // otherwise the last answered action is the last sign the session held its worker
-            // (its lease may have been lost meanwhile, and the worker discarded, as the close
-            // then says).
+            // otherwise the sending of the last answered action is the last sure sign the
+            // session held its worker (its lease may have been lost meanwhile, and the worker
+            // discarded, as the close then says).
             let held_until = if session.confirmed == Some(true) {
                 close_sent_ns
             } else {
@@ -713,7 +718,8 @@ async fn browse(
         Err(none) => none,
     };
     if !matches!(op.answer, Answer::Succeeded { .. }) {
-        // Held, as far as the client saw, from the open's answer to the last action's.
+        // Held, as far as the client can be sure, from the open's answer to the sending of the
+        // last answered action.
         op.ran = Some(Ran {
             worker,
             start_ns: opened_ns,
