@@ -21,6 +21,22 @@ pub fn cpu_jiffies() -> (u64, u64) {
     (total - idle, total)
 }
 
+/// A process's own CPU ticks so far (user and system, all its threads; hundredths of a second on
+/// Linux), from `/proc/<pid>/stat`; 0 once it is gone.
+#[must_use]
+pub fn process_jiffies(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis (which may hold spaces): utime and
+    // stime are the 12th and 13th.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum()
+}
+
 /// The bwrap baseline's command up to the interpreter: every namespace unshared, the read-only
 /// host root, a fresh /dev, /proc and /tmp (what a sandbox that does no more than unshare costs).
 #[must_use]

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use corral_benches::load::cpu_jiffies;
+use corral_benches::load::{cpu_jiffies, process_jiffies};
 use corral_core::egress::{
     EgressSettings, ExecutionId, GrantRequest, GrantSigner, TokenTtl, resolve,
 };
@@ -651,20 +651,6 @@ fn shape(fixture: &Fixture, gbit: Option<u64>) -> Result<(), String> {
         fixture.ns_if,
         rate.as_deref().unwrap_or("removing the shaping")
     ))
-}
-
-/// User and system jiffies of one process, from /proc/PID/stat.
-fn process_jiffies(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
-    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<u64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    fields.iter().sum()
 }
 
 fn us(d: Duration) -> f64 {

@@ -84,22 +84,10 @@ fn worker_pid(worker: &str) -> Option<u32> {
         })
 }
 
-/// A process's CPU time so far (user and system, all its threads), from `/proc/<pid>/stat`.
+/// A process's CPU time so far (user and system, all its threads).
 fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis: state is the 3rd, utime the 14th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
     // USER_HZ is 100 on Linux.
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    Duration::from_millis(corral_benches::load::process_jiffies(pid) * 10)
 }
 
 fn epoch_ms() -> u64 {

@@ -178,12 +178,9 @@ fn new_pipe() -> io::Result<Pipe> {
 }
 
 impl Pipe {
-    /// Grows the pipe to [`PIPE_BYTES`]; returns its capacity after (unchanged when refused).
-    fn grow(&self) -> usize {
-        match fcntl_setpipe_size(&self.write, PIPE_BYTES) {
-            Ok(capacity) => capacity,
-            Err(_) => rustix::pipe::fcntl_getpipe_size(&self.write).unwrap_or(0),
-        }
+    /// Grows the pipe to [`PIPE_BYTES`], returning its capacity; a refusal leaves it as it was.
+    fn grow(&self) -> io::Result<usize> {
+        Ok(fcntl_setpipe_size(&self.write, PIPE_BYTES)?)
     }
 }
 
@@ -228,7 +225,7 @@ async fn pump(
     loop {
         if !grown && moved.load(Ordering::Relaxed) >= PIPE_GROW_AFTER_BYTES {
             grown = true;
-            pipe.grow();
+            let _ = pipe.grow();
         }
         let filled = loop {
             src.readable().await?;
@@ -499,7 +496,7 @@ mod tests {
         let pipe = new_pipe().unwrap();
         let start = rustix::pipe::fcntl_getpipe_size(&pipe.write).unwrap();
         assert!(start < PIPE_BYTES, "a new pipe holds {start} bytes");
-        assert_eq!(pipe.grow(), PIPE_BYTES);
+        assert_eq!(pipe.grow().unwrap(), PIPE_BYTES);
         assert_eq!(
             rustix::pipe::fcntl_getpipe_size(&pipe.write).unwrap(),
             PIPE_BYTES
