@@ -37,6 +37,46 @@ pub fn code_fits(code_bytes: usize, bounds: &ExecutionBounds) -> bool {
     u64::try_from(code_bytes).is_ok_and(|bytes| bytes <= bounds.workspace_max_bytes)
 }
 
+/// The variables through which a run's numerical libraries learn how many threads to start:
+/// OpenBLAS's (numpy and scipy each load one), and OpenMP's and MKL's, which packages a run
+/// installs may load. Each is set to [`library_threads`] (decision 0063).
+pub const LIBRARY_THREAD_VARIABLES: [&str; 3] =
+    ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"];
+
+/// OpenBLAS's idle wait: its threads look for more work for 2^N cycles before they sleep, and 4
+/// is the least it accepts. Its default (2^28, about a tenth of a second) spent that tenth of a
+/// core per thread after every import of numpy, so in each prepared jail, whether or not a run
+/// ever called into it (decision 0063).
+pub const OPENBLAS_IDLE_WAIT: (&str, &str) = ("OPENBLAS_THREAD_TIMEOUT", "4");
+
+/// How many threads a run's numerical libraries start: one per CPU the worker may use (`cpus`,
+/// its affinity within its cgroup's CPU quota), but at most a quarter of the run's process bound
+/// (`SANDBOX_MAX_PROCESSES`, which counts threads), and at least one. Left to themselves they
+/// start one per CPU of the machine, whatever the worker's share of it: on a node of 64 CPUs,
+/// `import numpy` alone would meet the default bound of 64 and fail.
+#[must_use]
+pub fn library_threads(cpus: usize, max_processes: u32) -> u32 {
+    u32::try_from(cpus)
+        .unwrap_or(u32::MAX)
+        .min(max_processes / 4)
+        .max(1)
+}
+
+/// The environment that holds a run's numerical libraries to [`library_threads`] and lets
+/// OpenBLAS's idle threads sleep ([`OPENBLAS_IDLE_WAIT`]).
+#[must_use]
+pub fn library_environment(cpus: usize, max_processes: u32) -> Vec<(String, String)> {
+    let threads = library_threads(cpus, max_processes).to_string();
+    LIBRARY_THREAD_VARIABLES
+        .iter()
+        .map(|name| ((*name).to_owned(), threads.clone()))
+        .chain([(
+            OPENBLAS_IDLE_WAIT.0.to_owned(),
+            OPENBLAS_IDLE_WAIT.1.to_owned(),
+        )])
+        .collect()
+}
+
 /// A bound a run can hit (BOUND-1), each reported as its own error naming its setting. The
 /// declaration order is the order of precedence: when a run hits several, the first is the one
 /// the result names, because a resource exhausted explains a timeout better than the reverse.
@@ -377,6 +417,32 @@ impl From<&CappedOutput> for OutputStream {
             bytes_total: output.bytes_total(),
             bytes_dropped: output.bytes_dropped(),
         }
+    }
+}
+
+#[cfg(test)]
+mod library_tests {
+    use super::*;
+
+    #[test]
+    fn a_runs_numerical_libraries_start_a_thread_per_cpu_within_a_quarter_of_its_process_bound() {
+        // One per CPU the worker may use.
+        assert_eq!(library_threads(2, 64), 2);
+        // Never more than a quarter of the process bound: a node of 64 CPUs under the default.
+        assert_eq!(library_threads(64, 64), 16);
+        assert_eq!(library_threads(usize::MAX, 1_000_000), 250_000);
+        // At least one, however small the bound.
+        assert_eq!(library_threads(8, 3), 1);
+        assert_eq!(library_threads(0, 64), 1);
+        let environment = library_environment(64, 64);
+        for name in LIBRARY_THREAD_VARIABLES {
+            assert!(
+                environment.contains(&(name.to_owned(), "16".to_owned())),
+                "{environment:?}"
+            );
+        }
+        assert!(environment.contains(&("OPENBLAS_THREAD_TIMEOUT".to_owned(), "4".to_owned())));
+        assert_eq!(environment.len(), LIBRARY_THREAD_VARIABLES.len() + 1);
     }
 }
 

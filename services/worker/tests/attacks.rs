@@ -7,7 +7,7 @@ mod common;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{Jail, TempDir, root_or_skip, serial};
+use common::{Jail, TempDir, blas_cpus_or_skip, root_or_skip, serial};
 
 const PROCESSES: &str = "SANDBOX_MAX_PROCESSES";
 const MEMORY: &str = "SANDBOX_MAX_MEMORY_BYTES";
@@ -36,6 +36,37 @@ fn fork_bomb_is_stopped_at_the_process_bound() {
         ran.elapsed
     );
     ran.assert_clean_reset();
+}
+
+/// numpy's BLAS starts a thread per CPU it is told of, and each counts against the process
+/// bound: left to itself on a node of 64 CPUs, `import numpy` alone would meet the default bound
+/// (decision 0063). Here a bound of 3 stands for it on a machine of two CPUs or more.
+#[test]
+fn numpy_imports_within_a_process_bound_smaller_than_the_cpus() {
+    const TEST: &str = "numpy_imports_within_a_process_bound_smaller_than_the_cpus";
+    if !root_or_skip(TEST) {
+        return;
+    }
+    let Some(cpus) = blas_cpus_or_skip(TEST) else {
+        return;
+    };
+    let _serial = serial();
+    let code = "import os, numpy\nprint(len(os.listdir('/proc/self/task')), numpy.ones((64, 64)).dot(numpy.ones((64, 64)))[0][0])\n";
+    let small = Jail::python(code).env(PROCESSES, "3").run();
+    small.assert_ran();
+    assert_eq!(small.json["exit_code"], 0, "{}", small.json);
+    assert_eq!(small.stdout(), "1 64.0\n", "{}", small.json);
+    small.assert_clean_reset();
+    // Under the default bound, a thread per CPU (within a quarter of the bound).
+    let default = Jail::python(code).run();
+    default.assert_ran();
+    assert_eq!(
+        default.stdout(),
+        format!("{} 64.0\n", cpus.min(64 / 4)),
+        "{}",
+        default.json
+    );
+    default.assert_clean_reset();
 }
 
 #[test]

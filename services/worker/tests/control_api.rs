@@ -14,7 +14,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use common::api::{
     RESPONSE_TIMEOUT, Server, TOKEN, read_response, wait_prepared, wait_prepared_languages,
 };
-use common::{TempDir, root_or_skip, serial};
+use common::{TempDir, blas_cpus_or_skip, root_or_skip, serial};
 use serde_json::{Value, json};
 
 fn assert_clean(json: &Value) {
@@ -941,21 +941,7 @@ fn every_thread_a_prepared_jail_started_runs_the_code_at_the_normal_priority() {
     if !root_or_skip(TEST) {
         return;
     }
-    // numpy's BLAS starts its pool of threads at import only where there are two CPUs or more.
-    if std::thread::available_parallelism().map_or(1, usize::from) < 2 {
-        corral_testkit::skip(
-            TEST,
-            corral_testkit::Need::Tools,
-            "one CPU: numpy starts no threads",
-        );
-        return;
-    }
-    if !std::path::Path::new("/opt/corral/python/bin/python3").exists() {
-        corral_testkit::skip(
-            TEST,
-            corral_testkit::Need::Tools,
-            "no baked Python stack: run scripts/build-python-stack",
-        );
+    if blas_cpus_or_skip(TEST).is_none() {
         return;
     }
     let _serial = serial();

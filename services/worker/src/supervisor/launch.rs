@@ -85,7 +85,7 @@ impl Worker {
                     Some(&results_path()),
                 )
             },
-            env: environment(),
+            env: environment(self.cpus, bounds.max_processes),
             limits: Limits {
                 processes: u64::from(bounds.max_processes)
                     + if pids_cgroup { NPROC_SLACK } else { 0 },

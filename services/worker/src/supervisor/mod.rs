@@ -248,6 +248,9 @@ pub struct Worker {
     egress_proxy: Result<ProxyAddress, String>,
     /// The baked Python stack (PKG-1) the jails run Python from, or why there is none.
     python_stack: Result<PathBuf, String>,
+    /// The CPUs this worker may use (its affinity within its cgroup's quota), read at start: what
+    /// a run's numerical libraries start threads for (decision 0063).
+    cpus: usize,
     /// Whether each of the last Python runs imported a pre-imported module, newest in the lowest
     /// bit; none at start. A prepared Python jail pre-imports only while one of the last
     /// [`PREIMPORT_MEMORY`] did (decision 0015): importing the stack costs a core-second per
@@ -322,6 +325,7 @@ impl Worker {
             base,
             missing,
             python_stack,
+            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             preimport_history: 0,
             ran_any: false,
             runtimes: BTreeMap::new(),
