@@ -8,7 +8,9 @@
 //! controller, the worker supervisors, the jails and the code they reaped, Valkey, the egress
 //! proxy), counted from the burst's start until every worker is warm again and the machine quiet
 //! (a run's reset and the next jail's preparation come after its answer; the burst's window alone
-//! is shown beside it), and the pool's workers before and after.
+//! is shown beside it), and the pool's workers before and after. The bwrap baseline's CPU is the
+//! machine's until it is quiet again, so that the floor a fresh interpreter in fresh namespaces
+//! sets is measured the way the API's runs are.
 //!
 //! `--serial K` (default 20; 0: none) also runs K `print` runs and K pandas runs one at a time,
 //! each beside its bare interpreter, before the burst and again after it once the machine is
@@ -417,7 +419,7 @@ struct Cpu {
     parts: BTreeMap<&'static str, u64>,
 }
 
-fn stack_cpu(root: u32) -> Cpu {
+fn stack_cpu(root: Option<u32>) -> Cpu {
     let mut all = BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
@@ -430,7 +432,7 @@ fn stack_cpu(root: u32) -> Cpu {
     }
     let under_root = |mut pid: u32| {
         for _ in 0..16 {
-            if pid == root {
+            if Some(pid) == root {
                 return true;
             }
             match all.get(&pid) {
@@ -446,7 +448,7 @@ fn stack_cpu(root: u32) -> Cpu {
             continue;
         }
         let mut add = |part, ticks| *parts.entry(part).or_default() += ticks;
-        if *pid == root {
+        if Some(*pid) == root {
             add("API and controller", *own);
         } else if cmdline.contains("worker serve") {
             add("worker supervisors", *own);
@@ -475,11 +477,27 @@ impl Cpu {
             named += spent;
             parts.push(format!("{part} {:.1}", ms(spent)));
         }
-        let machine = until.machine.saturating_sub(self.machine);
-        let harness = until.harness.saturating_sub(self.harness);
-        let rest = machine.saturating_sub(harness).saturating_sub(named);
+        let rest = self.rest(until, named);
         parts.push(format!("jails, code and the rest {:.1}", ms(rest)));
         (ms(named + rest), parts.join(", "))
+    }
+
+    /// The machine's busy ticks from `self` to `until`, less this harness's and `named`.
+    fn rest(&self, until: &Cpu, named: u64) -> u64 {
+        let machine = until.machine.saturating_sub(self.machine);
+        let harness = until.harness.saturating_sub(self.harness);
+        machine.saturating_sub(harness).saturating_sub(named)
+    }
+
+    /// Milliseconds per run of what the machine spent from `self` to `until` beyond this harness
+    /// and the stack's long-lived processes: a baseline's spawns, while the stack stands idle.
+    fn rest_per_run(&self, until: &Cpu, ticks: f64, runs: f64) -> f64 {
+        let named: u64 = until
+            .parts
+            .iter()
+            .map(|(part, spent)| spent.saturating_sub(self.parts.get(part).copied().unwrap_or(0)))
+            .sum();
+        self.rest(until, named) as f64 / ticks / runs * 1e3
     }
 }
 
@@ -637,9 +655,9 @@ async fn main() {
         .await;
     }
     println!("pool before: {}", pool(&client).await);
-    let cpu_before = stack_pid.map(stack_cpu);
+    let cpu_before = stack_pid.map(|root| stack_cpu(Some(root)));
     let (samples, elapsed) = api_burst(&client, requests, mixed, &tag, deadline).await;
-    let cpu_after = stack_pid.map(stack_cpu);
+    let cpu_after = stack_pid.map(|root| stack_cpu(Some(root)));
     println!("pool after:  {}", pool(&client).await);
     // A run is paid for only once its worker is warm again: its reset and the next jail's
     // preparation come after its answer, outside the burst's window.
@@ -651,7 +669,7 @@ async fn main() {
                 waited.as_secs_f64(),
                 pool(&client).await
             );
-            Some(stack_cpu(root))
+            Some(stack_cpu(Some(root)))
         }
         None => None,
     };
@@ -692,12 +710,18 @@ async fn main() {
     let bare_cpu = (own_children_cpu() - reaped) as f64 / ticks / requests as f64 * 1e3;
     let bare_p50 = report("bare interpreter", &bare, Some(bare_elapsed));
     println!("  CPU ms per run: {bare_cpu:.1}");
+    // bwrap's init inside the namespace does not wait for what it started, so the kernel's count
+    // of reaped children misses the interpreter: its CPU is the machine's, from the burst's start
+    // until the machine is quiet again (a namespace's teardown comes after its last process), less
+    // this harness's own and the idle stack's long-lived processes'.
+    let unshared_before = stack_cpu(stack_pid);
     let started = Instant::now();
     let unshared = bare_burst(requests, mixed, &paths, true).await;
     let unshared_elapsed = started.elapsed();
-    // (Its CPU is not shown: bwrap's init inside the namespace does not wait for what it
-    // started, so the kernel's count of reaped children misses the interpreter.)
     report("bwrap --unshare-all", &unshared, Some(unshared_elapsed));
+    wait_quiet(deadline).await;
+    let unshared_cpu = unshared_before.rest_per_run(&stack_cpu(stack_pid), ticks, requests as f64);
+    println!("  CPU ms per run, until the machine was quiet again: {unshared_cpu:.1}");
     for (kind, p50) in &api {
         if let Some(bare) = bare_p50.get(kind) {
             println!(
@@ -717,6 +741,15 @@ async fn main() {
                 );
             }
         }
+    }
+    if bare_cpu > 0.0 {
+        println!(
+            "ratio CPU per run bwrap/bare: {:.2}",
+            unshared_cpu / bare_cpu
+        );
+    }
+    if api_cpu > 0.0 && unshared_cpu > 0.0 {
+        println!("ratio CPU per run API/bwrap: {:.2}", api_cpu / unshared_cpu);
     }
     if api_cpu > 0.0 && bare_cpu > 0.0 {
         println!("ratio CPU per run API/bare: {:.2}", api_cpu / bare_cpu);
