@@ -39,7 +39,7 @@ pub fn code_fits(code_bytes: usize, bounds: &ExecutionBounds) -> bool {
 
 /// The variables through which a run's numerical libraries learn how many threads to start:
 /// OpenBLAS's (numpy and scipy each load one), and OpenMP's and MKL's, which packages a run
-/// installs may load. Each is set to [`library_threads`] (decision 0063).
+/// installs may load. Each is set to [`run_cpus`] (decision 0063).
 pub const LIBRARY_THREAD_VARIABLES: [&str; 3] =
     ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"];
 
@@ -49,24 +49,37 @@ pub const LIBRARY_THREAD_VARIABLES: [&str; 3] =
 /// ever called into it (decision 0063).
 pub const OPENBLAS_IDLE_WAIT: (&str, &str) = ("OPENBLAS_THREAD_TIMEOUT", "4");
 
-/// How many threads a run's numerical libraries start: one per CPU the worker may use (`cpus`,
-/// its affinity within its cgroup's CPU quota), but at most a quarter of the run's process bound
-/// (`SANDBOX_MAX_PROCESSES`, which counts threads), and at least one. Left to themselves they
-/// start one per CPU of the machine, whatever the worker's share of it: on a node of 64 CPUs,
-/// `import numpy` alone would meet the default bound of 64 and fail.
+/// How many CPUs a run is told it has: one per CPU the worker may use (`cpus`, its affinity within
+/// its cgroup's CPU quota), but at most a quarter of the run's process bound
+/// (`SANDBOX_MAX_PROCESSES`, which counts threads), and at least one. Its numerical libraries start
+/// this many threads (decision 0063), and glibc's count of online CPUs (`os.cpu_count()`) says this
+/// many (decision 0064). Left to themselves both count the CPUs of the machine, whatever the
+/// worker's share of it: on a node of 64 CPUs, `import numpy` alone would meet the default bound
+/// of 64 and fail, and so would `multiprocessing.Pool()`.
 #[must_use]
-pub fn library_threads(cpus: usize, max_processes: u32) -> u32 {
+pub fn run_cpus(cpus: usize, max_processes: u32) -> u32 {
     u32::try_from(cpus)
         .unwrap_or(u32::MAX)
         .min(max_processes / 4)
         .max(1)
 }
 
-/// The environment that holds a run's numerical libraries to [`library_threads`] and lets
+/// The text of a jail's `/sys/devices/system/cpu/online` for a run told of `cpus` CPUs (at least
+/// one): the kernel's list format, `0` or `0-N`. glibc reads this file first when a program asks
+/// how many CPUs are online (decision 0064).
+#[must_use]
+pub fn online_cpus_text(cpus: u32) -> String {
+    match cpus {
+        0 | 1 => "0\n".to_owned(),
+        n => format!("0-{}\n", n - 1),
+    }
+}
+
+/// The environment that holds a run's numerical libraries to [`run_cpus`] and lets
 /// OpenBLAS's idle threads sleep ([`OPENBLAS_IDLE_WAIT`]).
 #[must_use]
 pub fn library_environment(cpus: usize, max_processes: u32) -> Vec<(String, String)> {
-    let threads = library_threads(cpus, max_processes).to_string();
+    let threads = run_cpus(cpus, max_processes).to_string();
     LIBRARY_THREAD_VARIABLES
         .iter()
         .map(|name| ((*name).to_owned(), threads.clone()))
@@ -425,15 +438,19 @@ mod library_tests {
     use super::*;
 
     #[test]
-    fn a_runs_numerical_libraries_start_a_thread_per_cpu_within_a_quarter_of_its_process_bound() {
+    fn a_run_is_told_of_a_cpu_per_cpu_of_its_worker_within_a_quarter_of_its_process_bound() {
         // One per CPU the worker may use.
-        assert_eq!(library_threads(2, 64), 2);
+        assert_eq!(run_cpus(2, 64), 2);
         // Never more than a quarter of the process bound: a node of 64 CPUs under the default.
-        assert_eq!(library_threads(64, 64), 16);
-        assert_eq!(library_threads(usize::MAX, 1_000_000), 250_000);
+        assert_eq!(run_cpus(64, 64), 16);
+        assert_eq!(run_cpus(usize::MAX, 1_000_000), 250_000);
         // At least one, however small the bound.
-        assert_eq!(library_threads(8, 3), 1);
-        assert_eq!(library_threads(0, 64), 1);
+        assert_eq!(run_cpus(8, 3), 1);
+        assert_eq!(run_cpus(0, 64), 1);
+        // The kernel's list format for /sys/devices/system/cpu/online.
+        assert_eq!(online_cpus_text(1), "0\n");
+        assert_eq!(online_cpus_text(2), "0-1\n");
+        assert_eq!(online_cpus_text(16), "0-15\n");
         let environment = library_environment(64, 64);
         for name in LIBRARY_THREAD_VARIABLES {
             assert!(

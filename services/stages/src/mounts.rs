@@ -78,6 +78,8 @@ pub struct Layout<'a> {
     /// Whether to mount the run directory's `resources` read-only at
     /// `corral_core::projection::MOUNT_DIR` (PROJ-6): outside the workspace, never executable.
     pub resources: bool,
+    /// The CPUs the code is told it has, listed in the jail's `/sys/devices/system/cpu/online`.
+    pub cpus: u32,
 }
 
 /// Builds the jail's root and makes it the calling process's root. The caller must be alone in a
@@ -119,6 +121,7 @@ pub fn build_and_enter(layout: &Layout<'_>) -> Result<(), String> {
         bind_dir(&mut table, baked, &inside, read_only)?;
     }
     etc(&mut table, &root, layout)?;
+    online_cpus(&root, layout.cpus)?;
     dev(&mut table, &root, layout.run_dir)?;
     run_binds(&mut table, &root, layout)?;
     table.covers(&root)?;
@@ -297,6 +300,24 @@ fn etc(table: &mut Table, root: &Path, layout: &Layout<'_>) -> Result<(), String
     step(
         fs::write(policies.join("corral.json"), CHROMIUM_POLICY),
         || "write the Chromium policy".to_owned(),
+    )
+}
+
+/// The jail's only file under /sys: the CPUs online, as many as the run is told it has. glibc
+/// reads it first when a program asks how many CPUs are online (`os.cpu_count()`,
+/// `multiprocessing`), so that code sizing a pool by it sizes it to the worker's share within the
+/// process bound, not to the machine (decision 0064). Part of the root tmpfs, read-only with it.
+fn online_cpus(root: &Path, cpus: u32) -> Result<(), String> {
+    let dir = root.join("sys/devices/system/cpu");
+    step(fs::create_dir_all(&dir), || {
+        "create /sys/devices/system/cpu".to_owned()
+    })?;
+    step(
+        fs::write(
+            dir.join("online"),
+            corral_core::bounds::online_cpus_text(cpus),
+        ),
+        || "write /sys/devices/system/cpu/online".to_owned(),
     )
 }
 

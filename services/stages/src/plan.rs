@@ -36,6 +36,9 @@ pub struct JailPlan {
     pub argv: Vec<String>,
     /// The code's whole environment.
     pub env: Vec<(String, String)>,
+    /// The CPUs the code is told it has (`corral_core::bounds::run_cpus`): the jail's
+    /// `/sys/devices/system/cpu/online` lists this many (decision 0064).
+    pub cpus: u32,
     /// Resource limits for every process of the run.
     pub limits: Limits,
 }

@@ -173,6 +173,7 @@ pub fn stage2(plan_text: &str) -> ExitCode {
         python_stack: python_stack.as_deref(),
         pi_runtime: pi_runtime.as_deref(),
         resources: plan.resources,
+        cpus: plan.cpus,
     };
     if let Err(error) = mounts::build_and_enter(&layout) {
         return fail("filesystem", error);

@@ -7,7 +7,7 @@ mod common;
 use std::net::TcpListener;
 use std::time::Duration;
 
-use common::{Jail, TempDir, blas_cpus_or_skip, root_or_skip, serial};
+use common::{Jail, TempDir, blas_cpus_or_skip, root_or_skip, serial, two_cpus_or_skip};
 
 const PROCESSES: &str = "SANDBOX_MAX_PROCESSES";
 const MEMORY: &str = "SANDBOX_MAX_MEMORY_BYTES";
@@ -63,6 +63,44 @@ fn numpy_imports_within_a_process_bound_smaller_than_the_cpus() {
     assert_eq!(
         default.stdout(),
         format!("{} 64.0\n", cpus.min(64 / 4)),
+        "{}",
+        default.json
+    );
+    default.assert_clean_reset();
+}
+
+/// The code is told of the CPUs its run may use (decision 0064): glibc's count of online CPUs,
+/// which `os.cpu_count()` and `multiprocessing` read, is the worker's within a quarter of the
+/// process bound, so that a pool of processes sized by it fits the bound. A bound of 4 stands for
+/// a node of more CPUs than the bound allows, on a machine of two or more; the CPUs the jail may
+/// be scheduled on are still the machine's.
+#[test]
+fn the_code_is_told_of_the_cpus_its_run_may_use() {
+    const TEST: &str = "the_code_is_told_of_the_cpus_its_run_may_use";
+    if !root_or_skip(TEST) {
+        return;
+    }
+    let Some(cpus) = two_cpus_or_skip(TEST) else {
+        return;
+    };
+    let _serial = serial();
+    let code = "import os, multiprocessing\nwith multiprocessing.Pool() as pool:\n    squares = pool.map(abs, range(-3, 0))\nprint(os.cpu_count(), multiprocessing.cpu_count(), len(os.sched_getaffinity(0)), squares)\n";
+    let small = Jail::python(code).env(PROCESSES, "7").run();
+    small.assert_ran();
+    assert_eq!(small.json["exit_code"], 0, "{}", small.json);
+    assert_eq!(
+        small.stdout(),
+        format!("1 1 {cpus} [3, 2, 1]\n"),
+        "{}",
+        small.json
+    );
+    small.assert_clean_reset();
+    let default = Jail::python(code).run();
+    default.assert_ran();
+    let told = cpus.min(64 / 4);
+    assert_eq!(
+        default.stdout(),
+        format!("{told} {told} {cpus} [3, 2, 1]\n"),
         "{}",
         default.json
     );

@@ -86,6 +86,7 @@ impl Worker {
                 )
             },
             env: environment(self.cpus, bounds.max_processes),
+            cpus: corral_core::bounds::run_cpus(self.cpus, bounds.max_processes),
             limits: Limits {
                 processes: u64::from(bounds.max_processes)
                     + if pids_cgroup { NPROC_SLACK } else { 0 },

@@ -39,21 +39,35 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
-/// The CPUs numpy's BLAS starts threads for, where a test of those threads can run: two or more
-/// (with one it starts none) and the baked stack (`scripts/build-python-stack`). Otherwise the
-/// test skips through `corral_testkit::skip` (which fails it under `CORRAL_REQUIRE_TOOLS`) and
-/// must return.
-pub fn blas_cpus_or_skip(test: &str) -> Option<usize> {
+/// The CPUs this machine has, where it has two or more: with one, a run told of one CPU cannot be
+/// told apart from a run told of the machine's. Otherwise the test skips through
+/// `corral_testkit::skip` (which fails it under `CORRAL_REQUIRE_TOOLS`) and must return.
+pub fn two_cpus_or_skip(test: &str) -> Option<usize> {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let why = if cpus < 2 {
-        "one CPU: numpy starts no threads"
-    } else if !Path::new("/opt/corral/python/bin/python3").exists() {
-        "no baked Python stack: run scripts/build-python-stack"
-    } else {
-        return Some(cpus);
-    };
-    corral_testkit::skip(test, corral_testkit::Need::Tools, why);
-    None
+    if cpus < 2 {
+        corral_testkit::skip(
+            test,
+            corral_testkit::Need::Tools,
+            "one CPU: nothing to tell apart",
+        );
+        return None;
+    }
+    Some(cpus)
+}
+
+/// The CPUs numpy's BLAS starts threads for, where a test of those threads can run: two or more
+/// ([`two_cpus_or_skip`]) and the baked stack (`scripts/build-python-stack`).
+pub fn blas_cpus_or_skip(test: &str) -> Option<usize> {
+    let cpus = two_cpus_or_skip(test)?;
+    if !Path::new("/opt/corral/python/bin/python3").exists() {
+        corral_testkit::skip(
+            test,
+            corral_testkit::Need::Tools,
+            "no baked Python stack: run scripts/build-python-stack",
+        );
+        return None;
+    }
+    Some(cpus)
 }
 
 /// A fresh directory for one test, removed on drop.
