@@ -64,22 +64,40 @@ pub fn run_cpus(cpus: usize, max_processes: u32) -> u32 {
         .max(1)
 }
 
-/// The text of a jail's `/sys/devices/system/cpu/online` for a run told of `cpus` CPUs (at least
-/// one): the kernel's list format, `0` or `0-N`. glibc reads this file first when a program asks
-/// how many CPUs are online (decision 0064).
+/// The text of a jail's `/sys/devices/system/cpu/online` for a run told of `count` CPUs: the first
+/// `count` of `allowed` (the CPUs the worker may be scheduled on, in order; `0..count` when it
+/// cannot say, or says fewer), in the kernel's list format (`0-1`, `2,5-7`). glibc reads this file
+/// first when a program asks how many CPUs are online (decision 0064), so the list names CPUs the
+/// code can run on, and as many as it is told of.
 #[must_use]
-pub fn online_cpus_text(cpus: u32) -> String {
-    match cpus {
-        0 | 1 => "0\n".to_owned(),
-        n => format!("0-{}\n", n - 1),
+pub fn online_cpus_text(count: u32, allowed: &[usize]) -> String {
+    let count = usize::try_from(count.max(1)).unwrap_or(usize::MAX);
+    let mut cpus: Vec<usize> = allowed.iter().copied().take(count).collect();
+    if cpus.len() < count {
+        cpus = (0..count).collect();
     }
+    let mut ranges: Vec<String> = Vec::new();
+    let mut start = 0;
+    while start < cpus.len() {
+        let mut end = start;
+        while end + 1 < cpus.len() && cpus[end + 1] == cpus[end] + 1 {
+            end += 1;
+        }
+        ranges.push(if end == start {
+            cpus[start].to_string()
+        } else {
+            format!("{}-{}", cpus[start], cpus[end])
+        });
+        start = end + 1;
+    }
+    format!("{}\n", ranges.join(","))
 }
 
-/// The environment that holds a run's numerical libraries to [`run_cpus`] and lets
+/// The environment that holds a run's numerical libraries to `threads` (its [`run_cpus`]) and lets
 /// OpenBLAS's idle threads sleep ([`OPENBLAS_IDLE_WAIT`]).
 #[must_use]
-pub fn library_environment(cpus: usize, max_processes: u32) -> Vec<(String, String)> {
-    let threads = run_cpus(cpus, max_processes).to_string();
+pub fn library_environment(threads: u32) -> Vec<(String, String)> {
+    let threads = threads.to_string();
     LIBRARY_THREAD_VARIABLES
         .iter()
         .map(|name| ((*name).to_owned(), threads.clone()))
@@ -447,11 +465,16 @@ mod library_tests {
         // At least one, however small the bound.
         assert_eq!(run_cpus(8, 3), 1);
         assert_eq!(run_cpus(0, 64), 1);
-        // The kernel's list format for /sys/devices/system/cpu/online.
-        assert_eq!(online_cpus_text(1), "0\n");
-        assert_eq!(online_cpus_text(2), "0-1\n");
-        assert_eq!(online_cpus_text(16), "0-15\n");
-        let environment = library_environment(64, 64);
+        // The first CPUs the worker may run on, in the kernel's list format.
+        assert_eq!(online_cpus_text(1, &[0, 1]), "0\n");
+        assert_eq!(online_cpus_text(2, &[0, 1, 2, 3]), "0-1\n");
+        assert_eq!(online_cpus_text(2, &[10, 11]), "10-11\n");
+        assert_eq!(online_cpus_text(4, &[2, 5, 6, 7, 9]), "2,5-7\n");
+        // The worker could not say, or said fewer: the first CPUs, as many as told.
+        assert_eq!(online_cpus_text(3, &[]), "0-2\n");
+        assert_eq!(online_cpus_text(3, &[4]), "0-2\n");
+        assert_eq!(online_cpus_text(0, &[7]), "7\n");
+        let environment = library_environment(run_cpus(64, 64));
         for name in LIBRARY_THREAD_VARIABLES {
             assert!(
                 environment.contains(&(name.to_owned(), "16".to_owned())),

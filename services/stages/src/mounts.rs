@@ -1,15 +1,16 @@
 //! The jail's filesystem, built by pid 1 of the jail in its own mount namespace: a small tmpfs
 //! root that becomes read-only, the system directories and the font cache bound read-only, a synthesized /etc, a
-//! minimal /dev, a fresh /proc for the jail's pid namespace, and the run's workspace, /tmp and
-//! /dev/shm as the only writable places.
+//! minimal /dev, a fresh /proc for the jail's pid namespace, the CPUs online the run is told of
+//! under /sys, and the run's workspace, /tmp and /dev/shm as the only writable places.
 
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sched::{CpuSet, sched_getaffinity};
 use nix::sys::statvfs::{FsFlags, statvfs};
-use nix::unistd::{chdir, pivot_root};
+use nix::unistd::{Pid, chdir, pivot_root};
 
 /// System directories bound read-only (or recreated as the same symlink, on merged-/usr systems).
 const SYSTEM_ENTRIES: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
@@ -303,22 +304,37 @@ fn etc(table: &mut Table, root: &Path, layout: &Layout<'_>) -> Result<(), String
     )
 }
 
-/// The jail's only file under /sys: the CPUs online, as many as the run is told it has. glibc
-/// reads it first when a program asks how many CPUs are online (`os.cpu_count()`,
+/// The jail's only files under /sys: the CPUs online, as many as the run is told it has and the
+/// first of those this process may run on, and the host's possible CPUs as they are. glibc reads
+/// `online` first when a program asks how many CPUs are online (`os.cpu_count()`,
 /// `multiprocessing`), so that code sizing a pool by it sizes it to the worker's share within the
-/// process bound, not to the machine (decision 0064). Part of the root tmpfs, read-only with it.
+/// process bound, not to the machine (decision 0064); `possible` keeps the count of configured
+/// CPUs the host's. Part of the root tmpfs, read-only with it.
 fn online_cpus(root: &Path, cpus: u32) -> Result<(), String> {
     let dir = root.join("sys/devices/system/cpu");
     step(fs::create_dir_all(&dir), || {
         "create /sys/devices/system/cpu".to_owned()
     })?;
+    let allowed: Vec<usize> = sched_getaffinity(Pid::from_raw(0))
+        .map(|set| {
+            (0..CpuSet::count())
+                .filter(|cpu| set.is_set(*cpu).unwrap_or(false))
+                .collect()
+        })
+        .unwrap_or_default();
     step(
         fs::write(
             dir.join("online"),
-            corral_core::bounds::online_cpus_text(cpus),
+            corral_core::bounds::online_cpus_text(cpus, &allowed),
         ),
         || "write /sys/devices/system/cpu/online".to_owned(),
-    )
+    )?;
+    if let Ok(possible) = fs::read_to_string("/sys/devices/system/cpu/possible") {
+        step(fs::write(dir.join("possible"), possible), || {
+            "write /sys/devices/system/cpu/possible".to_owned()
+        })?;
+    }
+    Ok(())
 }
 
 fn dev(table: &mut Table, root: &Path, run_dir: &Path) -> Result<(), String> {

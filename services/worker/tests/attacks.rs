@@ -51,29 +51,30 @@ fn numpy_imports_within_a_process_bound_smaller_than_the_cpus() {
         return;
     };
     let _serial = serial();
-    let code = "import os, numpy\nprint(len(os.listdir('/proc/self/task')), numpy.ones((64, 64)).dot(numpy.ones((64, 64)))[0][0])\n";
+    let code = "import os, numpy\nprint(len(os.listdir('/proc/self/task')), numpy.ones((64, 64)).dot(numpy.ones((64, 64)))[0][0], os.environ['OPENBLAS_THREAD_TIMEOUT'])\n";
     let small = Jail::python(code).env(PROCESSES, "3").run();
     small.assert_ran();
     assert_eq!(small.json["exit_code"], 0, "{}", small.json);
-    assert_eq!(small.stdout(), "1 64.0\n", "{}", small.json);
+    assert_eq!(small.stdout(), "1 64.0 4\n", "{}", small.json);
     small.assert_clean_reset();
-    // Under the default bound, a thread per CPU (within a quarter of the bound).
-    let default = Jail::python(code).run();
-    default.assert_ran();
+    // Under a bound of 64, a thread per CPU (within a quarter of the bound), whose idle threads
+    // sleep at once.
+    let large = Jail::python(code).env(PROCESSES, "64").run();
+    large.assert_ran();
     assert_eq!(
-        default.stdout(),
-        format!("{} 64.0\n", cpus.min(64 / 4)),
+        large.stdout(),
+        format!("{} 64.0 4\n", corral_core::bounds::run_cpus(cpus, 64)),
         "{}",
-        default.json
+        large.json
     );
-    default.assert_clean_reset();
+    large.assert_clean_reset();
 }
 
 /// The code is told of the CPUs its run may use (decision 0064): glibc's count of online CPUs,
 /// which `os.cpu_count()` and `multiprocessing` read, is the worker's within a quarter of the
-/// process bound, so that a pool of processes sized by it fits the bound. A bound of 4 stands for
-/// a node of more CPUs than the bound allows, on a machine of two or more; the CPUs the jail may
-/// be scheduled on are still the machine's.
+/// process bound, so that a pool of single-threaded processes sized by it fits the bound. A bound
+/// of 7 (a quarter: one) stands for a node of more CPUs than the bound allows, on a machine of two
+/// or more, where a pool of one process per CPU of the machine met the bound.
 #[test]
 fn the_code_is_told_of_the_cpus_its_run_may_use() {
     const TEST: &str = "the_code_is_told_of_the_cpus_its_run_may_use";
@@ -84,27 +85,22 @@ fn the_code_is_told_of_the_cpus_its_run_may_use() {
         return;
     };
     let _serial = serial();
-    let code = "import os, multiprocessing\nwith multiprocessing.Pool() as pool:\n    squares = pool.map(abs, range(-3, 0))\nprint(os.cpu_count(), multiprocessing.cpu_count(), len(os.sched_getaffinity(0)), squares)\n";
+    let code = "import os, multiprocessing\nwith multiprocessing.Pool() as pool:\n    squares = pool.map(abs, range(-3, 0))\nprint(os.cpu_count(), multiprocessing.cpu_count(), squares)\n";
     let small = Jail::python(code).env(PROCESSES, "7").run();
     small.assert_ran();
     assert_eq!(small.json["exit_code"], 0, "{}", small.json);
-    assert_eq!(
-        small.stdout(),
-        format!("1 1 {cpus} [3, 2, 1]\n"),
-        "{}",
-        small.json
-    );
+    assert_eq!(small.stdout(), "1 1 [3, 2, 1]\n", "{}", small.json);
     small.assert_clean_reset();
-    let default = Jail::python(code).run();
-    default.assert_ran();
-    let told = cpus.min(64 / 4);
+    let large = Jail::python(code).env(PROCESSES, "64").run();
+    large.assert_ran();
+    let told = corral_core::bounds::run_cpus(cpus, 64);
     assert_eq!(
-        default.stdout(),
-        format!("{told} {told} {cpus} [3, 2, 1]\n"),
+        large.stdout(),
+        format!("{told} {told} [3, 2, 1]\n"),
         "{}",
-        default.json
+        large.json
     );
-    default.assert_clean_reset();
+    large.assert_clean_reset();
 }
 
 #[test]

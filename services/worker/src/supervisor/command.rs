@@ -245,9 +245,10 @@ pub(super) const PYTHON_PREFIX: &str = "/tmp/.corral/python";
 /// The site directory under [`PYTHON_PREFIX`] (the stack's interpreter is CPython 3.11).
 const PYTHON_SITE: &str = "/tmp/.corral/python/lib/python3.11/site-packages";
 
-/// The code's whole environment: nothing of the supervisor's. Its numerical libraries start
-/// threads for `cpus` within `max_processes` (`corral_core::bounds::library_environment`).
-pub(super) fn environment(cpus: usize, max_processes: u32) -> Vec<(String, String)> {
+/// The code's whole environment: nothing of the supervisor's. Its numerical libraries start as
+/// many threads as the run is told it has CPUs, `cpus` (`corral_core::bounds::run_cpus`,
+/// `library_environment`).
+pub(super) fn environment(cpus: u32) -> Vec<(String, String)> {
     [
         ("PATH", "/usr/local/bin:/usr/bin:/bin"),
         ("HOME", "/tmp"),
@@ -270,10 +271,7 @@ pub(super) fn environment(cpus: usize, max_processes: u32) -> Vec<(String, Strin
     // Modules written to the workspace are importable, as they would be beside the script;
     // packages the run installed come next, ahead of the baked stack (PKG-2).
     .chain([("PYTHONPATH".to_owned(), format!("/workspace:{PYTHON_SITE}"))])
-    .chain(corral_core::bounds::library_environment(
-        cpus,
-        max_processes,
-    ))
+    .chain(corral_core::bounds::library_environment(cpus))
     .collect()
 }
 

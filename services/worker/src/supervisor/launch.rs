@@ -54,6 +54,8 @@ impl Worker {
         } else {
             (run.uids[1], run.uids[1])
         };
+        // What the code is told it has (decisions 0063, 0064): its libraries' threads, its count.
+        let cpus = corral_core::bounds::run_cpus(self.cpus, bounds.max_processes);
         let memory_cgroup = !waived(Primitive::CgroupMemory);
         let pids_cgroup = !waived(Primitive::CgroupPids);
         JailPlan {
@@ -85,8 +87,8 @@ impl Worker {
                     Some(&results_path()),
                 )
             },
-            env: environment(self.cpus, bounds.max_processes),
-            cpus: corral_core::bounds::run_cpus(self.cpus, bounds.max_processes),
+            env: environment(cpus),
+            cpus,
             limits: Limits {
                 processes: u64::from(bounds.max_processes)
                     + if pids_cgroup { NPROC_SLACK } else { 0 },
