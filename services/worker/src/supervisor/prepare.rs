@@ -73,7 +73,7 @@ impl Worker {
     pub fn prepare_with_preimport(&mut self) {
         // One of the machine's slots, or none free: every other worker's is importing, and this
         // one tries again after its next idle wait.
-        let Ok(slot) = upgrade_slot() else {
+        let Ok(slot) = upgrade_slot(self.cpus) else {
             return;
         };
         self.preimport_history |= 1;
@@ -389,13 +389,13 @@ const UPGRADE_SLOT_DIR: &str = "/run/lock";
 const CPUS_PER_UPGRADE_SLOT: usize = 2;
 
 /// A free slot for a re-preparation, held while the returned file is open: `Ok(None)` where
-/// there is no slot directory (nothing to share it with), `Err` when every slot is taken.
-fn upgrade_slot() -> Result<Option<std::fs::File>, ()> {
+/// there is no slot directory (nothing to share it with), `Err` when every slot is taken; one
+/// slot per two of the worker's `cpus` (read once, at its start).
+fn upgrade_slot(cpus: usize) -> Result<Option<std::fs::File>, ()> {
     let dir = std::path::Path::new(UPGRADE_SLOT_DIR);
     if !dir.is_dir() {
         return Ok(None);
     }
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let slots = (cpus / CPUS_PER_UPGRADE_SLOT).max(1);
     let mut opened_any = false;
     for slot in 0..slots {
