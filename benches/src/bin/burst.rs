@@ -15,7 +15,9 @@
 //! `--serial K` (default 20; 0: none) also runs K `print` runs and K pandas runs one at a time,
 //! each beside its bare interpreter, before the burst and again after it once the machine is
 //! quiet (and after `--pause-seconds P` first, default 0): the ratios before and after a burst,
-//! on the pool the burst grew.
+//! on the pool the burst grew. Then K `print` runs back to back, each sent as the last answers,
+//! beside K bare spawns back to back: a client that loops on the API leaves the pool no time
+//! between runs, and meets the machine's CPU per run.
 //!
 //! `--mixed` sends what an agent platform sends, interleaved: `print` runs, runs that import
 //! pandas, numpy and matplotlib, and Node runs, each kind beside its own bare interpreter.
@@ -240,6 +242,36 @@ async fn bare_burst(requests: usize, mixed: bool, paths: &Paths, bwrap: bool) ->
     samples
 }
 
+/// One run of `kind` through the API, named by `index` and `tag`: its time to the answer, if it
+/// succeeded.
+async fn api_once(client: &Client, kind: Kind, tag: &str, index: usize) -> Option<Duration> {
+    let request = json!({
+        "actor": format!("serial-{tag}-{}-{index}", kind.name()),
+        "conversation": "c",
+        "member": "m",
+        "language": kind.language(),
+        "code": kind.code(),
+    });
+    let t = Instant::now();
+    match client.run_code_retry_after(&request).await {
+        Ok((200, body, _)) if body["member"]["outcome"] == "succeeded" => Some(t.elapsed()),
+        _ => None,
+    }
+}
+
+/// One bare spawn of `command`: its time to its exit, if it succeeded.
+async fn bare_once(command: &[String]) -> Option<Duration> {
+    let t = Instant::now();
+    match tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .output()
+        .await
+    {
+        Ok(out) if out.status.success() => Some(t.elapsed()),
+        _ => None,
+    }
+}
+
 /// `count` runs of `kind` one after another through the API, and as bare spawns interleaved with
 /// them (one of each in turn); the p50 of each, in milliseconds.
 async fn serial(
@@ -253,31 +285,42 @@ async fn serial(
     let mut bare = Vec::with_capacity(count);
     let command = bare_command(kind, paths, false);
     for index in 0..count {
-        let request = json!({
-            "actor": format!("serial-{tag}-{}-{index}", kind.name()),
-            "conversation": "c",
-            "member": "m",
-            "language": kind.language(),
-            "code": kind.code(),
-        });
-        let t = Instant::now();
-        if let Ok((200, body, _)) = client.run_code_retry_after(&request).await
-            && body["member"]["outcome"] == "succeeded"
-        {
-            api.push(t.elapsed());
-        }
-        let t = Instant::now();
-        if let Ok(out) = tokio::process::Command::new(&command[0])
-            .args(&command[1..])
-            .output()
-            .await
-            && out.status.success()
-        {
-            bare.push(t.elapsed());
-        }
+        api.extend(api_once(client, kind, tag, index).await);
+        bare.extend(bare_once(&command).await);
     }
     let p50 = |values: Vec<Duration>| quantiles(values).map(|[p50, ..]| p50);
     (p50(api), p50(bare))
+}
+
+/// `count` `print` runs through the API back to back (each sent as the last answers, nothing
+/// between them), then `count` bare spawns back to back: what a client that loops on the API
+/// meets. Between runs sent back to back the pool has no time of its own to reset a worker and
+/// prepare its next jail, so the rate is bounded by the machine's CPU per run and its cores, where
+/// the interleaved measure leaves a bare spawn's time between runs. Prints the p50 of each, their
+/// ratio and each rate.
+async fn show_back_to_back(client: &Client, count: usize, tag: &str, paths: &Paths, when: &str) {
+    let mut api = Vec::with_capacity(count);
+    let started = Instant::now();
+    for index in 0..count {
+        api.extend(api_once(client, Kind::Print, &format!("{tag}-b2b"), index).await);
+    }
+    let api_rate = api.len() as f64 / started.elapsed().as_secs_f64();
+    let command = bare_command(Kind::Print, paths, false);
+    let mut bare = Vec::with_capacity(count);
+    let started = Instant::now();
+    for _ in 0..count {
+        bare.extend(bare_once(&command).await);
+    }
+    let bare_rate = bare.len() as f64 / started.elapsed().as_secs_f64();
+    let complete = api.len() == count && bare.len() == count;
+    match (complete, quantiles(api), quantiles(bare)) {
+        (true, Some([api, ..]), Some([bare, ..])) => println!(
+            "serial [print] back to back {when}, {count} runs: p50 API {api:.1} ms ({api_rate:.1} runs/s), \
+             bare {bare:.1} ms ({bare_rate:.1} runs/s), ratio {:.2}",
+            api / bare
+        ),
+        _ => println!("serial [print] back to back {when}: not every run succeeded"),
+    }
 }
 
 /// Prints `count` serial pandas runs, then `count` serial print runs (the pandas runs first, so
@@ -305,13 +348,20 @@ async fn show_serial(
             ),
             _ => println!("serial [{}] {when}: not every run succeeded", kind.name()),
         }
-        let (waited, quiet) = wait_quiet(quiet_limit).await;
-        println!(
-            "  then waited {:.1} s for the machine to be quiet{}",
-            waited.as_secs_f64(),
-            if quiet { "" } else { " (it never was)" }
-        );
+        quiet_again(quiet_limit).await;
     }
+    show_back_to_back(client, count, tag, paths, when).await;
+    quiet_again(quiet_limit).await;
+}
+
+/// Waits (at most `limit`) until the machine is quiet, and says how long it waited.
+async fn quiet_again(limit: Duration) {
+    let (waited, quiet) = wait_quiet(limit).await;
+    println!(
+        "  then waited {:.1} s for the machine to be quiet{}",
+        waited.as_secs_f64(),
+        if quiet { "" } else { " (it never was)" }
+    );
 }
 
 /// p50, p95, p99 and max of `values`, in milliseconds.
